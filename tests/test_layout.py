@@ -1,0 +1,264 @@
+"""The layout planner against a plain-Python reference, Megatron's order, and bad input."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import vlmcp
+from vlmcp.layout import TokenKind, keys_per_query
+
+
+def make_row(samples):
+    """samples: list of (image_tokens, text_tokens) -> (is_image, cu_seqlens)."""
+    is_image = torch.cat([torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
+                          for i, t in samples])
+    cu = torch.tensor([0] + [i + t for i, t in samples]).cumsum(0)
+    return is_image, cu
+
+
+def reference_positions(samples, P, rank, strategy):
+    """Per-sample zigzag written with plain loops: the spec, readable."""
+    out, start = [], 0
+    for n_img, n_txt in samples:
+        n = n_img + n_txt
+        rep = n_img if strategy == "replicate" else 0
+        out += list(range(start, start + rep))
+        zig = n - rep
+        c = -(-zig // (2 * P))
+        for chunk in (rank, 2 * P - 1 - rank):
+            for j in range(chunk * c, (chunk + 1) * c):
+                out.append(start + rep + j if j < zig else -1)
+        start += n
+    return out
+
+
+def test_megatron_order_text_only():
+    for P in (1, 2, 3, 4, 8):
+        L = 2 * P * 5
+        plan = vlmcp.plan_cp(torch.zeros(L, dtype=torch.bool), P)
+        chunks = torch.arange(L).view(2 * P, -1)
+        for r in range(P):
+            # Megatron get_batch_on_this_cp_rank: index_select of chunks [r, 2P-1-r]
+            expected = chunks.index_select(0, torch.tensor([r, 2 * P - 1 - r])).flatten()
+            assert torch.equal(plan.for_rank(r).positions, expected)
+
+
+def test_packed_text_only_is_per_sample_zigzag():
+    # TransformerEngine THD: rank r takes chunks r and 2P-1-r of every sample, in order.
+    P, lens = 2, [8, 12, 4]
+    is_image, cu = make_row([(0, n) for n in lens])
+    plan = vlmcp.plan_cp(is_image, P, cu)
+    assert plan.for_rank(0).positions.tolist() == [0, 1, 6, 7, 8, 9, 10, 17, 18, 19, 20, 23]
+    assert plan.for_rank(1).positions.tolist() == [2, 3, 4, 5, 11, 12, 13, 14, 15, 16, 21, 22]
+    assert plan.for_rank(0).cu_seqlens.tolist() == [0, 4, 10, 12]
+
+
+def test_replicate_example_with_padding():
+    is_image, cu = make_row([(2, 3), (0, 7)])
+    plan = vlmcp.plan_cp(is_image, 2, cu)
+    r0, r1 = plan.shards()
+    assert r0.positions.tolist() == [0, 1, 2, -1, 5, 6, 11, -1]
+    assert r1.positions.tolist() == [0, 1, 3, 4, 7, 8, 9, 10]
+    assert r0.kinds.tolist() == [1, 1, 0, 2, 0, 0, 0, 2]
+    assert r0.sample_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert r0.offsets.tolist() == [0, 1, 2, -1, 0, 1, 6, -1]
+    assert r0.replicated.tolist() == [True, True] + [False] * 6
+
+
+def check_plan_invariants(samples, P, strategy):
+    is_image, cu = make_row(samples)
+    L = is_image.numel()
+    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy)
+    shards = plan.shards()
+    text_seen = torch.zeros(L, dtype=torch.long)
+    for shard in shards:
+        assert shard.positions.tolist() == reference_positions(samples, P, shard.rank, strategy)
+        assert shard.num_tokens == shards[0].num_tokens  # same local size everywhere
+        valid = shard.positions >= 0
+        # padding appears only as -1 and only as PAD
+        assert torch.equal(shard.is_pad, ~valid)
+        assert torch.equal(shard.is_image, valid & is_image[shard.positions.clamp(min=0)])
+        assert torch.equal(shard.sample_ids[valid],
+                           torch.searchsorted(cu, shard.positions[valid], right=True) - 1)
+        # local segments are sorted by global position with padding as a suffix
+        for s in range(len(samples)):
+            seg = shard.positions[shard.cu_seqlens[s]:shard.cu_seqlens[s + 1]]
+            real = seg[seg >= 0]
+            assert torch.equal(seg[: real.numel()], real)
+            assert bool((real[1:] > real[:-1]).all())
+        if strategy == "replicate":
+            # every image token exactly once on every rank
+            assert torch.equal(shard.positions[shard.is_image], torch.nonzero(is_image).flatten())
+            assert torch.equal(shard.replicated, shard.is_image)
+        text_seen.index_add_(0, shard.positions[shard.is_text], torch.ones(int(shard.is_text.sum()),
+                                                                            dtype=torch.long))
+    # text partitioned exactly once over the group
+    assert torch.equal(text_seen, (~is_image).long())
+    if strategy == "shard":
+        image_seen = sum(int(s.is_image.sum()) for s in shards)
+        assert image_seen == int(is_image.sum())
+    return plan
+
+
+sample_lists = st.lists(st.tuples(st.integers(0, 20), st.integers(0, 40)), min_size=1, max_size=6).filter(
+    lambda ss: all(i + t > 0 for i, t in ss))
+
+
+@settings(max_examples=150, deadline=None)
+@given(samples=sample_lists, P=st.integers(1, 8), strategy=st.sampled_from(["replicate", "shard"]))
+def test_random_packed_rows(samples, P, strategy):
+    check_plan_invariants(samples, P, strategy)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=sample_lists, P=st.integers(1, 8),
+       image_attention=st.sampled_from(["causal", "bidirectional"]))
+def test_work_counts_match_dense_mask(samples, P, image_attention):
+    is_image, cu = make_row(samples)
+    L = is_image.numel()
+    plan = vlmcp.plan_cp(is_image, P, cu)
+    sid = torch.searchsorted(cu, torch.arange(L), right=True) - 1
+    pos = torch.arange(L)
+    mask = (sid[:, None] == sid[None, :]) & (pos[:, None] >= pos[None, :])
+    if image_attention == "bidirectional":
+        mask |= (sid[:, None] == sid[None, :]) & is_image[:, None] & is_image[None, :]
+    dense_keys = mask.sum(1)
+    work = vlmcp.attended_pairs(plan, image_attention)
+    assert work.single_process_pairs == int(mask.sum())
+    for shard in plan.shards():
+        keys = keys_per_query(shard, image_attention)
+        valid = shard.positions >= 0
+        assert torch.equal(keys[valid], dense_keys[shard.positions[valid]])
+        assert bool((keys[~valid] == 0).all())
+    # text work is split exactly; image work is replicated
+    assert sum(work.text_pairs) == int(mask[~is_image].sum())
+    assert all(w == int(mask[is_image].sum()) for w in work.image_pairs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(P=st.integers(1, 8), chunks=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5)),
+                                              min_size=1, max_size=5))
+def test_text_balance_is_exact_when_text_divides(P, chunks):
+    samples = [(img, 2 * P * k) for img, k in chunks]
+    is_image, cu = make_row(samples)
+    work = vlmcp.attended_pairs(vlmcp.plan_cp(is_image, P, cu))
+    assert work.text_balance == 1.0
+    assert len(set(work.text_pairs)) == 1
+
+
+def test_shard_selects_and_fills():
+    is_image, cu = make_row([(2, 3), (1, 6)])
+    plan = vlmcp.plan_cp(is_image, 2, cu)
+    L = is_image.numel()
+    x = torch.arange(L) * 10
+    for shard in plan.shards():
+        got = shard.shard(x, fill=-7)
+        valid = shard.positions >= 0
+        assert torch.equal(got[valid], x[shard.positions[valid]])
+        assert bool((got[~valid] == -7).all())
+        emb = torch.randn(L, 4, dtype=torch.float64, requires_grad=True)
+        local = shard.shard(emb)
+        assert bool((local[~valid] == 0).all())
+        local.sum().backward()  # gradient flows back to the selected rows only
+        expect = torch.zeros(L)
+        expect.index_add_(0, shard.positions[valid], torch.ones(int(valid.sum())))
+        assert torch.equal(emb.grad[:, 0], expect.double())
+        mrope = torch.stack([x, x + 1, x + 2])
+        assert torch.equal(shard.shard(mrope, dim=1)[1][valid], x[shard.positions[valid]] + 1)
+
+
+def test_shift_labels_on_global_row():
+    is_image, cu = make_row([(2, 3), (0, 4)])
+    ids = torch.arange(100, 109)
+    labels = vlmcp.shift_labels(ids, is_image, cu)
+    ig = vlmcp.IGNORE_INDEX
+    # sample 0: [I I t t t], sample 1: [t t t t]
+    assert labels.tolist() == [ig, ig, 103, 104, ig, 106, 107, 108, ig]
+    plan = vlmcp.plan_cp(is_image, 2, cu)
+    # a chunk's last token keeps its target even though the target lives on another rank
+    r0 = plan.for_rank(0)
+    assert r0.positions.tolist() == [0, 1, 2, -1, 5, 8]
+    # position 2's target (token 3) lives on rank 1; padding and sample ends are ignored
+    assert r0.shard(labels, fill=ig).tolist() == [ig, ig, 103, ig, 106, ig]
+
+
+def test_position_ids_and_mrope():
+    is_image, cu = make_row([(6, 3), (0, 2)])
+    assert vlmcp.position_ids(11, cu).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1]
+    m = vlmcp.mrope_position_ids(is_image, torch.tensor([[1, 2, 3]]), cu)
+    assert m.shape == (3, 11)
+    assert m[0].tolist() == [0, 0, 0, 0, 0, 0, 3, 4, 5, 0, 1]
+    assert m[1].tolist() == [0, 0, 0, 1, 1, 1, 3, 4, 5, 0, 1]
+    assert m[2].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1]
+    shard = vlmcp.plan_cp(is_image, 2, cu).for_rank(1)
+    assert torch.equal(shard.shard_position_ids(m)[:, :6], m[:, :6])
+
+
+def test_token_kind_values_are_stable():
+    assert (TokenKind.TEXT, TokenKind.IMAGE, TokenKind.PAD) == (0, 1, 2)
+
+
+# ---- bad input: clear errors naming the bad value ----
+
+def test_bad_is_image():
+    with pytest.raises(ValueError, match="1-D bool"):
+        vlmcp.plan_cp(torch.zeros(4, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
+        vlmcp.plan_cp(torch.zeros(2, 2, dtype=torch.bool), 2)
+    with pytest.raises(TypeError, match="list"):
+        vlmcp.plan_cp([True, False], 2)
+    with pytest.raises(ValueError, match="empty"):
+        vlmcp.plan_cp(torch.zeros(0, dtype=torch.bool), 2)
+
+
+@pytest.mark.parametrize("cp_size", [0, -1, 2.0, True])
+def test_bad_cp_size(cp_size):
+    with pytest.raises(ValueError, match="cp_size"):
+        vlmcp.plan_cp(torch.zeros(4, dtype=torch.bool), cp_size)
+
+
+@pytest.mark.parametrize("cu,match", [
+    ([1, 4, 8], "start at 0, got cu_seqlens\\[0\\]=1"),
+    ([0, 5, 5, 8], "strictly increasing.*cu_seqlens\\[1\\]=5"),
+    ([0, 6, 4, 8], "strictly increasing"),
+    ([0, 4, 7], "end at L=8, got cu_seqlens\\[-1\\]=7"),
+    ([0], "at least 2"),
+])
+def test_bad_cu_seqlens(cu, match):
+    with pytest.raises(ValueError, match=match):
+        vlmcp.plan_cp(torch.zeros(8, dtype=torch.bool), 2, torch.tensor(cu))
+
+
+def test_bad_cu_seqlens_dtype():
+    with pytest.raises(ValueError, match="integer"):
+        vlmcp.plan_cp(torch.zeros(8, dtype=torch.bool), 2, torch.tensor([0.0, 8.0]))
+
+
+def test_interleaved_image_names_the_sample():
+    is_image = torch.tensor([1, 0, 0, 0, 0, 1, 0, 0], dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match="sample 1 \\(tokens 4..7\\)"):
+        vlmcp.plan_cp(is_image, 2, torch.tensor([0, 4, 8]))
+
+
+def test_bad_strategy_and_rank():
+    with pytest.raises(ValueError, match="'tiles'"):
+        vlmcp.plan_cp(torch.zeros(8, dtype=torch.bool), 2, image_strategy="tiles")
+    plan = vlmcp.plan_cp(torch.zeros(8, dtype=torch.bool), 2)
+    with pytest.raises(ValueError, match="got 2"):
+        plan.for_rank(2)
+
+
+def test_bad_shard_inputs():
+    is_image, cu = make_row([(6, 3)])
+    shard = vlmcp.plan_cp(is_image, 2, cu).for_rank(0)
+    with pytest.raises(ValueError, match="has 8 tokens on dim 0.*L=9"):
+        shard.shard(torch.zeros(8))
+    with pytest.raises(ValueError, match=r"M-RoPE shape \(3, 9\), got \(4, 9\)"):
+        shard.shard_position_ids(torch.zeros(4, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"image_grid_thw\[0\]=\[1, 2, 2\] has 4 tokens"):
+        vlmcp.mrope_position_ids(is_image, torch.tensor([[1, 2, 2]]), cu)
+    with pytest.raises(ValueError, match=r"shape \(1, 3\)"):
+        vlmcp.mrope_position_ids(is_image, torch.tensor([[1, 2, 3], [1, 1, 1]]), cu)
+    with pytest.raises(ValueError, match="input_ids must have shape"):
+        vlmcp.shift_labels(torch.zeros(5, dtype=torch.long), is_image, cu)

@@ -1,0 +1,5 @@
+import sys
+
+from vlmcp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,26 @@
+"""The ``vlmcp`` command line: one module per subcommand, registered here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vlmcp.cli import plan as plan_cmd
+
+__all__ = ["main"]
+
+_COMMANDS = {"plan": plan_cmd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vlmcp", description="Context parallelism for vision-language models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for _name, module in _COMMANDS.items():
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(_COMMANDS[args.command].run(args) or 0)
+    except (ValueError, NotImplementedError) as err:
+        print(f"vlmcp {args.command}: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,140 @@
+"""Run a function on P gloo ranks on this machine, with a deadline.
+
+Every distributed test of vlmcp goes through :func:`run_on_ranks`. It spawns the
+ranks from a fork server that has already imported torch (so a spawn costs
+milliseconds, not an import), rendezvouses them through a ``TCPStore`` that the
+parent owns on a free loopback port (no port race: the OS picks the port and
+the parent holds it), and waits for every rank with one deadline:
+
+* a rank that raises makes the call fail at once with that rank's traceback,
+  and the other ranks (probably stuck in a collective) are killed;
+* ranks still running at the deadline are killed and reported by number.
+
+The function receives ``(group, *args)`` where ``group`` is the default gloo
+process group of the spawned world, passed explicitly like every vlmcp API
+expects. Run a grid of cases inside one call (one spawn) rather than one call
+per case: starting ranks is the expensive part.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistributedTestError", "run_on_ranks"]
+
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch", "torch.distributed", "vlmcp"])
+
+
+class DistributedTestError(RuntimeError):
+    """A rank raised, died, or missed the deadline."""
+
+
+def _rank_main(fn, args, rank, world_size, port, results, threads, collective_timeout):
+    try:
+        torch.set_num_threads(threads)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                              timeout=timedelta(seconds=collective_timeout))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=collective_timeout))
+        try:
+            out = fn(dist.group.WORLD, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, "ok", pickle.dumps(out)))
+    except BaseException:  # noqa: BLE001 - the parent reports it
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    threads_per_rank: int = 1,
+) -> list[Any]:
+    """Run ``fn(group, *args)`` on ``world_size`` gloo ranks; return each rank's result.
+
+    Args:
+        fn: a module-level (picklable) function. Its return value must pickle.
+        world_size: number of ranks to start (1 is allowed and still spawns).
+        *args: picklable arguments passed to every rank.
+        timeout: seconds for the whole call, rank start-up included.
+        threads_per_rank: torch intra-op threads in each rank.
+
+    Returns:
+        ``[result of rank 0, result of rank 1, ...]``.
+
+    Raises:
+        DistributedTestError: with the failing rank's traceback, or naming the
+            ranks that were still running at the deadline.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
+                          wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    results = _CTX.Queue()
+    procs = [
+        _CTX.Process(
+            target=_rank_main,
+            args=(fn, args, r, world_size, store.port, results, threads_per_rank,
+                  max(timeout, 10.0)),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    outputs: dict[int, Any] = {}
+    try:
+        while len(outputs) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(outputs))
+                raise DistributedTestError(
+                    f"{fn.__name__}: ranks {missing} of {world_size} still running after "
+                    f"{timeout:.0f}s (hang?)")
+            try:
+                rank, status, payload = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in outputs]
+                if dead:
+                    # A rank died without reporting (segfault, os._exit, kill).
+                    time.sleep(0.2)  # let a late report arrive first
+                    if results.empty():
+                        raise DistributedTestError(
+                            f"{fn.__name__}: rank {dead[0]} died with exit code "
+                            f"{procs[dead[0]].exitcode} without a report") from None
+                continue
+            if status == "error":
+                time.sleep(0.3)  # a peer that died silently is the likelier root cause
+                silent = [f"rank {r} died with exit code {p.exitcode} without a report; "
+                          for r, p in enumerate(procs)
+                          if p.exitcode not in (None, 0) and r not in outputs and r != rank]
+                raise DistributedTestError(
+                    f"{fn.__name__}: {''.join(silent)}failed on rank {rank} of {world_size}:"
+                    f"\n{payload}")
+            outputs[rank] = pickle.loads(payload)
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(outputs) == world_size else 0)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        results.close()
+    return [outputs[r] for r in range(world_size)]
