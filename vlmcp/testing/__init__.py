@@ -1,5 +1,27 @@
-"""Helpers for testing distributed vlmcp code on one machine (gloo on the CPU)."""
+"""Helpers for testing distributed vlmcp code on one machine (gloo on the CPU).
 
-from vlmcp.testing.distributed import DistributedTestError, run_on_ranks
+:func:`run_on_ranks` is :func:`vlmcp.launch.spawn_ranks` with a deadline that
+is always set, so a hang fails the test instead of blocking CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vlmcp.launch import RankFailure, spawn_ranks
 
 __all__ = ["DistributedTestError", "run_on_ranks"]
+
+DistributedTestError = RankFailure
+
+
+def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0,
+                 threads_per_rank: int = 1) -> list[Any]:
+    """Run ``fn(group, *args)`` on ``world_size`` gloo ranks within ``timeout`` seconds.
+
+    Returns each rank's (pickled) result in rank order; raises
+    :class:`DistributedTestError` with the failing rank's traceback, or naming the
+    ranks still running at the deadline.
+    """
+    return spawn_ranks(fn, world_size, *args, timeout=timeout, threads_per_rank=threads_per_rank)

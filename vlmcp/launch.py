@@ -1,10 +1,11 @@
-"""Run a function on P gloo ranks on this machine, with a deadline.
+"""Run a function on P gloo ranks on this machine, failing fast.
 
-Every distributed test of vlmcp goes through :func:`run_on_ranks`. It spawns the
+``vlmcp train`` without a launcher, ``vlmcp verify``, and every distributed test
+(through :func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
 ranks from a fork server that has already imported torch (so a spawn costs
 milliseconds, not an import), rendezvouses them through a ``TCPStore`` that the
 parent owns on a free loopback port (no port race: the OS picks the port and
-the parent holds it), and waits for every rank with one deadline:
+the parent holds it), and waits for every rank, optionally with one deadline:
 
 * a rank that raises makes the call fail at once with that rank's traceback,
   and the other ranks (probably stuck in a collective) are killed;
@@ -31,13 +32,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistributedTestError", "run_on_ranks"]
+__all__ = ["RankFailure", "spawn_ranks"]
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "vlmcp"])
 
 
-class DistributedTestError(RuntimeError):
+class RankFailure(RuntimeError):
     """A rank raised, died, or missed the deadline."""
 
 
@@ -58,12 +59,13 @@ def _rank_main(fn, args, rank, world_size, port, results, threads, collective_ti
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_on_ranks(
+def spawn_ranks(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    timeout: float = 120.0,
+    timeout: float | None = 120.0,
     threads_per_rank: int = 1,
+    collective_timeout: float | None = None,
 ) -> list[Any]:
     """Run ``fn(group, *args)`` on ``world_size`` gloo ranks; return each rank's result.
 
@@ -71,40 +73,45 @@ def run_on_ranks(
         fn: a module-level (picklable) function. Its return value must pickle.
         world_size: number of ranks to start (1 is allowed and still spawns).
         *args: picklable arguments passed to every rank.
-        timeout: seconds for the whole call, rank start-up included.
+        timeout: seconds for the whole call, rank start-up included; None waits
+            as long as the ranks run (a failing rank still stops everything).
         threads_per_rank: torch intra-op threads in each rank.
+        collective_timeout: seconds a rank waits in one collective before gloo
+            raises (default: ``timeout``, at least 10 s; 300 s when ``timeout`` is None).
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]``.
 
     Raises:
-        DistributedTestError: with the failing rank's traceback, or naming the
+        RankFailure: with the failing rank's traceback, or naming the
             ranks that were still running at the deadline.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if collective_timeout is None:
+        collective_timeout = 300.0 if timeout is None else max(timeout, 10.0)
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
-                          wait_for_workers=False, timeout=timedelta(seconds=timeout))
+                          wait_for_workers=False, timeout=timedelta(seconds=collective_timeout))
     results = _CTX.Queue()
     procs = [
         _CTX.Process(
             target=_rank_main,
             args=(fn, args, r, world_size, store.port, results, threads_per_rank,
-                  max(timeout, 10.0)),
+                  collective_timeout),
             daemon=True,
         )
         for r in range(world_size)
     ]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + timeout
+    deadline = float("inf") if timeout is None else time.monotonic() + timeout
     outputs: dict[int, Any] = {}
     try:
         while len(outputs) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(world_size)) - set(outputs))
-                raise DistributedTestError(
+                raise RankFailure(
                     f"{fn.__name__}: ranks {missing} of {world_size} still running after "
                     f"{timeout:.0f}s (hang?)")
             try:
@@ -116,7 +123,7 @@ def run_on_ranks(
                     # A rank died without reporting (segfault, os._exit, kill).
                     time.sleep(0.2)  # let a late report arrive first
                     if results.empty():
-                        raise DistributedTestError(
+                        raise RankFailure(
                             f"{fn.__name__}: rank {dead[0]} died with exit code "
                             f"{procs[dead[0]].exitcode} without a report") from None
                 continue
@@ -125,7 +132,7 @@ def run_on_ranks(
                 silent = [f"rank {r} died with exit code {p.exitcode} without a report; "
                           for r, p in enumerate(procs)
                           if p.exitcode not in (None, 0) and r not in outputs and r != rank]
-                raise DistributedTestError(
+                raise RankFailure(
                     f"{fn.__name__}: {''.join(silent)}failed on rank {rank} of {world_size}:"
                     f"\n{payload}")
             outputs[rank] = pickle.loads(payload)
