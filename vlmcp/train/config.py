@@ -1,0 +1,103 @@
+"""The configuration of a ``vlmcp train`` run (one frozen dataclass, validated up front).
+
+Everything that can be checked without starting a rank is checked here, so a bad
+flag is a one-line error before any process spawns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal, get_args
+
+__all__ = ["AttentionBackend", "DType", "TrainConfig", "VisionMode"]
+
+VisionMode = Literal["replicate", "broadcast", "scatter", "hidden_shard", "allreduce_hook"]
+AttentionBackend = Literal["ring", "ulysses"]
+DType = Literal["float32", "float64", "bfloat16"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run of the reference VLM with context parallelism."""
+
+    cp: int = 2
+    """CP group size P: ranks sharing one packed row."""
+    dp: int = 1
+    """Data-parallel replicas; the world size is ``cp * dp``."""
+    vision_mode: VisionMode = "replicate"
+    """How the CP group computes the complete image embeddings (DESIGN.md section 3)."""
+    attention: AttentionBackend = "ring"
+    """CP attention backend."""
+    image_attention: Literal["causal", "bidirectional"] = "causal"
+    """Whether image tokens of one image see each other in both directions."""
+    steps: int = 60
+    """Total optimizer steps of the run (a resumed run with the same value finishes it)."""
+    seq_len: int = 1024
+    """Tokens per packed row (one row per CP group per step)."""
+    dtype: DType = "float32"
+    """Parameter and activation dtype."""
+    seed: int = 0
+    """Seed of the model initialization and the built-in dataset."""
+    lr: float = 3e-3
+    """AdamW learning rate (cosine decay to 10% after a short warm-up)."""
+    hidden: int = 64
+    """LLM width (the projector's output width)."""
+    layers: int = 2
+    """LLM decoder blocks."""
+    heads: int = 4
+    """LLM attention heads."""
+    kv_heads: int = 2
+    """LLM key/value heads (GQA)."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (None: no checkpoints)."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every this many steps (0: only at the end, if a directory is set)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``checkpoint_dir``."""
+    metrics_jsonl: str | None = None
+    """Append one JSON object per step here; a loss-curve PNG is written beside it."""
+    timeout: float = 120.0
+    """Seconds a rank waits in one collective before the run fails (a dead peer)."""
+
+    def __post_init__(self):
+        for name in ("cp", "dp", "steps", "seq_len", "hidden", "layers", "heads", "kv_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend),
+                              ("dtype", DType)):
+            if getattr(self, name) not in get_args(choices):
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
+                                 f"got {getattr(self, name)!r}")
+        if self.image_attention not in ("causal", "bidirectional"):
+            raise ValueError(
+                f"--image-attention must be causal or bidirectional, got {self.image_attention!r}")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir")
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(f"--hidden {self.hidden} must split into --heads {self.heads} of even size")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"--heads {self.heads} is not divisible by --kv-heads {self.kv_heads}")
+        if self.attention == "ulysses" and (self.heads % self.cp or self.kv_heads % self.cp):
+            raise ValueError(
+                f"--attention ulysses needs --heads ({self.heads}) and --kv-heads ({self.kv_heads}) "
+                f"divisible by --cp ({self.cp})")
+        if self.vision_mode == "hidden_shard" and self.hidden % self.cp:
+            raise ValueError(f"--vision-mode hidden_shard needs --hidden ({self.hidden}) divisible by "
+                             f"--cp ({self.cp})")
+        if self.seq_len < 8 * self.cp:
+            raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: each sample's "
+                             f"text is cut into 2P={2 * self.cp} chunks; use at least {8 * self.cp}")
+
+    @property
+    def world_size(self) -> int:
+        return self.cp * self.dp
+
+    def to_dict(self) -> dict:
+        return asdict(self)
