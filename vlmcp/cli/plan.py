@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--image-strategy", choices=["replicate", "shard"], default="replicate")
     p.add_argument("--image-attention", choices=["causal", "bidirectional"], default="causal")
     p.add_argument("--width", type=int, default=96, help="characters of the row picture")
+    p.add_argument("--out", metavar="FILE.png", default=None,
+                   help="also draw the layout and the attention mask split between ranks to a PNG")
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -106,4 +108,8 @@ def run(args: argparse.Namespace) -> int:
     print(row_picture(plan, args.width))
     print(rank_pictures(plan, args.width))
     print(work_table(plan, work))
+    if args.out:
+        from vlmcp.report import draw_plan  # matplotlib only when a picture is asked for
+
+        print(f"picture written to {draw_plan(plan, args.out, image_attention=args.image_attention)}")
     return 0
