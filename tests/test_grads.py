@@ -1,0 +1,95 @@
+"""Gradient rules, reduce_gradients, the DDP convention, and the CP loss.
+
+See Note [vlmcp gradient rules] in vlmcp/grads.py.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from tests import vision_cases
+from tests.vision_cases import MODES
+from vlmcp.grads import GradRule, ddp_ignored_params, grad_rule, local_part, set_grad_rule
+from vlmcp.testing import run_on_ranks
+
+GRID_P = [2, 3, 4]
+
+
+@pytest.mark.parametrize("P", GRID_P)
+def test_double_count_trap_is_closed(P):
+    # allreduce_hook leaves FULL vision gradients on every rank: summing them over CP
+    # (what a share-semantics reducer does to untagged params) gives P times the truth;
+    # reduce_gradients averages them and matches one process.
+    for rank in vision_cases.grid_results(P):
+        for d in rank:
+            if d["images"] == "none":
+                continue
+            ratio = P if d["mode"] == "allreduce_hook" else 1.0
+            assert d["naive_ratio"] == pytest.approx(ratio, rel=1e-4), d["mode"]
+            assert d["errors"]["vision"] <= 1e-5, d["mode"]
+
+
+@pytest.mark.parametrize("P", GRID_P)
+def test_parameters_carry_the_rule_of_their_mode(P):
+    cfg = vision_cases.VCFG
+    vision = sum(p.numel() for p in vision_cases.make_encoder(torch.float64).parameters())
+    head = cfg["out_dim"] * (vision_cases.NUM_TEXT + vision_cases.VOCAB)
+    fc2 = cfg["out_dim"] * (cfg["projector_hidden"] + 1)
+    expected = {
+        "replicate": dict(share=vision + head, full=0, partitioned=0),
+        "broadcast": dict(share=vision + head, full=0, partitioned=0),
+        "scatter": dict(share=vision + head, full=0, partitioned=0),
+        "hidden_shard": dict(share=vision - fc2 + head, full=0, partitioned=fc2 // P),
+        "allreduce_hook": dict(share=head, full=vision, partitioned=0),
+    }
+    for d in vision_cases.grid_results(P)[0]:
+        assert d["grad_numel"] == expected[d["mode"]], d["mode"]
+        # One flat all-reduce over CP per dtype, carrying everything but the partitioned slice.
+        nbytes = (d["grad_numel"]["share"] + d["grad_numel"]["full"]) * d["itemsize"]
+        assert [tuple(c) for c in d["reduce_calls"]] == [("all_reduce", nbytes)]
+        assert (d["report"].cp_collectives, d["report"].cp_bytes) == (1, nbytes)
+
+
+@pytest.mark.parametrize("P", GRID_P)
+def test_ddp_convention_is_exact_in_every_mode(P):
+    # DDP's average over the group is simulated by an all-reduce mean; loss scaled by P.
+    for rank in vision_cases.grid_results(P):
+        for d in rank:
+            tol = vision_cases.TOL[getattr(torch, d["dtype"].split(".")[1])]
+            assert max(d["ddp_errors"].values()) <= tol, (d["mode"], d["dtype"], d["ddp_errors"])
+
+
+def test_dp_times_cp_both_conventions():
+    results = run_on_ranks(vision_cases.dp_cp_grid, 4, timeout=120)
+    for rank in results:
+        assert [d["mode"] for d in rank] == list(MODES)
+        for d in rank:
+            assert max(d["errors"].values()) <= 1e-10 and max(d["ddp_errors"].values()) <= 1e-10, d
+            assert (d["report"].cp_collectives, d["report"].dp_collectives) == (1, 1)
+            partitioned = d["mode"] == "hidden_shard"
+            assert bool(d["ignored"]) == partitioned
+            assert d["ddp_report"].dp_collectives == int(partitioned)
+
+
+def test_cp_cross_entropy_and_reduction_buckets():
+    results = run_on_ranks(vision_cases.loss_grid, 3, timeout=60)
+    for d in results:
+        assert [tuple(c) for c in d["calls"]] == [("all_reduce", 16)]  # one all-reduce per loss
+        assert d["half_dtype"] == "torch.float32"
+        # float64 bucket: a, c, d (12 values); float32 bucket: b (2 values); frozen: none.
+        assert [tuple(c) for c in d["reduce"]["calls"]] == [("all_reduce", 12 * 8), ("all_reduce", 2 * 4)]
+        assert d["reduce"]["report"].cp_collectives == 2
+
+
+def test_grad_rule_tags_and_local_part():
+    lin = nn.Linear(4, 6)
+    assert grad_rule(lin.weight) is GradRule.SHARE  # untagged parameters are shares
+    set_grad_rule(lin.weight, "partitioned", 3, shard_dim=0, shard_index=2)
+    full = torch.arange(18.0 * 4).view(18, 4)
+    assert torch.equal(local_part(lin.weight, full), full[12:18])
+    assert torch.equal(local_part(lin.bias, full), full)
+    assert ddp_ignored_params(lin) == ["weight"]
+    with pytest.raises(ValueError, match="PARTITIONED only"):
+        set_grad_rule(lin.bias, GradRule.FULL, 3, shard_dim=0, shard_index=0)
+    with pytest.raises(ValueError):
+        set_grad_rule(lin.bias, "mean", 3)

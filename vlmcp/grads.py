@@ -1,0 +1,228 @@
+"""Step 6 of the data flow: turn per-rank gradient shares into exact gradients.
+
+Note [vlmcp gradient rules]
+---------------------------
+After ``backward()`` on a CP rank a parameter's gradient is one of three things,
+and the parameter carries which (its *rule*, set by whoever lays it out, e.g.
+:func:`vlmcp.vision.place_vision`; untagged parameters are shares)::
+
+    rule          on rank r after backward            over the CP group   over DP
+    SHARE         rank r's share of the full gradient  sum                 mean
+    FULL          the full gradient (same on all r)     mean                mean
+    PARTITIONED   full gradient of rank r's own slice   nothing             mean
+
+SHARE covers the LLM and the vision modes ``replicate``, ``broadcast`` (full on the
+source, zero elsewhere), ``scatter`` (full for own images) and the ViT under
+``hidden_shard``; FULL is ``allreduce_hook`` (its embedding gradient was already
+summed, so summing the parameters again would count the vision gradient P times);
+PARTITIONED is ``hidden_shard``'s slice of the projector's last layer.
+
+:func:`reduce_gradients` applies the table with one flat all-reduce per dtype over
+CP (FULL gradients are divided by P first, so they ride in the same buffer as the
+shares) and one per dtype over DP.
+
+The other convention: torch DDP (or FSDP) over the whole DP x CP group averages
+every gradient over D*P ranks. Scale each rank's loss by P (as Megatron does) and
+SHARE parameters come out exact. FULL ones come out P times too large and
+PARTITIONED ones must not enter DDP at all (their slices differ across CP ranks):
+give DDP :func:`ddp_ignored_params` and call :func:`finish_ddp_gradients` after
+backward, which divides FULL gradients by P and averages PARTITIONED ones over DP.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = [
+    "GradRule", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_rule",
+    "local_part", "reduce_gradients", "set_grad_rule",
+]
+
+
+class GradRule(str, Enum):
+    """What a parameter's gradient holds after backward; see Note [vlmcp gradient rules]."""
+
+    SHARE = "share"
+    FULL = "full"
+    PARTITIONED = "partitioned"
+
+
+class _Tag(NamedTuple):
+    rule: GradRule
+    cp_size: int
+    shard_dim: int | None  # PARTITIONED only: the split dimension of the full tensor
+    shard_index: int | None  # PARTITIONED only: which of cp_size equal slices this is
+
+
+_ATTR = "_vlmcp_grad_tag"
+
+
+def set_grad_rule(
+    param: nn.Parameter, rule: GradRule | str, cp_size: int, shard_dim: int | None = None,
+    shard_index: int | None = None,
+) -> None:
+    """Tag ``param`` with its gradient rule for a CP group of ``cp_size`` ranks.
+
+    Args:
+        param: the parameter.
+        rule: a :class:`GradRule`.
+        cp_size: P of the CP group the layout was made for (checked by the reducers).
+        shard_dim: for PARTITIONED, the dimension of the full tensor that was split
+            into ``cp_size`` equal slices.
+        shard_index: for PARTITIONED, which slice this rank holds.
+    """
+    rule = GradRule(rule)
+    if (rule is GradRule.PARTITIONED) != (shard_dim is not None and shard_index is not None):
+        raise ValueError(f"shard_dim and shard_index are required for PARTITIONED only, got rule={rule}")
+    setattr(param, _ATTR, _Tag(rule, cp_size, shard_dim, shard_index))
+
+
+def grad_rule(param: nn.Parameter) -> GradRule:
+    """The parameter's :class:`GradRule` (SHARE when untagged)."""
+    tag = getattr(param, _ATTR, None)
+    return GradRule.SHARE if tag is None else tag.rule
+
+
+def local_part(param: nn.Parameter, full: torch.Tensor) -> torch.Tensor:
+    """The part of a full-size tensor (a reference weight or gradient) that ``param`` holds.
+
+    Identity for SHARE and FULL; for PARTITIONED, this rank's slice. Lets a parity
+    check compare a sharded parameter with the single-process model.
+    """
+    tag = getattr(param, _ATTR, None)
+    if tag is None or tag.rule is not GradRule.PARTITIONED:
+        return full
+    size = full.shape[tag.shard_dim] // tag.cp_size
+    return full.narrow(tag.shard_dim, tag.shard_index * size, size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReductionReport:
+    """Collectives one reduction issued (for tests and logs)."""
+
+    cp_collectives: int
+    """All-reduces over the CP group (one per dtype)."""
+    cp_bytes: int
+    """Bytes in those buffers."""
+    dp_collectives: int
+    """All-reduces over the DP group (one per dtype)."""
+    dp_bytes: int
+    """Bytes in those buffers."""
+
+
+def _trainable(model: nn.Module, cp_size: int) -> list[nn.Parameter]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        tag = getattr(p, _ATTR, None)
+        if tag is not None and tag.cp_size != cp_size:
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} was laid out for a CP group of {tag.cp_size} "
+                f"ranks, but the CP group passed has {cp_size}")
+        if p.grad is not None and p.grad.is_sparse:
+            raise NotImplementedError("sparse gradients are not supported")
+        if p.grad is None:
+            # Every rank must put the same buffers into the collective, whether or not
+            # this rank's graph reached the parameter (broadcast: off the source).
+            p.grad = torch.zeros_like(p)
+    return params
+
+
+def _all_reduce_flat(params: list[nn.Parameter], group, scale: float) -> tuple[int, int]:
+    """Sum the gradients of ``params`` over ``group`` (one buffer per dtype), then scale."""
+    buckets: dict[tuple, list[nn.Parameter]] = defaultdict(list)
+    for p in params:
+        buckets[(p.grad.dtype, p.grad.device)].append(p)
+    nbytes = 0
+    for bucket in buckets.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if scale != 1.0:
+            flat.mul_(scale)
+        for p, g in zip(bucket, torch.split(flat, [p.numel() for p in bucket]), strict=True):
+            p.grad.copy_(g.view_as(p.grad))
+        nbytes += flat.numel() * flat.element_size()
+    return len(buckets), nbytes
+
+
+def reduce_gradients(
+    model: nn.Module, cp_group: dist.ProcessGroup, dp_group: dist.ProcessGroup | None = None
+) -> ReductionReport:
+    """Make every gradient of ``model`` exact: each rule's CP reduction, then the DP mean.
+
+    Call it after ``backward()`` of the loss from :func:`vlmcp.cp_cross_entropy`
+    (local token losses over the CP group's target count), on every rank of the
+    DP x CP grid. Parameters without a gradient count as zero.
+
+    Args:
+        model: the module whose ``requires_grad`` parameters are reduced (same
+            parameters, in the same order, on every rank).
+        cp_group: the CP group the layout was planned for.
+        dp_group: the ranks holding the same CP rank in other data-parallel replicas,
+            or None.
+
+    Returns:
+        A :class:`ReductionReport`. Afterwards SHARE and FULL gradients equal the full
+        gradient of the DP-mean loss on every CP rank; PARTITIONED ones equal the full
+        gradient of this rank's slice.
+    """
+    cp_size = dist.get_world_size(cp_group)
+    params = _trainable(model, cp_size)
+    cp = [p for p in params if grad_rule(p) is not GradRule.PARTITIONED]
+    cp_n = cp_bytes = dp_n = dp_bytes = 0
+    if cp_size > 1 and cp:
+        for p in cp:
+            if grad_rule(p) is GradRule.FULL:
+                p.grad.div_(cp_size)  # the sum over CP of FULL/P is their mean
+        cp_n, cp_bytes = _all_reduce_flat(cp, cp_group, 1.0)
+    if dp_group is not None and dist.get_world_size(dp_group) > 1 and params:
+        dp_n, dp_bytes = _all_reduce_flat(params, dp_group, 1.0 / dist.get_world_size(dp_group))
+    return ReductionReport(cp_collectives=cp_n, cp_bytes=cp_bytes, dp_collectives=dp_n, dp_bytes=dp_bytes)
+
+
+def ddp_ignored_params(model: nn.Module) -> list[str]:
+    """Names of the parameters torch DDP over the DP x CP group must not touch.
+
+    They are PARTITIONED (their slice differs across CP ranks). Pass the list to
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)``
+    before wrapping, and let :func:`finish_ddp_gradients` reduce them.
+    """
+    return [n for n, p in model.named_parameters() if grad_rule(p) is GradRule.PARTITIONED]
+
+
+def finish_ddp_gradients(
+    model: nn.Module, cp_group: dist.ProcessGroup, dp_group: dist.ProcessGroup | None = None
+) -> ReductionReport:
+    """Complete the gradients after DDP averaged them over DP x CP with the loss scaled by P.
+
+    See Note [vlmcp gradient rules]. SHARE gradients are already exact; FULL ones are
+    divided by P; PARTITIONED ones (ignored by DDP) are averaged over ``dp_group`` and
+    divided by P, in one all-reduce per dtype.
+
+    Args:
+        model: the module wrapped by DDP (its ``requires_grad`` parameters).
+        cp_group: the CP group (only its size is used; nothing is sent over it).
+        dp_group: the DP group of this CP rank, or None.
+
+    Returns:
+        A :class:`ReductionReport` (DP collectives only).
+    """
+    cp_size = dist.get_world_size(cp_group)
+    params = _trainable(model, cp_size)
+    for p in params:
+        if grad_rule(p) is GradRule.FULL:
+            p.grad.div_(cp_size)
+    parts = [p for p in params if grad_rule(p) is GradRule.PARTITIONED]
+    dp_size = 1 if dp_group is None else dist.get_world_size(dp_group)
+    if dp_size > 1 and parts:
+        n, nbytes = _all_reduce_flat(parts, dp_group, 1.0 / (dp_size * cp_size))
+        return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=n, dp_bytes=nbytes)
+    for p in parts:
+        p.grad.div_(cp_size)
+    return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=0, dp_bytes=0)

@@ -1,0 +1,58 @@
+"""Step 5 of the data flow: the token loss of a CP rank, normalized over the whole group.
+
+Each rank returns ``sum(its token losses) / (target tokens over the CP group)``, so
+the losses of the ranks add up to the mean over the row and every gradient is a
+share (Note [vlmcp gradient rules]). Normalizing per rank instead weights a rank's
+tokens by how few targets it happens to hold (PITFALLS: Megatron-LM #673).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+__all__ = ["CPLoss", "cp_cross_entropy"]
+
+
+class CPLoss(NamedTuple):
+    """What :func:`cp_cross_entropy` returns."""
+
+    loss: torch.Tensor
+    """Scalar to backpropagate on this rank (its share of the group's mean loss)."""
+    mean: torch.Tensor
+    """Detached scalar, the mean token loss over the CP group, identical on every rank
+    (0 when the group has no target token)."""
+
+
+def cp_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup, ignore_index: int = -100
+) -> CPLoss:
+    """Cross-entropy of this rank's tokens, normalized by the CP group's target count.
+
+    One all-reduce carries both the target count and the summed loss (for logging).
+
+    Args:
+        logits: ``(N, vocab)`` for this rank's local tokens (fp16/bf16 are upcast to fp32).
+        labels: ``(N,)`` targets, already shifted on the global row; ``ignore_index``
+            at padding, image tokens and sample ends.
+        group: the CP group.
+        ignore_index: label value that is not a target.
+
+    Returns:
+        :class:`CPLoss` ``(loss, mean)``.
+    """
+    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(
+            f"logits must be (N, vocab) and labels (N,), got {tuple(logits.shape)} and "
+            f"{tuple(labels.shape)}")
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    local = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
+    stats = torch.stack([(labels != ignore_index).sum().to(torch.float64), local.detach().double()])
+    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+    count = stats[0].clamp(min=1)  # no target anywhere: zero loss, zero gradient
+    loss = local / count.to(local.dtype)
+    return CPLoss(loss, (stats[1] / count).to(local.dtype))
