@@ -1,0 +1,145 @@
+"""CP attention speed and memory against one process on the whole row (issue 3's benchmark).
+
+Run: ``python benchmarks/attention_bench.py`` (defaults: one sample of 1,024 image +
+8,192 text tokens, 8 heads of 64, float32, P = 2, one thread per rank, both backends).
+
+Both measurements run inside one spawned group so that they share the machine's
+state: each repeat times forward+backward of ``cp_attention`` on every rank at
+once, then forward+backward of single-process attention (same CPU flash kernel,
+one thread) on the whole row on rank 0 while the other ranks wait. Reported, as
+medians over repeats:
+
+* ``cp/single``: CP time of each rank over the single-process time;
+* ``efficiency = single time x (this rank's share of attended pairs) / CP time of
+  the slowest rank``, using the exact pair counts of :func:`vlmcp.attended_pairs`
+  (with replicated images a rank's share includes the image queries it repeats);
+* peak saved-for-backward bytes per rank against the single process (tensors the
+  autograd graph keeps between forward and backward, counted once per storage).
+
+The machine may be shared: ``uptime`` is printed, and only ratios measured within
+one run are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import vlmcp
+from vlmcp.attention import cp_attention, varlen_attention
+from vlmcp.testing import run_on_ranks
+
+
+def _row(args):
+    is_image = torch.cat([torch.ones(args.image_tokens, dtype=torch.bool),
+                          torch.zeros(args.text_tokens, dtype=torch.bool)])
+    L = is_image.numel()
+    g = torch.Generator().manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    q = torch.randn(L, args.heads, args.head_dim, generator=g).to(dtype)
+    k, v = (torch.randn(L, args.kv_heads or args.heads, args.head_dim, generator=g).to(dtype)
+            for _ in range(2))
+    dout = torch.randn(L, args.heads, args.head_dim, generator=g).to(dtype)
+    return is_image, torch.tensor([0, L]), q, k, v, dout
+
+
+def _saved_bytes(fn):
+    """Run ``fn()`` (a forward) and count the bytes autograd saves for backward."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+def _fwd_bwd(fn, inputs, dout):
+    for t in inputs:
+        t.grad = None
+    out, saved = _saved_bytes(fn)
+    (out * dout).sum().backward()
+    return saved
+
+
+def _bench(group, args, backend):
+    rank, P = dist.get_rank(group), dist.get_world_size(group)
+    is_image, cu, q, k, v, dout = _row(args)
+    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=args.image_strategy)
+    shard = plan.for_rank(rank)
+    local = [shard.shard(t).requires_grad_() for t in (q, k, v)]
+    ldout = shard.shard(dout)
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def cp():
+        return cp_attention(*local, shard, group, backend, args.image_attention)
+
+    def single():
+        return varlen_attention(*whole, cu, plan.image_lens, args.image_attention)[0]
+
+    _fwd_bwd(cp, local, ldout)  # warm-up (and the schedule cache)
+    cp_times, single_times, saved_cp, saved_single = [], [], 0, 0
+    for _ in range(args.repeats):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        saved_cp = _fwd_bwd(cp, local, ldout)
+        cp_times.append(time.perf_counter() - t0)
+        dist.barrier(group=group)
+        if rank == 0:
+            t0 = time.perf_counter()
+            saved_single = _fwd_bwd(single, whole, dout)
+            single_times.append(time.perf_counter() - t0)
+        dist.barrier(group=group)
+    return cp_times, single_times, saved_cp, saved_single
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--image-tokens", type=int, default=1024)
+    ap.add_argument("--text-tokens", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=0, help="0: same as --heads")
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    ap.add_argument("--cp", type=int, default=2)
+    ap.add_argument("--backend", default="both", choices=["ring", "ulysses", "both"])
+    ap.add_argument("--image-strategy", default="replicate", choices=["replicate", "shard"])
+    ap.add_argument("--image-attention", default="causal", choices=["causal", "bidirectional"])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    print(f"uptime: {os.popen('uptime').read().strip()}")
+    is_image, cu, *_ = _row(args)
+    plan = vlmcp.plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy)
+    work = vlmcp.attended_pairs(plan, args.image_attention)
+    share = [p / work.single_process_pairs for p in work.total_pairs]
+    print(f"row: {args.image_tokens} image + {args.text_tokens} text tokens, {args.heads} heads of "
+          f"{args.head_dim}, {args.dtype}, P={args.cp}, image_strategy={args.image_strategy}, "
+          f"image_attention={args.image_attention}; pair share per rank: "
+          + ", ".join(f"{s:.3f}" for s in share))
+    backends = ["ring", "ulysses"] if args.backend == "both" else [args.backend]
+    for backend in backends:
+        res = run_on_ranks(_bench, args.cp, args, backend, timeout=3600)
+        single = statistics.median(res[0][1])
+        cp = [statistics.median(r[0]) for r in res]
+        # efficiency per repeat (slowest rank of that repeat), then the median
+        effs = [single_t * max(share) / max(r[0][i] for r in res)
+                for i, single_t in enumerate(res[0][1])]
+        print(f"[{backend}] single process: {single * 1e3:.0f} ms fwd+bwd; "
+              + "; ".join(f"rank {r}: {t * 1e3:.0f} ms = {t / single:.3f} x single"
+                          for r, t in enumerate(cp)))
+        print(f"[{backend}] efficiency (median of {args.repeats}): {statistics.median(effs):.3f} "
+              f"(all: {', '.join(f'{e:.3f}' for e in effs)})")
+        print(f"[{backend}] saved for backward: single {res[0][3] / 2**20:.1f} MiB; "
+              + "; ".join(f"rank {r}: {x[2] / 2**20:.1f} MiB = {x[2] / res[0][3]:.3f} x"
+                          for r, x in enumerate(res)))
+
+
+if __name__ == "__main__":
+    main()

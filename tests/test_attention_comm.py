@@ -1,0 +1,91 @@
+"""What CP attention sends: exact ring messages per step, exact Ulysses all-to-all volume,
+nothing at P = 1, and clear errors before any communication."""
+
+import pytest
+
+from tests import attention_cases
+from vlmcp.testing import run_on_ranks
+
+P = 3  # not a power of two
+HEADS, D = 6, 8
+CASES = [  # (samples, backend, heads, kv_heads, head_dim)
+    ([(5, 7), (0, 3), (9, 1)], "ring", HEADS, 2, D),
+    ([(4, 0), (2, 13)], "ring", HEADS, 6, D),
+    ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 3, D),   # kv_heads % P == 0: no replication
+    ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 2, D),   # kv_heads % P != 0: K/V heads replicated
+]
+
+
+@pytest.fixture(scope="module")
+def volumes():
+    return run_on_ranks(attention_cases.comm_volume, P, CASES, timeout=120)
+
+
+def _ring_expected(r, text, kv_heads, backward):
+    """Exact P2P batches of rank r: text K/V only (bf16), dK/dV in float32."""
+    def batch(send_owner, recv_owner, itemsize):
+        ops = []
+        if text[send_owner]:
+            ops.append(("isend", 2 * text[send_owner] * kv_heads * D * itemsize, (r + 1) % P))
+        if text[recv_owner]:
+            ops.append(("irecv", 2 * text[recv_owner] * kv_heads * D * itemsize, (r - 1) % P))
+        return ops
+    out = []
+    for s in range(P):
+        if s + 1 < P:
+            out.append(batch((r - s) % P, (r - s - 1) % P, 2))
+        if backward and s >= 1:
+            out.append(batch((r - s) % P, (r - s - 1) % P, 4))
+    return out
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_ring_sends_exactly_the_text_kv_once_per_step(volumes, case):
+    kv_heads = CASES[case][3]
+    for r, per_case in enumerate(volumes):
+        fwd, bwd, text = per_case[case]
+        assert all(kind == "p2p" for kind, *_ in fwd + bwd), (fwd, bwd)
+        got_fwd = [[(op, n, peer) for op, n, peer, _ in e[1]] for e in fwd]
+        got_bwd = [[(op, n, peer) for op, n, peer, _ in e[1]] for e in bwd]
+        assert got_fwd == _ring_expected(r, text, kv_heads, backward=False)
+        assert got_bwd == _ring_expected(r, text, kv_heads, backward=True)
+        assert len(fwd) == P - 1 and len(bwd) == 2 * (P - 1)
+
+
+@pytest.mark.parametrize("case", [2, 3])
+def test_ulysses_all_to_all_volume_is_exact(volumes, case):
+    kv_heads = CASES[case][3]
+    kv = kv_heads if kv_heads % P == 0 else HEADS  # replicated K/V heads when not divisible
+    for r, per_case in enumerate(volumes):
+        fwd, bwd, text = per_case[case]
+        T, total = text[r], sum(text)
+        qkv = (HEADS + 2 * kv) * D
+        assert fwd == [("a2a", T * qkv, total * qkv // P, "torch.bfloat16"),
+                       ("a2a", total * HEADS * D // P, T * HEADS * D, "torch.bfloat16")]
+        assert bwd == [("a2a", T * HEADS * D, total * HEADS * D // P, "torch.bfloat16"),
+                       ("a2a", total * qkv // P, T * qkv, "torch.bfloat16")]
+
+
+def test_p1_communicates_nothing():
+    (errs,) = run_on_ranks(attention_cases.no_comm_at_p1, 1, timeout=60)
+    assert len(errs) == 2 and max(errs) < 1e-12, errs
+
+
+def test_bad_input_fails_clearly_before_any_communication():
+    expected = {
+        "tokens": ("ValueError", "shard has"), "gqa": ("ValueError", "multiple of kv_heads"),
+        "dtype": ("TypeError", "share a dtype"), "cp_size": ("ValueError", "planned for cp_size=4"),
+        "rank": ("ValueError", "shard is rank"), "ulysses_heads": ("ValueError", "heads divisible"),
+        "backend": ("ValueError", "'tree'"), "image_attention": ("ValueError", "'full'"),
+        "scale": ("ValueError", "-1.0"), "kv_shape": ("ValueError", "same shape"),
+    }
+    for per_rank in run_on_ranks(attention_cases.bad_inputs, P, timeout=60):
+        for label, kind, message in per_rank:
+            assert kind == expected[label][0], (label, kind, message)
+            assert expected[label][1] in message, (label, message)
+
+
+def test_ring_comm_guards_against_misuse():
+    for raised, got, expect in run_on_ranks(attention_cases.ring_comm_guards, 2, timeout=60):
+        assert [label for label, _ in raised] == ["wait", "commit", "in_flight"]
+        assert got == expect

@@ -1,0 +1,291 @@
+"""CP attention pieces in one process: mask decisions, schedules, merge, kernels, reference."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import vlmcp
+from vlmcp.attention import (
+    MaskKind,
+    block_kind,
+    merge_,
+    reference_attention,
+    reference_mask,
+    select_kernel,
+    varlen_attention,
+)
+from vlmcp.attention.blockwise import blocks_forward
+from vlmcp.attention.kernels import CpuFlashKernel, MathKernel
+from vlmcp.attention.masks import Block, Run, cross_blocks, dense_mask, runs_of, self_blocks, split_runs
+from vlmcp.attention.merge import accumulator_dtype
+from vlmcp.attention.ring import ring_schedule
+
+# ---------------------------------------------------------------- block_kind
+
+
+def test_block_kind_agrees_with_the_dense_mask_and_is_tight():
+    for qo, ql, ko, kl, il in itertools.product(range(5), range(4), range(5), range(4), range(5)):
+        kind = block_kind(qo, ql, ko, kl, il)
+        m = dense_mask(Block(0, ql, 0, kl, MaskKind.MASKED, qo, ko, il), ql, kl)
+        case = (qo, ql, ko, kl, il, kind)
+        if m.numel() == 0 or not m.any():
+            assert kind is MaskKind.EMPTY, case
+        elif m.all():
+            assert kind is MaskKind.FULL, case
+        elif qo == ko and torch.equal(m, torch.ones(ql, kl, dtype=torch.bool).tril()):
+            assert kind is MaskKind.CAUSAL, case
+        else:
+            assert kind is MaskKind.MASKED, case
+
+
+def test_zigzag_chunk_pairs_are_full_causal_or_empty():
+    c = 4  # chunk a of queries against chunk b of keys
+    for a, b in itertools.product(range(6), repeat=2):
+        expect = MaskKind.FULL if a > b else MaskKind.CAUSAL if a == b else MaskKind.EMPTY
+        assert block_kind(a * c, c, b * c, c) is expect
+
+
+def test_runs_split_at_samples_gaps_and_padding():
+    sid = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
+    off = torch.tensor([0, 1, 5, 6, -1, 0, 1, -1])
+    assert runs_of(sid, off) == [Run(0, 0, 0, 2), Run(0, 2, 5, 2), Run(1, 5, 0, 2)]
+    assert split_runs([Run(0, 0, 0, 5), Run(1, 5, 3, 2)], [2, 9]) == [
+        Run(0, 0, 0, 2), Run(0, 2, 2, 3), Run(1, 5, 3, 2)]
+
+
+def test_self_blocks_prefix_lm_and_skipped_queries():
+    assert self_blocks([(3, 6, 0, 0)]) == [Block(3, 9, 3, 9, MaskKind.CAUSAL)]
+    full, causal = MaskKind.FULL, MaskKind.CAUSAL
+    assert self_blocks([(0, 6, 0, 2)]) == [Block(0, 6, 0, 2, full), Block(2, 6, 2, 6, causal)]  # prefix-LM
+    assert self_blocks([(0, 6, 2, 0)]) == [Block(2, 6, 0, 2, full), Block(2, 6, 2, 6, causal)]  # skip 2 q
+    assert self_blocks([(0, 2, 2, 2)]) == []
+
+
+def test_cross_blocks_coalesce_full_blocks():
+    # queries: chunk 3 of a 4-chunk sample; keys: chunks 1 and 2 stored back to back
+    blocks = cross_blocks([Run(0, 0, 0, 2), Run(0, 2, 6, 2)], [Run(0, 0, 2, 2), Run(0, 2, 4, 2)], [0])
+    assert blocks == [Block(2, 4, 0, 4, MaskKind.FULL, 6, 2, 0)]
+    blocks = cross_blocks([Run(0, 0, 2, 2), Run(0, 2, 4, 2)], [Run(0, 0, 0, 2), Run(0, 2, 6, 2)], [0])
+    assert blocks == [Block(0, 4, 0, 2, MaskKind.FULL, 2, 0, 0)]
+
+
+# ---------------------------------------------------------------- ring schedule vs the mask
+
+ROWS = [[(0, 13)], [(5, 7), (0, 3), (9, 1)], [(4, 0), (2, 9)], [(3, 11), (0, 1), (6, 17), (2, 5)], [(1, 1)]]
+
+
+def _row(samples):
+    is_image = torch.cat([torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
+                          for i, t in samples])
+    return is_image, torch.tensor([0] + [i + t for i, t in samples]).cumsum(0)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_ring_schedule_covers_each_attended_pair_exactly_once(P):
+    """Over all steps, a rank's blocks hit every (local query, key) pair of the mask once."""
+    for samples, strategy, ia in itertools.product(ROWS, ("replicate", "shard"), ("causal", "bidirectional")):
+        is_image, cu = _row(samples)
+        truth = reference_mask(is_image, cu, ia)
+        plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy)
+        for r in range(P):
+            shard = plan.for_rank(r)
+            sched = ring_schedule(shard, ia)
+            hits = torch.zeros(shard.num_tokens, plan.seq_len, dtype=torch.long)
+            for s, blocks in enumerate(sched.step_blocks):
+                kpos = shard.positions if s == 0 else sched.exchange.positions[(r - s) % P]
+                for b in blocks:
+                    assert b.kind is not MaskKind.MASKED, (samples, strategy, ia, b)
+                    lq, lk = b.q_end - b.q_start, b.k_end - b.k_start
+                    m = {MaskKind.FULL: torch.ones(lq, lk, dtype=torch.bool),
+                         MaskKind.CAUSAL: torch.ones(lq, lk, dtype=torch.bool).tril()}[b.kind]
+                    qi = torch.arange(b.q_start, b.q_end)[:, None].expand(lq, lk)[m]
+                    kp = kpos[b.k_start:b.k_end][None, :].expand(lq, lk)[m]
+                    assert bool((kp >= 0).all())
+                    hits.index_put_((qi, kp), torch.ones_like(qi), accumulate=True)
+            valid = shard.positions >= 0
+            expect = truth[shard.positions[valid]].long()
+            assert torch.equal(hits[valid], expect), (P, samples, strategy, ia, r)
+            assert not bool(hits[~valid].any())
+
+
+def test_ring_steps_are_single_full_or_causal_calls_for_a_text_sample():
+    """Zigzag: one causal call at step 0, one full call per later step (no dense masks)."""
+    is_image, cu = _row([(8, 48)])
+    for P in (2, 3, 4):
+        for r in range(P):
+            sched = ring_schedule(vlmcp.plan_cp(is_image, P, cu).for_rank(r), "causal")
+            assert [b.kind for b in sched.step_blocks[0]] == [MaskKind.CAUSAL]
+            for blocks in sched.step_blocks[1:]:
+                assert [b.kind for b in blocks] == [MaskKind.FULL]
+                b = blocks[0]
+                assert (b.q_end - b.q_start) * (b.k_end - b.k_start) == 2 * (48 // (2 * P)) ** 2
+
+
+# ---------------------------------------------------------------- merge
+
+
+def test_merge_of_two_key_halves_is_attention_over_both():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    kern = MathKernel()
+    full = Block(0, 5, 0, 5, MaskKind.FULL)
+    out, lse = kern.forward(q, k, v, full, 0.5)
+    a = kern.forward(q, k[:, :2], v[:, :2], full, 0.5)
+    b = kern.forward(q, k[:, 2:], v[:, 2:], full, 0.5)
+    acc_out, acc_lse = a[0].clone(), a[1].clone()
+    merge_(acc_out, acc_lse, *b)
+    assert torch.allclose(acc_out, out, atol=1e-14) and torch.allclose(acc_lse, lse, atol=1e-14)
+
+
+def test_merge_handles_rows_without_keys():
+    inf = float("-inf")
+    out, lse = torch.zeros(1, 3, 2), torch.tensor([[inf, inf, 0.5]])
+    block_out = torch.tensor([[[0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]])
+    block_lse = torch.tensor([[inf, 0.3, inf]])
+    merge_(out, lse, block_out, block_lse)
+    assert not bool(out.isnan().any() or lse.isnan().any())
+    assert lse[0, 0] == inf and torch.equal(out[0, 0], torch.zeros(2))  # nothing, nothing
+    assert lse[0, 1] == pytest.approx(0.3) and torch.equal(out[0, 1], torch.tensor([1.0, 2.0]))
+    assert lse[0, 2] == pytest.approx(0.5) and torch.equal(out[0, 2], torch.zeros(2))
+
+
+def test_merge_upcasts_a_bfloat16_block_into_float32():
+    out, lse = torch.zeros(1, 1, 1), torch.zeros(1, 1)
+    merge_(out, lse, torch.ones(1, 1, 1, dtype=torch.bfloat16) / 3, torch.zeros(1, 1))
+    assert out.dtype == torch.float32
+    assert out.item() == pytest.approx(float(torch.tensor(1 / 3).bfloat16()) / 2, abs=1e-7)
+
+
+def _blockwise_bf16_error(n_blocks):
+    """Error vs float64 of attention over 256 keys computed as ``n_blocks`` merged bf16 blocks."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 16, 32, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 256, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    whole = Block(0, 16, 0, 256, MaskKind.FULL)
+    truth, _ = MathKernel().forward(*(t.double() for t in (qb, kb, vb)), whole, 0.2)
+    acc = accumulator_dtype(torch.bfloat16)
+    out, lse = torch.zeros(2, 16, 32, dtype=acc), torch.full((2, 16), float("-inf"), dtype=acc)
+    step = 256 // n_blocks
+    blocks = [Block(0, 16, i, i + step, MaskKind.FULL) for i in range(0, 256, step)]
+    blocks_forward(CpuFlashKernel(), qb, kb, vb, blocks, 0.2, out, lse, torch.zeros(16, dtype=torch.bool))
+    return float((out.double() - truth).abs().max())
+
+
+def test_merging_many_bfloat16_blocks_does_not_grow_the_error():
+    """PITFALLS: merged in bf16, the error grows with the number of blocks (the ring size)."""
+    # measured: fp32 accumulators ~1e-3 for 1..128 blocks; bf16 ones grow to ~1e-1 at 128
+    assert _blockwise_bf16_error(64) <= 2 * _blockwise_bf16_error(1)
+
+
+# ---------------------------------------------------------------- kernels
+
+KINDS = [
+    (Block(0, 6, 0, 6, MaskKind.FULL), 6, 6), (Block(0, 6, 0, 6, MaskKind.CAUSAL), 6, 6),
+    (Block(0, 7, 0, 5, MaskKind.CAUSAL), 7, 5), (Block(0, 5, 0, 7, MaskKind.CAUSAL), 5, 7),
+    # rows at offsets 0..5 against keys at offsets 3..8, image span 2: rows 0-2 see nothing
+    (Block(0, 6, 0, 6, MaskKind.MASKED, 0, 3, 2), 6, 6),
+]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("case", range(len(KINDS)))
+def test_cpu_flash_kernel_matches_math_kernel(case, dtype, tol):
+    block, lq, lk = KINDS[case]
+    g = torch.Generator().manual_seed(case)
+    q = torch.randn(4, lq, 8, generator=g, dtype=torch.float64).to(dtype)
+    k, v = (torch.randn(2, lk, 8, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    dout = torch.randn(4, lq, 8, generator=g, dtype=torch.float64).to(dtype)
+    fast, slow = CpuFlashKernel(), MathKernel()
+    (o1, l1), (o2, l2) = fast.forward(q, k, v, block, 0.4), slow.forward(q, k, v, block, 0.4)
+    assert torch.equal(torch.isneginf(l1), torch.isneginf(l2))
+    fin = torch.isfinite(l2)
+    assert torch.allclose(l1[fin], l2[fin], atol=tol) and torch.allclose(o1.double(), o2.double(), atol=tol)
+    g1 = fast.backward(dout, q, k, v, o2, l2, block, 0.4)
+    g2 = slow.backward(dout, q, k, v, o2, l2, block, 0.4)
+    for a, b in zip(g1, g2, strict=True):
+        assert not bool(a.isnan().any())
+        assert torch.allclose(a.double(), b.double(), atol=tol * 4)
+
+
+def test_fully_masked_row_gets_zero_output_and_minus_inf_lse_not_zero():
+    """PITFALLS: torch's CPU flash kernel reports lse = 0 for a row that saw no key."""
+    block, lq, lk = KINDS[-1]
+    q, k, v = torch.randn(1, lq, 4), torch.randn(1, lk, 4), torch.randn(1, lk, 4)
+    out, lse = CpuFlashKernel().forward(q, k, v, block, 1.0)
+    dead = ~dense_mask(block, lq, lk).any(-1)
+    assert bool(dead.any()) and bool(torch.isneginf(lse[:, dead]).all())
+    assert bool((out[:, dead] == 0).all())
+    # merged after a real partial, the dead block must not shrink the output
+    acc_out, acc_lse = torch.ones(1, lq, 4), torch.zeros(1, lq)
+    merge_(acc_out, acc_lse, out, lse)
+    assert torch.equal(acc_out[:, dead], torch.ones_like(acc_out[:, dead]))
+    assert torch.equal(acc_lse[:, dead], torch.zeros_like(acc_lse[:, dead]))
+    dq, dk, dv = CpuFlashKernel().backward(torch.ones_like(out), q, k, v, out, lse, block, 1.0)
+    assert not any(bool(t.isnan().any()) for t in (dq, dk, dv)) and bool((dq[:, dead] == 0).all())
+
+
+def test_select_kernel_by_device():
+    assert select_kernel("cpu", torch.float32).name == "flash_cpu"
+    assert select_kernel("cpu", torch.float32, "math").name == "math"
+    with pytest.raises(ValueError, match="'nope'"):
+        select_kernel("cpu", torch.float32, "nope")
+    with pytest.raises(ValueError, match="cannot run on device type 'cpu'"):
+        select_kernel("cpu", torch.float16, "sdpa")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["sdpa", "flash_attn"])
+def test_cuda_kernels_match_math_kernel(name):
+    if name == "flash_attn":
+        pytest.importorskip("flash_attn", reason="flash-attn is not installed")
+    for block, lq, lk in KINDS:
+        q = torch.randn(4, lq, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(2, lk, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        kern, ref = select_kernel("cuda", torch.bfloat16, name), MathKernel()
+        (o1, l1), (o2, l2) = kern.forward(q, k, v, block, 0.125), ref.forward(q, k, v, block, 0.125)
+        assert torch.equal(torch.isneginf(l1), torch.isneginf(l2))
+        assert torch.allclose(o1.float(), o2.float(), atol=3e-2)
+        dout = torch.randn_like(q)
+        for a, b in zip(kern.backward(dout, q, k, v, o2, l2, block, 0.125),
+                        ref.backward(dout, q, k, v, o2, l2, block, 0.125), strict=True):
+            assert torch.allclose(a.float(), b.float(), atol=1e-1)
+
+
+# ---------------------------------------------------------------- single-process attention
+
+
+def test_reference_matches_torch_sdpa_on_one_causal_sample():
+    q, k, v = (torch.randn(9, 2, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = reference_attention(q, k, v, torch.zeros(9, dtype=torch.bool))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True).transpose(0, 1)
+    assert torch.allclose(out, sdpa, atol=1e-12)
+    s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(8)
+    s = s.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf"))
+    assert torch.allclose(lse, s.logsumexp(-1).t(), atol=1e-12)
+
+
+def test_reference_mask_is_per_sample_with_bidirectional_images():
+    is_image, cu = _row([(2, 1), (0, 2)])
+    m = reference_mask(is_image, cu, "bidirectional")
+    assert m.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
+    assert reference_mask(is_image, cu, "causal")[0, 1].item() is False
+
+
+@pytest.mark.parametrize("image_attention", ["causal", "bidirectional"])
+def test_varlen_attention_matches_reference(image_attention):
+    is_image, cu = _row([(3, 4), (0, 5), (4, 0)])
+    L = is_image.numel()
+    q = torch.randn(L, 4, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(L, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    dout = torch.randn(L, 4, 8, dtype=torch.float64)
+    o1, l1 = reference_attention(q, k, v, is_image, cu, image_attention)
+    o2, l2 = varlen_attention(q, k, v, cu, torch.tensor([3, 0, 4]), image_attention)
+    assert torch.allclose(o1, o2, atol=1e-12) and torch.allclose(l1, l2, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(o1, (q, k, v), dout), torch.autograd.grad(o2, (q, k, v), dout),
+                    strict=True):
+        assert torch.allclose(a, b, atol=1e-12)

@@ -1,0 +1,134 @@
+"""Run a list of blocks through a kernel, merging partial results; single-process varlen attention.
+
+:func:`blocks_forward` / :func:`blocks_backward` are the compute half of every CP
+schedule (the ring calls them once per step, Ulysses once on its gathered row).
+:func:`varlen_attention` is packed-row attention in one process, built from the
+same blocks: it is what CP attention must reproduce, at kernel speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vlmcp.attention.kernels import AttentionKernel, select_kernel
+from vlmcp.attention.masks import Block, self_blocks
+from vlmcp.attention.merge import accumulator_dtype, merge_
+
+__all__ = ["blocks_backward", "blocks_forward", "blockwise_attention", "varlen_attention"]
+
+
+def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
+                   out: torch.Tensor, lse: torch.Tensor, touched: torch.Tensor) -> None:
+    """Compute ``blocks`` and merge them into the accumulators, in place.
+
+    Args:
+        kernel: the local kernel.
+        q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``. Block indices address dim 1.
+        blocks: non-empty blocks (see :mod:`vlmcp.attention.masks`).
+        scale: softmax scale.
+        out: ``(H, Nq, D)`` accumulator (float32/64), zero where nothing was seen.
+        lse: ``(H, Nq)`` accumulator, ``-inf`` where nothing was seen.
+        touched: ``BoolTensor[Nq]``, rows already written; rows of a block that
+            nobody wrote yet are copied instead of merged. Updated in place.
+    """
+    for b in blocks:
+        qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
+        bo, bl = kernel.forward(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], b, scale)
+        if bool(touched[qs:qe].any()):
+            merge_(out[:, qs:qe], lse[:, qs:qe], bo, bl)
+        else:
+            out[:, qs:qe] = bo
+            lse[:, qs:qe] = bl
+            touched[qs:qe] = True
+
+
+def blocks_backward(kernel: AttentionKernel, dout, q, k, v, out, lse, blocks: Sequence[Block],
+                    scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """Accumulate the gradients of ``blocks`` into ``dq``, ``dk``, ``dv`` (in place).
+
+    Args:
+        dout, out: ``(H, Nq, D)`` in the input dtype; ``out`` is the final output.
+        lse: ``(H, Nq)`` final log-sum-exp (accumulator dtype).
+        q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``.
+        dq: ``(H, Nq, D)``; dk, dv: ``(Hk, Nk, D)`` accumulators (float32/64).
+    """
+    for b in blocks:
+        qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
+        gq, gk, gv = kernel.backward(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke],
+                                     out[:, qs:qe], lse[:, qs:qe], b, scale)
+        dq[:, qs:qe] += gq
+        dk[:, ks:ke] += gk
+        dv[:, ks:ke] += gv
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    """Attention of one process over a block list.
+
+    Forward: ``q (N, H, D), k, v (M, Hk, D) -> out (N, H, D), lse (N, H)``; rows in no
+    block get ``out = 0``, ``lse = -inf``. Backward: ``dout (N, H, D) -> dq (N, H, D),
+    dk, dv (M, Hk, D)`` through the kernel's backward with the final out/lse;
+    lse is not differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, scale, kernel):
+        acc = accumulator_dtype(q.dtype)
+        qh, kh, vh = (x.transpose(0, 1).contiguous() for x in (q, k, v))
+        out = qh.new_zeros(qh.shape, dtype=acc)
+        lse = qh.new_full(qh.shape[:2], float("-inf"), dtype=acc)
+        touched = torch.zeros(qh.shape[1], dtype=torch.bool)
+        blocks_forward(kernel, qh, kh, vh, blocks, scale, out, lse, touched)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(qh, kh, vh, out, lse)
+        ctx.blocks, ctx.scale, ctx.kernel = blocks, scale, kernel
+        lse_t = lse.transpose(0, 1)
+        ctx.mark_non_differentiable(lse_t)
+        return out.transpose(0, 1), lse_t
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        qh, kh, vh, out, lse = ctx.saved_tensors
+        acc = lse.dtype
+        dq, dk, dv = (x.new_zeros(x.shape, dtype=acc) for x in (qh, kh, vh))
+        douth = dout.transpose(0, 1).contiguous().to(qh.dtype)
+        blocks_backward(ctx.kernel, douth, qh, kh, vh, out, lse, ctx.blocks, ctx.scale, dq, dk, dv)
+        return (dq.to(qh.dtype).transpose(0, 1), dk.to(kh.dtype).transpose(0, 1),
+                dv.to(vh.dtype).transpose(0, 1), None, None, None)
+
+
+def blockwise_attention(q, k, v, blocks: Sequence[Block], scale: float, kernel: AttentionKernel):
+    """Differentiable attention of ``q (N, H, D)`` over ``k, v (M, Hk, D)`` restricted to ``blocks``.
+
+    Returns:
+        ``out (N, H, D)`` in q's dtype and ``lse (N, H)`` (float32/64, not differentiable).
+    """
+    return _BlockwiseAttention.apply(q, k, v, list(blocks), scale, kernel)
+
+
+def varlen_attention(q, k, v, cu_seqlens, image_lens=None, image_attention: str = "causal",
+                     softmax_scale: float | None = None, kernel: str | None = None):
+    """Single-process attention over a packed row, at kernel speed (one block per sample).
+
+    Args:
+        q: ``(L, H, D)``; k, v: ``(L, Hk, D)``.
+        cu_seqlens: ``IntTensor[S+1]`` sample boundaries.
+        image_lens: ``LongTensor[S]`` image prefix length per sample (None: no images).
+        image_attention: ``"causal"`` or ``"bidirectional"``.
+        softmax_scale: default ``head_dim ** -0.5``.
+        kernel: force a kernel by name (see :func:`~vlmcp.attention.kernels.select_kernel`).
+
+    Returns:
+        ``out (L, H, D)`` and ``lse (L, H)``.
+    """
+    if image_attention not in ("causal", "bidirectional"):
+        raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
+    cu = torch.as_tensor(cu_seqlens).tolist()
+    n = len(cu) - 1
+    il = [0] * n if image_lens is None else torch.as_tensor(image_lens).tolist()
+    bidir = image_attention == "bidirectional"
+    segs = [(cu[s], cu[s + 1] - cu[s], 0, il[s] if bidir else 0) for s in range(n)]
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return blockwise_attention(q, k, v, self_blocks(segs), scale,
+                               select_kernel(q.device, q.dtype, kernel))

@@ -1,0 +1,77 @@
+"""Point-to-point ring transfers for ring attention, with guards against misuse.
+
+Every rank sends to ``rank + 1`` and receives from ``rank - 1`` (ranks of ``group``).
+Operations are queued with :meth:`RingComm.send_recv`, posted together with
+``dist.batch_isend_irecv`` by :meth:`RingComm.commit` and completed by
+:meth:`RingComm.wait`. Every rank posts the same sequence of batches in the same
+order, which is what keeps NCCL from deadlocking (PyTorch #109401) and is not
+something gloo would catch on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["RingComm"]
+
+
+class RingComm:
+    """A ring of one process group. Not thread-safe; one in-flight batch at a time.
+
+    Args:
+        group: the CP process group.
+    """
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.send_rank = dist.get_global_rank(group, (self.rank + 1) % self.world_size)
+        self.recv_rank = dist.get_global_rank(group, (self.rank - 1) % self.world_size)
+        self._ops: list[dist.P2POp] = []
+        self._queued = False
+        self._reqs: list | None = None
+        self._in_flight: list[torch.Tensor] = []
+
+    def send_recv(self, to_send: torch.Tensor, recv_buffer: torch.Tensor) -> torch.Tensor:
+        """Queue sending ``to_send`` to the next rank and receiving into ``recv_buffer``.
+
+        Both tensors must stay untouched until :meth:`wait` returns. The receive
+        buffer must have the exact shape and dtype of what the previous rank sends.
+        An empty tensor is not transferred: both ends know every size from the plan,
+        so the peer skips the matching operation too.
+
+        Returns:
+            ``recv_buffer`` (valid after :meth:`wait`).
+        """
+        if self._reqs is not None:
+            raise RuntimeError("RingComm.send_recv while a batch is in flight; call wait() first")
+        if self.world_size == 1:
+            raise RuntimeError("RingComm with one rank: there is no one to send to")
+        if not (to_send.is_contiguous() and recv_buffer.is_contiguous()):
+            raise ValueError("RingComm needs contiguous send and receive tensors")
+        self._queued = True
+        if to_send.numel():
+            self._ops.append(dist.P2POp(dist.isend, to_send, self.send_rank, self.group))
+        if recv_buffer.numel():
+            self._ops.append(dist.P2POp(dist.irecv, recv_buffer, self.recv_rank, self.group))
+        return recv_buffer
+
+    def commit(self) -> None:
+        """Post every queued operation as one batch."""
+        if self._reqs is not None:
+            raise RuntimeError("RingComm.commit twice without wait()")
+        if not self._queued:
+            raise RuntimeError("RingComm.commit with nothing queued; call send_recv() first")
+        self._in_flight = [op.tensor for op in self._ops]
+        self._reqs = dist.batch_isend_irecv(self._ops) if self._ops else []
+        self._ops, self._queued = [], False
+
+    def wait(self) -> None:
+        """Block until the committed batch has completed."""
+        if self._reqs is None:
+            raise RuntimeError("RingComm.wait without commit()")
+        for req in self._reqs:
+            req.wait()
+        self._reqs, self._in_flight = None, []

@@ -1,0 +1,115 @@
+"""``cp_attention``: the entry point, and every input check (all before any communication)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from vlmcp.attention.kernels import select_kernel
+from vlmcp.attention.ring import ring_attention
+from vlmcp.attention.ulysses import ulysses_attention
+from vlmcp.layout.plan import RankShard
+
+__all__ = ["cp_attention"]
+
+Backend = Literal["ring", "ulysses"]
+ImageAttention = Literal["causal", "bidirectional"]
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check(q, k, v, shard, group, backend, image_attention, softmax_scale) -> float:
+    if backend not in ("ring", "ulysses"):
+        raise ValueError(f"backend must be 'ring' or 'ulysses', got {backend!r}")
+    if image_attention not in ("causal", "bidirectional"):
+        raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
+    if not isinstance(shard, RankShard):
+        raise TypeError(f"shard must be a RankShard (plan.for_rank(rank)), got {type(shard).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor (tokens, heads, head_dim), got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if x.shape[0] != shard.num_tokens:
+            raise ValueError(f"{name} has {x.shape[0]} tokens but rank {shard.rank}'s shard has "
+                             f"{shard.num_tokens} slots (len(shard.positions)); use shard.shard(x)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q, k, v must be a float dtype in {_DTYPES}, got {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must have the same head_dim, got {q.shape[2]} and {k.shape[2]}")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads}) (GQA)")
+    world = dist.get_world_size(group)
+    if world != shard.cp_size:
+        raise ValueError(f"shard was planned for cp_size={shard.cp_size}, but the group has {world} ranks")
+    if dist.get_rank(group) != shard.rank:
+        raise ValueError(f"shard is rank {shard.rank}'s, but this is rank {dist.get_rank(group)} of group")
+    if backend == "ulysses" and heads % world:
+        raise ValueError(f"ulysses needs heads divisible by the CP size: heads={heads}, P={world} "
+                         f"(kv_heads={kv_heads} not divisible is fine: K/V heads are replicated)")
+    if softmax_scale is None:
+        return q.shape[2] ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def cp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    shard: RankShard,
+    group: dist.ProcessGroup,
+    backend: Backend = "ring",
+    image_attention: ImageAttention = "causal",
+    softmax_scale: float | None = None,
+    *,
+    return_lse: bool = False,
+    kernel: str | None = None,
+):
+    """Exact attention of this rank's tokens over the whole (packed) row.
+
+    Causal within each sample, nothing across samples; with
+    ``image_attention="bidirectional"`` the image tokens of a sample also see each
+    other both ways (prefix-LM). The result equals single-process attention on the
+    whole row at ``shard.positions``; padding slots get zero output and zero gradient.
+    Gradients of replicated image tokens carry share semantics: their sum over the
+    CP group is the single-process gradient (DESIGN.md section 3).
+
+    Args:
+        q: ``(N, H, D)`` with ``N = len(shard.positions)``, this rank's local order.
+        k, v: ``(N, Hk, D)``, ``H % Hk == 0`` (GQA).
+        shard: this rank's :class:`~vlmcp.layout.RankShard`.
+        group: the CP process group the plan was made for (explicit, never global).
+        backend: ``"ring"`` (P2P ring of K/V, see Note [vlmcp ring attention schedule])
+            or ``"ulysses"`` (all-to-all over heads; needs ``H % P == 0``).
+        image_attention: ``"causal"`` (LLaVA, Qwen2-VL) or ``"bidirectional"`` (prefix-LM).
+        softmax_scale: default ``D ** -0.5``.
+        return_lse: also return the log-sum-exp ``(N, H)`` (float32; float64 for float64
+            inputs; ``-inf`` at padding). Not differentiable.
+        kernel: force a local kernel by name (``"math"``, ``"flash_cpu"``, ``"sdpa"``,
+            ``"flash_attn"``); default picks from the device.
+
+    Returns:
+        ``out (N, H, D)`` in q's dtype, or ``(out, lse)`` with ``return_lse``.
+
+    Raises:
+        ValueError, TypeError: bad input, raised before any communication.
+    """
+    scale = _check(q, k, v, shard, group, backend, image_attention, softmax_scale)
+    kern = select_kernel(q.device, q.dtype, kernel)
+    if backend == "ring":
+        out, lse = ring_attention(q, k, v, shard, group, image_attention, scale, kern)
+    else:
+        out, lse = ulysses_attention(q, k, v, shard, group, image_attention, scale, kern,
+                                     need_lse=return_lse)
+    return (out, lse) if return_lse else out
