@@ -41,8 +41,8 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
-    "GradRule", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_rule",
-    "local_part", "reduce_gradients", "set_grad_rule",
+    "GradRule", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_norms",
+    "grad_rule", "local_part", "partition_of", "reduce_gradients", "set_grad_rule",
 ]
 
 
@@ -88,6 +88,14 @@ def grad_rule(param: nn.Parameter) -> GradRule:
     """The parameter's :class:`GradRule` (SHARE when untagged)."""
     tag = getattr(param, _ATTR, None)
     return GradRule.SHARE if tag is None else tag.rule
+
+
+def partition_of(param: nn.Parameter) -> tuple[int, int, int] | None:
+    """``(shard_dim, shard_index, cp_size)`` of a PARTITIONED parameter, else None."""
+    tag = getattr(param, _ATTR, None)
+    if tag is None or tag.rule is not GradRule.PARTITIONED:
+        return None
+    return tag.shard_dim, tag.shard_index, tag.cp_size
 
 
 def local_part(param: nn.Parameter, full: torch.Tensor) -> torch.Tensor:
@@ -226,3 +234,31 @@ def finish_ddp_gradients(
     for p in parts:
         p.grad.div_(cp_size)
     return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=0, dp_bytes=0)
+
+
+def grad_norms(
+    parts: dict[str, list[nn.Parameter]], cp_group: dist.ProcessGroup | None
+) -> dict[str, float]:
+    """L2 norm of the exact gradient of each named group of parameters (after reduction).
+
+    SHARE and FULL gradients are identical on every CP rank after
+    :func:`reduce_gradients`; PARTITIONED ones hold different slices, so their
+    squares are summed over the CP group (one all-reduce for all groups).
+
+    Returns:
+        ``{name: norm}``, identical on every rank.
+    """
+    cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
+    sq = torch.zeros(len(parts), 2, dtype=torch.float64)
+    for i, params in enumerate(parts.values()):
+        for p in params:
+            if p.grad is not None:
+                col = int(grad_rule(p) is GradRule.PARTITIONED)
+                sq[i, col] += p.grad.detach().double().pow(2).sum().cpu()
+    if cp_size > 1:
+        sq[:, 0] /= cp_size  # the same on every rank: the sum over CP counts it P times
+        dev = next((p.grad.device for ps in parts.values() for p in ps if p.grad is not None), "cpu")
+        sq_dev = sq.to(dev)
+        dist.all_reduce(sq_dev, group=cp_group)
+        sq = sq_dev.cpu()
+    return {name: float(sq[i].sum()) ** 0.5 for i, name in enumerate(parts)}

@@ -28,7 +28,8 @@ class CPLoss(NamedTuple):
 
 
 def cp_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup, ignore_index: int = -100
+    logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup | None,
+    ignore_index: int = -100
 ) -> CPLoss:
     """Cross-entropy of this rank's tokens, normalized by the CP group's target count.
 
@@ -38,7 +39,7 @@ def cp_cross_entropy(
         logits: ``(N, vocab)`` for this rank's local tokens (fp16/bf16 are upcast to fp32).
         labels: ``(N,)`` targets, already shifted on the global row; ``ignore_index``
             at padding, image tokens and sample ends.
-        group: the CP group.
+        group: the CP group, or None for a single process (no communication).
         ignore_index: label value that is not a target.
 
     Returns:
@@ -52,7 +53,8 @@ def cp_cross_entropy(
         logits = logits.float()
     local = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
     stats = torch.stack([(labels != ignore_index).sum().to(torch.float64), local.detach().double()])
-    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+    if group is not None:
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
     count = stats[0].clamp(min=1)  # no target anywhere: zero loss, zero gradient
     loss = local / count.to(local.dtype)
     return CPLoss(loss, (stats[1] / count).to(local.dtype))

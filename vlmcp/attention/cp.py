@@ -47,11 +47,19 @@ def _check(q, k, v, shard, group, backend, image_attention, softmax_scale) -> fl
     heads, kv_heads = q.shape[1], k.shape[1]
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads}) (GQA)")
-    world = dist.get_world_size(group)
-    if world != shard.cp_size:
-        raise ValueError(f"shard was planned for cp_size={shard.cp_size}, but the group has {world} ranks")
-    if dist.get_rank(group) != shard.rank:
-        raise ValueError(f"shard is rank {shard.rank}'s, but this is rank {dist.get_rank(group)} of group")
+    if group is None:  # a single process: no communication at all
+        if shard.cp_size != 1:
+            raise ValueError(f"group=None means a single process, but the shard was planned for "
+                             f"cp_size={shard.cp_size}")
+        world = 1
+    else:
+        world = dist.get_world_size(group)
+        if world != shard.cp_size:
+            raise ValueError(f"shard was planned for cp_size={shard.cp_size}, but the group has "
+                             f"{world} ranks")
+        if dist.get_rank(group) != shard.rank:
+            raise ValueError(f"shard is rank {shard.rank}'s, but this is rank "
+                             f"{dist.get_rank(group)} of group")
     if backend == "ulysses" and heads % world:
         raise ValueError(f"ulysses needs heads divisible by the CP size: heads={heads}, P={world} "
                          f"(kv_heads={kv_heads} not divisible is fine: K/V heads are replicated)")
@@ -68,7 +76,7 @@ def cp_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     shard: RankShard,
-    group: dist.ProcessGroup,
+    group: dist.ProcessGroup | None,
     backend: Backend = "ring",
     image_attention: ImageAttention = "causal",
     softmax_scale: float | None = None,
@@ -89,7 +97,8 @@ def cp_attention(
         q: ``(N, H, D)`` with ``N = len(shard.positions)``, this rank's local order.
         k, v: ``(N, Hk, D)``, ``H % Hk == 0`` (GQA).
         shard: this rank's :class:`~vlmcp.layout.RankShard`.
-        group: the CP process group the plan was made for (explicit, never global).
+        group: the CP process group the plan was made for (explicit, never global), or
+            None for a single process (``shard.cp_size == 1``; nothing is communicated).
         backend: ``"ring"`` (P2P ring of K/V, see Note [vlmcp ring attention schedule])
             or ``"ulysses"`` (all-to-all over heads; needs ``H % P == 0``).
         image_attention: ``"causal"`` (LLaVA, Qwen2-VL) or ``"bidirectional"`` (prefix-LM).

@@ -6,10 +6,12 @@ import argparse
 import sys
 
 from vlmcp.cli import plan as plan_cmd
+from vlmcp.cli import train as train_cmd
+from vlmcp.cli import verify as verify_cmd
 
 __all__ = ["main"]
 
-_COMMANDS = {"plan": plan_cmd}
+_COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd}
 
 
 def main(argv: list[str] | None = None) -> int:

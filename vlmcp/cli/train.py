@@ -1,0 +1,107 @@
+"""``vlmcp train``: train the reference VLM with context parallelism on the built-in data.
+
+Without a launcher it spawns ``--cp x --dp`` gloo ranks on this machine; under
+``torchrun`` it joins the launcher's process group (NCCL when CUDA is available).
+Every flag is checked before any rank starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+from vlmcp.train.config import TrainConfig
+
+_FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "steps", "seq_len", "dtype",
+           "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
+           "checkpoint_every", "resume", "metrics_jsonl", "timeout")
+
+
+def add_parser(sub) -> None:
+    d = TrainConfig()
+    p = sub.add_parser("train", help="train the reference VLM with CP on the built-in dataset",
+                       description=__doc__)
+    p.add_argument("--cp", type=int, default=d.cp, help=f"CP group size (default {d.cp})")
+    p.add_argument("--dp", type=int, default=d.dp, help=f"data-parallel replicas (default {d.dp})")
+    p.add_argument("--vision-mode", default=d.vision_mode,
+                   choices=["replicate", "broadcast", "scatter", "hidden_shard", "allreduce_hook"])
+    p.add_argument("--attention", default=d.attention, choices=["ring", "ulysses"])
+    p.add_argument("--image-attention", default=d.image_attention, choices=["causal", "bidirectional"])
+    p.add_argument("--steps", type=int, default=d.steps, help=f"total steps (default {d.steps})")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
+    p.add_argument("--dtype", default=d.dtype, choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--hidden", type=int, default=d.hidden, help="LLM width")
+    p.add_argument("--layers", type=int, default=d.layers)
+    p.add_argument("--heads", type=int, default=d.heads)
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--metrics-jsonl", default=None, metavar="PATH",
+                   help="one JSON object per step; a loss-curve PNG is written beside it")
+    p.add_argument("--timeout", type=float, default=d.timeout,
+                   help="seconds a rank waits for a peer before the run fails")
+    p.add_argument("--_fault", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    cfg = TrainConfig(**{f: getattr(args, f) for f in _FIELDS})
+    from vlmcp.train.loop import dataset_config  # the dataset knows its longest sample
+
+    longest = dataset_config(cfg).max_sample_len
+    if cfg.seq_len < longest:
+        raise ValueError(f"--seq-len {cfg.seq_len} is shorter than the longest built-in sample "
+                         f"({longest} tokens)")
+    return cfg
+
+
+def _under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    fault = tuple(args._fault) if args._fault else None
+    from vlmcp.train.loop import train_rank
+
+    if _under_torchrun():
+        import torch
+        import torch.distributed as dist
+
+        world = int(os.environ["WORLD_SIZE"])
+        if world != cfg.world_size:
+            raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but torchrun started "
+                             f"{world} ranks")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
+        try:
+            summary = train_rank(dist.group.WORLD, cfg, fault)
+        finally:
+            dist.destroy_process_group()
+    else:
+        from vlmcp.launch import RankFailure, spawn_ranks
+
+        threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
+        print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}, "
+              f"{threads} thread(s) each), {cfg.steps} steps of {cfg.seq_len} tokens, "
+              f"vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
+        try:
+            summary = spawn_ranks(train_rank, cfg.world_size, cfg, fault, timeout=None,
+                                  threads_per_rank=threads, collective_timeout=cfg.timeout)[0]
+        except RankFailure as err:
+            print(f"vlmcp train: failed: {err}", file=sys.stderr)
+            return 1
+    if int(os.environ.get("RANK", 0)) == 0:
+        losses = summary["losses"]
+        if losses:
+            print(f"vlmcp train: steps {summary['start_step'] + 1}-{summary['steps']}, loss "
+                  f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+        if summary["loss_curve"]:
+            print(f"vlmcp train: loss curve written to {summary['loss_curve']}")
+    return 0

@@ -1,0 +1,140 @@
+"""Gradient parity of one training step: CP on P ranks against one process.
+
+``vlmcp verify`` and the end-to-end tests run :func:`parity_case` on every rank of a
+spawned CP group. Each rank builds the reference VLM twice from the same seed:
+once as a single-process model (plan with ``cp_size=1``, ``group=None``), once
+placed on the CP group; both take one step on the same packed row. After
+:func:`vlmcp.reduce_gradients` every CP gradient must equal the single-process one
+(``hidden_shard``'s partitioned projector slice against the matching columns).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from vlmcp.data import IMAGE_ID, VOCAB_SIZE, PackedRow
+from vlmcp.grads import grad_norms, local_part, reduce_gradients
+from vlmcp.layout import plan_cp, shift_labels
+from vlmcp.models import VLM, LLMConfig, VLMConfig
+from vlmcp.train.step import forward_backward
+from vlmcp.vision import VisionConfig, place_vision
+
+__all__ = ["ParityCase", "builtin_row", "parity_case", "verify_model_config"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 5e-2}
+
+
+def verify_model_config(patch_size: int = 8) -> VLMConfig:
+    """A model whose widths divide by 2, 3 and 4 (hidden_shard, Ulysses at those P)."""
+    llm = LLMConfig(vocab_size=VOCAB_SIZE, hidden=48, layers=2, heads=12, kv_heads=3, mlp_hidden=64)
+    vision = VisionConfig(out_dim=48, patch_size=patch_size, width=24, depth=2, heads=2,
+                          mlp_hidden=48, projector_hidden=36)
+    return VLMConfig(llm=llm, vision=vision)
+
+
+def builtin_row(seed: int = 0, patch_size: int = 8) -> PackedRow:
+    """3 packed samples: image (2x3 patches) + 13 text, text-only 9, image (3x3) + 21 text."""
+    g = torch.Generator().manual_seed(seed)
+    samples = [((16, 24), 13), (None, 9), ((24, 24), 21)]
+    ids, is_image, images, grids, lens = [], [], [], [], []
+    for size, text in samples:
+        n_img = 0
+        if size is not None:
+            h, w = size
+            images.append(torch.rand(3, h, w, generator=g))
+            grids.append([1, h // patch_size, w // patch_size])
+            n_img = (h // patch_size) * (w // patch_size)
+        ids += [IMAGE_ID] * n_img + torch.randint(4, VOCAB_SIZE, (text,), generator=g).tolist()
+        is_image += [True] * n_img + [False] * text
+        lens.append(n_img + text)
+    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
+    cu = torch.tensor([0] + lens).cumsum(0)
+    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
+                     labels=shift_labels(input_ids, is_image, cu), images=images,
+                     image_grid_thw=torch.tensor(grids), start=0, stop=len(samples), filler_len=0)
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One CP-vs-single-process comparison."""
+
+    vision_mode: str = "replicate"
+    attention: str = "ring"
+    dtype: str = "float32"
+    image_strategy: str = "replicate"
+    image_attention: str = "causal"
+    seed: int = 0
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    ref = b.norm()
+    return float((a - b).norm() / ref) if ref > 0 else float((a - b).norm())
+
+
+def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | None = None,
+                cfg: VLMConfig | None = None) -> dict:
+    """Run ``case`` on this rank; return the comparison (identical keys on every rank).
+
+    Returns:
+        A dict with ``loss_abs_error``, ``max_rel_grad_error``, ``worst_param``,
+        ``params_checked``, ``vision_grad_norm`` (of the exact CP gradient),
+        ``ref_vision_grad_norm``, ``projector_grad_norm``, ``loss``, ``passed`` and the case.
+    """
+    dtype = _DTYPES[case.dtype]
+    row = row if row is not None else builtin_row(case.seed)
+    cfg = cfg if cfg is not None else verify_model_config()
+    torch.manual_seed(case.seed)
+    ref = VLM(cfg).to(dtype)
+    model = copy.deepcopy(ref)
+
+    ref_plan = plan_cp(row.is_image, 1, row.cu_seqlens, image_strategy=case.image_strategy)
+    ref_out = forward_backward(ref, row, ref_plan.for_rank(0), None, backend=case.attention,
+                               image_attention=case.image_attention)
+
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    place_vision(model.vision, mode=case.vision_mode, group=group)
+    plan = plan_cp(row.is_image, P, row.cu_seqlens, image_strategy=case.image_strategy)
+    out = forward_backward(model, row, plan.for_rank(rank), group, backend=case.attention,
+                           image_attention=case.image_attention)
+    reduce_gradients(model, group)
+
+    errors: dict[str, float] = {}
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        expect = local_part(p, ref_params[name].grad)
+        got = p.grad if p.grad is not None else torch.zeros_like(p)
+        errors[name] = _rel(got, expect)
+    worst = torch.tensor(max(errors.values()), dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    norms = grad_norms({"vision": list(model.vision.parameters()),
+                        "projector": list(model.vision.projector.parameters())}, group)
+    ref_vision = grad_norms({"vision": list(ref.vision.parameters())}, None)["vision"]
+    result = {
+        **asdict(case),
+        "cp": P,
+        "loss": float(out.mean),
+        "loss_abs_error": abs(float(out.mean) - float(ref_out.mean)),
+        "max_rel_grad_error": float(worst),
+        "worst_param": max(errors, key=errors.get),
+        "params_checked": len(errors),
+        "vision_grad_norm": norms["vision"],
+        "ref_vision_grad_norm": ref_vision,
+        "projector_grad_norm": norms["projector"],
+        "tolerance": TOLERANCE[case.dtype],
+    }
+    result["passed"] = bool(result["max_rel_grad_error"] <= result["tolerance"]
+                            and result["loss_abs_error"] <= result["tolerance"] * max(1.0, result["loss"])
+                            and result["vision_grad_norm"] > 0
+                            and result["params_checked"] == sum(1 for _ in ref.parameters()))
+    return result
+
+
+def parity_grid(group: dist.ProcessGroup, cases: list[ParityCase]) -> list[dict]:
+    """:func:`parity_case` for every case, inside one spawned group."""
+    return [parity_case(group, case) for case in cases]
