@@ -5,3 +5,69 @@ from vlmcp.verify import ParityCase, parity_case
 
 def parity_grid(group, cases):
     return [parity_case(group, ParityCase(**case)) for case in cases]
+
+
+def double_count_trap(group):
+    """allreduce_hook: summing grads over CP counts the vision gradient P times; reduce_gradients doesn't."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from vlmcp.grads import reduce_gradients
+    from vlmcp.layout import plan_cp
+    from vlmcp.models import VLM
+    from vlmcp.train.step import forward_backward
+    from vlmcp.verify import builtin_row, verify_model_config
+    from vlmcp.vision import place_vision
+
+    row, P = builtin_row(), dist.get_world_size(group)
+    torch.manual_seed(0)
+    ref = VLM(verify_model_config()).double()
+    naive, exact = copy.deepcopy(ref), copy.deepcopy(ref)
+    forward_backward(ref, row, plan_cp(row.is_image, 1, row.cu_seqlens).for_rank(0), None)
+    plan = plan_cp(row.is_image, P, row.cu_seqlens)
+    for model in (naive, exact):
+        place_vision(model.vision, mode="allreduce_hook", group=group)
+        forward_backward(model, row, plan.for_rank(dist.get_rank(group)), group)
+    for p in naive.parameters():  # the classic recipe: all-reduce every gradient over CP
+        dist.all_reduce(p.grad, group=group)
+    reduce_gradients(exact, group)
+    ratios, exact_err, llm_naive_err = [], 0.0, 0.0
+    ref_params = dict(ref.named_parameters())
+    for (name, pn), pe in zip(naive.named_parameters(), exact.parameters(), strict=True):
+        g = ref_params[name].grad
+        if name.startswith("vision.") and g.norm() > 0:
+            ratios.append(float(pn.grad.norm() / g.norm()))
+        if name.startswith("llm."):
+            llm_naive_err = max(llm_naive_err, float((pn.grad - g).norm() / g.norm()))
+        exact_err = max(exact_err, float((pe.grad - g).norm() / g.norm().clamp(min=1e-300)))
+    return min(ratios), max(ratios), exact_err, llm_naive_err
+
+
+def bad_image_count(group):
+    """Too few images for the plan: every rank raises the same error before any collective."""
+    import torch
+    import torch.distributed as dist
+
+    from vlmcp.layout import plan_cp
+    from vlmcp.models import VLM
+    from vlmcp.train.step import forward_backward
+    from vlmcp.verify import builtin_row, verify_model_config
+    from vlmcp.vision import place_vision
+
+    row = builtin_row()
+    torch.manual_seed(0)
+    model = VLM(verify_model_config())
+    place_vision(model.vision, mode="scatter", group=group)
+    plan = plan_cp(row.is_image, dist.get_world_size(group), row.cu_seqlens)
+    broken = type(row)(**{**row.__dict__, "images": row.images[:1]})
+    try:
+        forward_backward(model, broken, plan.for_rank(dist.get_rank(group)), group)
+    except ValueError as err:
+        message = str(err)
+    else:
+        message = None
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)  # the group is still usable: nobody entered a collective
+    return message, float(t)
