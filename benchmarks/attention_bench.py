@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 import vlmcp
 from vlmcp.attention import cp_attention, varlen_attention
+from vlmcp.memory import SavedTensorMeter
 from vlmcp.testing import run_on_ranks
 
 
@@ -50,15 +51,9 @@ def _row(args):
 
 def _saved_bytes(fn):
     """Run ``fn()`` (a forward) and count the bytes autograd saves for backward."""
-    seen = {}
-
-    def pack(t):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensorMeter() as meter:
         out = fn()
-    return out, sum(seen.values())
+    return out, meter.bytes
 
 
 def _fwd_bwd(fn, inputs, dout):

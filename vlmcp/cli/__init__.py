@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vlmcp.cli import compare as compare_cmd
 from vlmcp.cli import plan as plan_cmd
 from vlmcp.cli import train as train_cmd
 from vlmcp.cli import verify as verify_cmd
 
 __all__ = ["main"]
 
-_COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd}
+_COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd}
 
 
 def main(argv: list[str] | None = None) -> int:

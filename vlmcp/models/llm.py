@@ -12,6 +12,7 @@ no gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,7 +101,10 @@ class CPSelfAttention(nn.Module):
         q = apply_rope(self.q_proj(x).view(n, c.heads, c.head_dim), position_ids, c.rope_theta)
         k = apply_rope(self.k_proj(x).view(n, c.kv_heads, c.head_dim), position_ids, c.rope_theta)
         v = self.v_proj(x).view(n, c.kv_heads, c.head_dim)
-        out = cp_attention(q, k, v, shard, group, backend=backend, image_attention=image_attention)
+        if callable(backend):  # a stand-in attention, e.g. vlmcp compare's no-exchange baseline
+            out = backend(q, k, v, shard, group, image_attention)
+        else:
+            out = cp_attention(q, k, v, shard, group, backend=backend, image_attention=image_attention)
         return self.o_proj(out.reshape(n, c.heads * c.head_dim))
 
 
@@ -149,10 +153,13 @@ class DecoderLLM(nn.Module):
         position_ids: torch.Tensor,
         shard: RankShard,
         group: dist.ProcessGroup | None,
-        backend: str = "ring",
+        backend: str | Callable = "ring",
         image_attention: str = "causal",
     ) -> torch.Tensor:
-        """Args: inputs_embeds (N, hidden); position_ids (N,) local RoPE positions.
+        """Args: inputs_embeds (N, hidden); position_ids (N,) local RoPE positions;
+        backend: ``"ring"``, ``"ulysses"``, or a callable
+        ``(q, k, v, shard, group, image_attention) -> out`` standing in for
+        :func:`cp_attention` (``vlmcp compare`` uses one for the naive baseline).
 
         Returns: logits (N, vocab_size).
         """

@@ -11,6 +11,7 @@ model: the reference the tests and ``vlmcp verify`` compare CP against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -58,7 +59,7 @@ class VLM(nn.Module):
         images: list[torch.Tensor],
         shard: RankShard,
         group: dist.ProcessGroup | None,
-        backend: str = "ring",
+        backend: str | Callable = "ring",
         image_attention: str = "causal",
     ) -> torch.Tensor:
         """Logits of this rank's tokens.
@@ -70,7 +71,7 @@ class VLM(nn.Module):
                 order; the same on every rank of the CP group.
             shard: this rank's :class:`RankShard`.
             group: the CP group (None: single process, ``shard.cp_size`` must be 1).
-            backend: ``"ring"`` or ``"ulysses"``.
+            backend: ``"ring"``, ``"ulysses"`` or a stand-in callable (see :class:`DecoderLLM`).
             image_attention: ``"causal"`` or ``"bidirectional"``.
         """
         if input_ids.shape != (shard.num_tokens,) or position_ids.shape != (shard.num_tokens,):
