@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import vlmcp
 from vlmcp.attention import cp_attention, reference_attention
+from vlmcp.attention.exchange import ring_bytes_sent
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -154,7 +155,8 @@ class CommLog:
 def comm_volume(group, cases):
     """Forward and backward communication of ``cp_attention`` for each case, plus the plan's text counts.
 
-    Returns ``[(forward_entries, backward_entries, text_tokens_per_rank), ...]``.
+    Returns ``[(forward_entries, backward_entries, text_tokens_per_rank,
+    ring_bytes_sent prediction), ...]``.
     """
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     results = []
@@ -169,7 +171,7 @@ def comm_volume(group, cases):
         with CommLog() as bwd:
             loss.backward()
         text = [int(plan.for_rank(p).is_text.sum()) for p in range(P)]
-        results.append((fwd.entries, bwd.entries, text))
+        results.append((fwd.entries, bwd.entries, text, ring_bytes_sent(shard, kv_heads, head_dim, 2)))
     return results
 
 

@@ -43,7 +43,7 @@ def _ring_expected(r, text, kv_heads, backward):
 def test_ring_sends_exactly_the_text_kv_once_per_step(volumes, case):
     kv_heads = CASES[case][3]
     for r, per_case in enumerate(volumes):
-        fwd, bwd, text = per_case[case]
+        fwd, bwd, text, _ = per_case[case]
         assert all(kind == "p2p" for kind, *_ in fwd + bwd), (fwd, bwd)
         got_fwd = [[(op, n, peer) for op, n, peer, _ in e[1]] for e in fwd]
         got_bwd = [[(op, n, peer) for op, n, peer, _ in e[1]] for e in bwd]
@@ -52,12 +52,21 @@ def test_ring_sends_exactly_the_text_kv_once_per_step(volumes, case):
         assert len(fwd) == P - 1 and len(bwd) == 2 * (P - 1)
 
 
+@pytest.mark.parametrize("case", [0, 1])
+def test_ring_bytes_sent_formula_matches_the_messages(volumes, case):
+    for per_case in volumes:
+        fwd, bwd, _, (pred_fwd, pred_bwd) = per_case[case]
+        sent = lambda entries: sum(n for e in entries for op, n, *_ in e[1] if op == "isend")  # noqa: E731
+        assert (sent(fwd), sent(bwd)) == (pred_fwd, pred_bwd)
+        assert pred_fwd > 0
+
+
 @pytest.mark.parametrize("case", [2, 3])
 def test_ulysses_all_to_all_volume_is_exact(volumes, case):
     kv_heads = CASES[case][3]
     kv = kv_heads if kv_heads % P == 0 else HEADS  # replicated K/V heads when not divisible
     for r, per_case in enumerate(volumes):
-        fwd, bwd, text = per_case[case]
+        fwd, bwd, text, _ = per_case[case]
         T, total = text[r], sum(text)
         qkv = (HEADS + 2 * kv) * D
         assert fwd == [("a2a", T * qkv, total * qkv // P, "torch.bfloat16"),

@@ -18,7 +18,7 @@ import torch
 from vlmcp.attention.masks import Run, runs_of
 from vlmcp.layout.plan import RankShard
 
-__all__ = ["Exchange", "exchange_of"]
+__all__ = ["Exchange", "exchange_of", "ring_bytes_sent"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,21 @@ def exchange_of(shard: RankShard) -> Exchange:
         local_runs=tuple(runs_of(shard.sample_ids, shard.offsets)))
     _CACHE[shard] = ex
     return ex
+
+
+def ring_bytes_sent(shard: RankShard, kv_heads: int, head_dim: int, itemsize: int,
+                    grad_itemsize: int | None = None) -> tuple[int, int]:
+    """Bytes this rank sends per attention layer under the ring backend: ``(forward, backward)``.
+
+    At ring step s (0 <= s < P-1) a rank passes on the K/V buffer that rank r-s
+    owns; backward rotates K/V again and also passes on the dK/dV accumulators
+    (steps 1..P-1, in ``grad_itemsize``: float32 for 16/32-bit inputs, float64 for
+    float64). Only travelling tokens count (see :func:`exchange_of`).
+    """
+    ex = exchange_of(shard)
+    P, r = ex.cp_size, ex.rank
+    grad_itemsize = max(itemsize, 4) if grad_itemsize is None else grad_itemsize
+    per_token = 2 * kv_heads * head_dim  # K and V
+    fwd = sum(ex.counts[(r - s) % P] for s in range(P - 1)) * per_token * itemsize
+    dkv = sum(ex.counts[(r - s) % P] for s in range(1, P)) * per_token * grad_itemsize
+    return fwd, fwd + dkv

@@ -24,6 +24,10 @@ def add_parser(sub) -> None:
     p.add_argument("--image-strategy", choices=["replicate", "shard"], default="replicate")
     p.add_argument("--image-attention", choices=["causal", "bidirectional"], default="causal")
     p.add_argument("--width", type=int, default=96, help="characters of the row picture")
+    p.add_argument("--kv-heads", type=int, default=8, help="K/V heads, for the bytes column (default 8)")
+    p.add_argument("--head-dim", type=int, default=128, help="head size, for the bytes column (default 128)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "float64"], default="bfloat16",
+                   help="activation dtype, for the bytes column (default bfloat16)")
     p.add_argument("--out", metavar="FILE.png", default=None,
                    help="also draw the layout and the attention mask split between ranks to a PNG")
 
@@ -79,18 +83,31 @@ def rank_pictures(plan: CPPlan, width: int) -> str:
     return "\n".join(lines)
 
 
-def work_table(plan: CPPlan, work: WorkReport) -> str:
-    head = ("rank", "slots", "image", "text", "pad", "text pairs", "image pairs", "total pairs")
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def work_table(plan: CPPlan, work: WorkReport, kv_heads: int = 8, head_dim: int = 128,
+               itemsize: int = 2) -> str:
+    """Per-rank tokens, attended pairs, and ring bytes sent per attention layer."""
+    from vlmcp.attention.exchange import ring_bytes_sent
+
+    head = ("rank", "slots", "image", "text", "pad", "text pairs", "image pairs", "total pairs",
+            "ring bytes sent/layer fwd", "bwd")
     rows = []
     for shard in plan.shards():
         r = shard.rank
+        fwd, bwd = ring_bytes_sent(shard, kv_heads, head_dim, itemsize)
         rows.append((r, shard.num_tokens, int(shard.is_image.sum()), int(shard.is_text.sum()),
                      int(shard.is_pad.sum()), work.text_pairs[r], work.image_pairs[r],
-                     work.total_pairs[r]))
-    widths = [max(len(str(h)), *(len(f"{row[i]:,}") for row in rows)) for i, h in enumerate(head)]
-    fmt = lambda cells: "  ".join(f"{c:>{w},}" if isinstance(c, int) else f"{c:>{w}}"  # noqa: E731
-                                  for c, w in zip(cells, widths, strict=False))
-    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows]
+                     work.total_pairs[r], _bytes(fwd), _bytes(bwd)))
+    cells = [[f"{c:,}" if isinstance(c, int) else str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(head)]
+    fmt = lambda row: "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))  # noqa: E731
+    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(row) for row in cells]
     out.append(f"balance max/mean: total {work.balance:.3f}, text {work.text_balance:.3f}; "
                f"single-process pairs {work.single_process_pairs:,}; "
                f"efficiency vs ideal (single/P over busiest) {work.efficiency:.3f}")
@@ -107,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
           f"image_strategy={plan.image_strategy}, image_attention={args.image_attention}")
     print(row_picture(plan, args.width))
     print(rank_pictures(plan, args.width))
-    print(work_table(plan, work))
+    itemsize = {"bfloat16": 2, "float32": 4, "float64": 8}[args.dtype]
+    print(work_table(plan, work, args.kv_heads, args.head_dim, itemsize))
+    print(f"bytes: ring attention, {args.kv_heads} K/V heads of {args.head_dim}, {args.dtype} "
+          f"(dK/dV in float32 or wider); image K/V never travel")
     if args.out:
         from vlmcp.report import draw_plan  # matplotlib only when a picture is asked for
 

@@ -84,10 +84,10 @@ class TrainConfig:
             raise ValueError(f"--hidden {self.hidden} must split into --heads {self.heads} of even size")
         if self.heads % self.kv_heads:
             raise ValueError(f"--heads {self.heads} is not divisible by --kv-heads {self.kv_heads}")
-        if self.attention == "ulysses" and (self.heads % self.cp or self.kv_heads % self.cp):
+        if self.attention == "ulysses" and self.heads % self.cp:
+            # kv_heads need not divide: Ulysses replicates K/V heads then
             raise ValueError(
-                f"--attention ulysses needs --heads ({self.heads}) and --kv-heads ({self.kv_heads}) "
-                f"divisible by --cp ({self.cp})")
+                f"--attention ulysses needs --heads ({self.heads}) divisible by --cp ({self.cp})")
         if self.vision_mode == "hidden_shard" and self.hidden % self.cp:
             raise ValueError(f"--vision-mode hidden_shard needs --hidden ({self.hidden}) divisible by "
                              f"--cp ({self.cp})")
