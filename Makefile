@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vlmcp-installed
 
-.PHONY: demo test lint bench-plan clean
+.PHONY: demo test lint bench bench-plan clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,14 @@ $(STAMP): pyproject.toml requirements/cpu.txt
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The main job on its built-in default: train the reference VLM with CP=2 on the built-in
+# data (loss curve and checkpoints under runs/demo), check CP gradients against one process,
+# and draw the layout of a packed row.
 demo: $(STAMP)
-	$(PY) -m vlmcp plan
+	rm -rf runs/demo
+	$(PY) -m vlmcp train --cp 2 --metrics-jsonl runs/demo/metrics.jsonl --checkpoint-dir runs/demo/checkpoints
+	$(PY) -m vlmcp verify --cp 2
+	$(PY) -m vlmcp plan --out runs/demo/plan.png
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -24,6 +30,14 @@ lint: $(STAMP)
 
 bench-plan: $(STAMP)
 	$(PY) benchmarks/plan_speed.py
+
+# Every figure of the README's "Measured" section (minutes; not part of the tests).
+bench: $(STAMP)
+	$(PY) benchmarks/plan_speed.py
+	$(PY) benchmarks/attention_bench.py
+	$(PY) benchmarks/vlm_memory_bench.py
+	$(PY) benchmarks/vision_bench.py
+	$(PY) -m vlmcp compare --out runs/compare.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,98 @@
+"""Saved-for-backward bytes per rank of one VLM training step, CP against one process.
+
+Run: ``python benchmarks/vlm_memory_bench.py [--cp 2 4 --image-tokens 2048 --text-tokens 16384]``.
+
+A packed row of 8 samples, each one image (``image-tokens / 8`` patches) and
+``text-tokens / 8`` text tokens, through the reference VLM (scaled-down widths:
+hidden 64, 2 layers, the ViT of ``vlmcp train``). The counter is exact
+(:class:`vlmcp.memory.SavedTensorMeter`: distinct storages autograd saves, the
+parameters left out), so the figures do not depend on machine noise. Each CP figure is the
+largest rank's. The ideal for replicated images is ``(I + T/P) / (I + T)`` on the
+LLM's tokens; the ViT's own activations are replicated under ``replicate`` and
+spread under ``scatter``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+
+import torch
+import torch.distributed as dist
+
+from vlmcp.data import IMAGE_ID, VOCAB_SIZE, PackedRow
+from vlmcp.launch import spawn_ranks
+from vlmcp.layout import plan_cp, shift_labels
+from vlmcp.memory import SavedTensorMeter
+from vlmcp.models import VLM
+from vlmcp.train.config import TrainConfig
+from vlmcp.train.loop import model_config
+from vlmcp.train.step import forward_backward
+from vlmcp.vision import place_vision
+
+PATCH = 8
+
+
+def make_row(image_tokens: int, text_tokens: int, samples: int = 8) -> PackedRow:
+    side = math.isqrt(image_tokens // samples)
+    if side * side * samples != image_tokens:
+        raise ValueError(f"--image-tokens {image_tokens} must be {samples} x a square number of patches")
+    text = text_tokens // samples
+    g = torch.Generator().manual_seed(0)
+    ids, is_image, images = [], [], []
+    for _ in range(samples):
+        images.append(torch.rand(3, side * PATCH, side * PATCH, generator=g))
+        ids += [IMAGE_ID] * side * side + torch.randint(4, VOCAB_SIZE, (text,), generator=g).tolist()
+        is_image += [True] * side * side + [False] * text
+    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
+    cu = torch.arange(samples + 1) * (side * side + text)
+    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
+                     labels=shift_labels(input_ids, is_image, cu), images=images,
+                     image_grid_thw=torch.tensor([[1, side, side]] * samples), start=0, stop=samples,
+                     filler_len=0)
+
+
+def _saved(model, row, plan, rank, group):
+    with SavedTensorMeter(model.parameters()) as meter:
+        forward_backward(model, row, plan.for_rank(rank), group)
+    return meter.bytes
+
+
+def _rank(group, row, modes):
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    torch.manual_seed(0)
+    base = VLM(model_config(TrainConfig()))
+    single = _saved(copy.deepcopy(base), row, plan_cp(row.is_image, 1, row.cu_seqlens), 0, None) \
+        if rank == 0 else 0
+    out = {"single": single}
+    for mode in modes:
+        model = copy.deepcopy(base)
+        place_vision(model.vision, mode=mode, group=group)
+        saved = torch.tensor([_saved(model, row, plan_cp(row.is_image, P, row.cu_seqlens), rank, group)])
+        dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
+        out[mode] = int(saved)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cp", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--image-tokens", type=int, default=2048)
+    ap.add_argument("--text-tokens", type=int, default=16384)
+    ap.add_argument("--modes", nargs="+", default=["replicate", "scatter"])
+    args = ap.parse_args()
+    row = make_row(args.image_tokens, args.text_tokens)
+    I, T = args.image_tokens, args.text_tokens  # noqa: E741 - the notation of DESIGN.md
+    print(f"row: {I:,} image + {T:,} text tokens in 8 samples; saved-for-backward bytes of one step")
+    print("| P | mode | largest rank | single process | ratio | ideal (I + T/P)/(I + T) |")
+    print("|---|---|---|---|---|---|")
+    for P in args.cp:
+        res = spawn_ranks(_rank, P, row, args.modes, timeout=1200)[0]
+        for mode in args.modes:
+            print(f"| {P} | {mode} | {res[mode] / 2**20:.1f} MiB | {res['single'] / 2**20:.1f} MiB | "
+                  f"{res[mode] / res['single']:.3f} | {(I + T / P) / (I + T):.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
