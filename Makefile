@@ -26,17 +26,14 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check vlmcp tests benchmarks
+	$(PY) -m ruff check vlmcp tests
 
 bench-plan: $(STAMP)
-	$(PY) benchmarks/plan_speed.py
+	$(PY) -m vlmcp bench plan
 
 # Every figure of the README's "Measured" section (minutes; not part of the tests).
 bench: $(STAMP)
-	$(PY) benchmarks/plan_speed.py
-	$(PY) benchmarks/attention_bench.py
-	$(PY) benchmarks/vlm_memory_bench.py
-	$(PY) benchmarks/vision_bench.py
+	$(PY) -m vlmcp bench all
 	$(PY) -m vlmcp compare --out runs/compare.md
 
 clean:

@@ -44,8 +44,9 @@ def test_parameters_carry_the_rule_of_their_mode(P):
     }
     for d in vision_cases.grid_results(P)[0]:
         assert d["grad_numel"] == expected[d["mode"]], d["mode"]
-        # One flat all-reduce over CP per dtype, carrying everything but the partitioned slice.
-        nbytes = (d["grad_numel"]["share"] + d["grad_numel"]["full"]) * d["itemsize"]
+        # One flat all-reduce over CP per dtype, carrying everything but the partitioned slice,
+        # plus one "has a gradient" flag per parameter.
+        nbytes = (d["grad_numel"]["share"] + d["grad_numel"]["full"] + d["reduced_params"]) * d["itemsize"]
         assert [tuple(c) for c in d["reduce_calls"]] == [("all_reduce", nbytes)]
         assert (d["report"].cp_collectives, d["report"].cp_bytes) == (1, nbytes)
 
@@ -76,8 +77,9 @@ def test_cp_cross_entropy_and_reduction_buckets():
     for d in results:
         assert [tuple(c) for c in d["calls"]] == [("all_reduce", 16)]  # one all-reduce per loss
         assert d["half_dtype"] == "torch.float32"
-        # float64 bucket: a, c, d (12 values); float32 bucket: b (2 values); frozen: none.
-        assert [tuple(c) for c in d["reduce"]["calls"]] == [("all_reduce", 12 * 8), ("all_reduce", 2 * 4)]
+        # float64 bucket: a, c, d, unused (19 values + 4 has-a-gradient flags); float32 bucket:
+        # b (2 values + 1 flag); frozen: none.
+        assert [tuple(c) for c in d["reduce"]["calls"]] == [("all_reduce", 23 * 8), ("all_reduce", 3 * 4)]
         assert d["reduce"]["report"].cp_collectives == 2
 
 

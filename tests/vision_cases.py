@@ -302,6 +302,8 @@ def placement_grid(group):
                                                         strict=True) if o == q) for q in range(P)]),
                     grad_numel={rule.value: sum(p.numel() for p in model.parameters() if grad_rule(p) is rule)
                                 for rule in GradRule},
+                    reduced_params=sum(1 for p in model.parameters()
+                                       if grad_rule(p) is not GradRule.PARTITIONED),
                     itemsize=torch.tensor([], dtype=dtype).element_size()))
     return results
 
@@ -386,6 +388,7 @@ def _mixed_reduction(group):
     m.c = nn.Parameter(torch.zeros(4, dtype=torch.float64))  # FULL: the same full grad everywhere
     m.d = nn.Parameter(torch.zeros(5, dtype=torch.float64))  # no grad on odd ranks
     m.frozen = nn.Parameter(torch.zeros(6), requires_grad=False)
+    m.unused = nn.Parameter(torch.zeros(7, dtype=torch.float64))  # no grad on any rank
     set_grad_rule(m.c, GradRule.FULL, P)
     m.a.grad = torch.full((3,), float(r + 1), dtype=torch.float64)
     m.b.grad = torch.full((2,), float(10 * r), dtype=torch.float32)
@@ -399,6 +402,7 @@ def _mixed_reduction(group):
     assert torch.allclose(m.c.grad, torch.arange(4, dtype=torch.float64), rtol=0, atol=1e-15)
     assert torch.equal(m.d.grad, torch.full((5,), float((P + 1) // 2), dtype=torch.float64))
     assert m.frozen.grad is None
+    assert m.unused.grad is None  # as in one process: the optimizer skips it instead of decaying it
     return dict(report=report, calls=calls)
 
 

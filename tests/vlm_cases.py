@@ -29,6 +29,10 @@ def double_count_trap(group):
     plan = plan_cp(row.is_image, P, row.cu_seqlens)
     for model in (naive, exact):
         place_vision(model.vision, mode="allreduce_hook", group=group)
+    # A copy of a placed model (EMA, eval) re-creates its parameters, which drops their
+    # rule tags; the placement keeps them, so the copy still reduces exactly.
+    exact = copy.deepcopy(exact)
+    for model in (naive, exact):
         forward_backward(model, row, plan.for_rank(dist.get_rank(group)), group)
     for p in naive.parameters():  # the classic recipe: all-reduce every gradient over CP
         dist.all_reduce(p.grad, group=group)

@@ -42,7 +42,7 @@ from torch import nn
 
 __all__ = [
     "GradRule", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_norms",
-    "grad_rule", "local_part", "partition_of", "reduce_gradients", "set_grad_rule",
+    "grad_rule", "grad_tag", "local_part", "partition_of", "reduce_gradients", "set_grad_rule",
 ]
 
 
@@ -82,6 +82,30 @@ def set_grad_rule(
     if (rule is GradRule.PARTITIONED) != (shard_dim is not None and shard_index is not None):
         raise ValueError(f"shard_dim and shard_index are required for PARTITIONED only, got rule={rule}")
     setattr(param, _ATTR, _Tag(rule, cp_size, shard_dim, shard_index))
+
+
+def grad_tag(param: nn.Parameter) -> _Tag | None:
+    """The parameter's full tag (rule, CP size, partition), or None when untagged."""
+    return getattr(param, _ATTR, None)
+
+
+def _restore_tags(model: nn.Module) -> None:
+    """Re-apply the tags that placed submodules recorded (``module.placement.grad_tags``).
+
+    Tags live on parameter objects; re-created parameters (deepcopy, some dtype
+    conversions, FSDP) would silently fall back to SHARE, which turns
+    ``allreduce_hook``'s FULL gradients into P-times gradients. The placement keeps
+    them by name, so the reducers put them back first.
+    """
+    for module in model.modules():
+        tags = getattr(getattr(module, "placement", None), "grad_tags", None)
+        if not tags:
+            continue
+        for name, p in module.named_parameters():
+            if name not in tags:
+                raise ValueError(f"parameter {name!r} of a placed {type(module).__name__} has no "
+                                 "recorded gradient rule (was the module changed after placement?)")
+            setattr(p, _ATTR, tags[name])
 
 
 def grad_rule(param: nn.Parameter) -> GradRule:
@@ -135,26 +159,41 @@ def _trainable(model: nn.Module, cp_size: int) -> list[nn.Parameter]:
                 f"ranks, but the CP group passed has {cp_size}")
         if p.grad is not None and p.grad.is_sparse:
             raise NotImplementedError("sparse gradients are not supported")
-        if p.grad is None:
-            # Every rank must put the same buffers into the collective, whether or not
-            # this rank's graph reached the parameter (broadcast: off the source).
-            p.grad = torch.zeros_like(p)
     return params
 
 
 def _all_reduce_flat(params: list[nn.Parameter], group, scale: float) -> tuple[int, int]:
-    """Sum the gradients of ``params`` over ``group`` (one buffer per dtype), then scale."""
+    """Sum the gradients of ``params`` over ``group`` (one buffer per dtype), then scale.
+
+    Every rank must put the same buffers into the collective, whether or not its graph
+    reached a parameter (``broadcast``: off the source), so a missing gradient enters
+    as zeros. One extra element per parameter carries "this rank has a gradient";
+    a parameter no rank has a gradient for keeps ``grad=None`` afterwards, as in a
+    single process (AdamW skips it instead of decaying it). 16-bit gradients are
+    summed in float32 (Megatron's practice: bf16 sums lose low bits as P grows).
+    """
     buckets: dict[tuple, list[nn.Parameter]] = defaultdict(list)
     for p in params:
-        buckets[(p.grad.dtype, p.grad.device)].append(p)
+        buckets[(p.dtype, p.device)].append(p)
     nbytes = 0
-    for bucket in buckets.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+    for (dtype, _), bucket in buckets.items():
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in bucket]
+        present = [p.new_ones(1) if p.grad is not None else p.new_zeros(1) for p in bucket]
+        flat = torch.cat(grads + present).to(acc)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        if scale != 1.0:
-            flat.mul_(scale)
-        for p, g in zip(bucket, torch.split(flat, [p.numel() for p in bucket]), strict=True):
-            p.grad.copy_(g.view_as(p.grad))
+        sizes = [p.numel() for p in bucket]
+        parts = torch.split(flat[: sum(sizes)], sizes)
+        anyone = flat[sum(sizes):] > 0
+        for p, g, has in zip(bucket, parts, anyone.tolist(), strict=True):
+            if not has:
+                p.grad = None
+                continue
+            g = g.view_as(p) * scale if scale != 1.0 else g.view_as(p)
+            if p.grad is None:
+                p.grad = g.to(dtype).clone()
+            else:
+                p.grad.copy_(g)
         nbytes += flat.numel() * flat.element_size()
     return len(buckets), nbytes
 
@@ -181,12 +220,13 @@ def reduce_gradients(
         gradient of this rank's slice.
     """
     cp_size = dist.get_world_size(cp_group)
+    _restore_tags(model)
     params = _trainable(model, cp_size)
     cp = [p for p in params if grad_rule(p) is not GradRule.PARTITIONED]
     cp_n = cp_bytes = dp_n = dp_bytes = 0
     if cp_size > 1 and cp:
         for p in cp:
-            if grad_rule(p) is GradRule.FULL:
+            if grad_rule(p) is GradRule.FULL and p.grad is not None:
                 p.grad.div_(cp_size)  # the sum over CP of FULL/P is their mean
         cp_n, cp_bytes = _all_reduce_flat(cp, cp_group, 1.0)
     if dp_group is not None and dist.get_world_size(dp_group) > 1 and params:
@@ -201,6 +241,7 @@ def ddp_ignored_params(model: nn.Module) -> list[str]:
     ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)``
     before wrapping, and let :func:`finish_ddp_gradients` reduce them.
     """
+    _restore_tags(model)
     return [n for n, p in model.named_parameters() if grad_rule(p) is GradRule.PARTITIONED]
 
 
@@ -222,9 +263,10 @@ def finish_ddp_gradients(
         A :class:`ReductionReport` (DP collectives only).
     """
     cp_size = dist.get_world_size(cp_group)
+    _restore_tags(model)
     params = _trainable(model, cp_size)
     for p in params:
-        if grad_rule(p) is GradRule.FULL:
+        if grad_rule(p) is GradRule.FULL and p.grad is not None:
             p.grad.div_(cp_size)
     parts = [p for p in params if grad_rule(p) is GradRule.PARTITIONED]
     dp_size = 1 if dp_group is None else dist.get_world_size(dp_group)
@@ -232,7 +274,8 @@ def finish_ddp_gradients(
         n, nbytes = _all_reduce_flat(parts, dp_group, 1.0 / (dp_size * cp_size))
         return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=n, dp_bytes=nbytes)
     for p in parts:
-        p.grad.div_(cp_size)
+        if p.grad is not None:
+            p.grad.div_(cp_size)
     return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=0, dp_bytes=0)
 
 

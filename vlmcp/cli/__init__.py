@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vlmcp.cli import bench as bench_cmd
 from vlmcp.cli import compare as compare_cmd
 from vlmcp.cli import plan as plan_cmd
 from vlmcp.cli import train as train_cmd
@@ -12,7 +13,8 @@ from vlmcp.cli import verify as verify_cmd
 
 __all__ = ["main"]
 
-_COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd}
+_COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd,
+             "bench": bench_cmd}
 
 
 def main(argv: list[str] | None = None) -> int:

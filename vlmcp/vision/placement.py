@@ -29,7 +29,7 @@ because the backward runs the dual collective.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import torch
@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.comm import all_gather, broadcast
-from vlmcp.grads import GradRule, set_grad_rule
+from vlmcp.grads import GradRule, grad_tag, set_grad_rule
 from vlmcp.vision.assign import assign_images, vit_cost
 from vlmcp.vision.tower import VisionEncoder
 
@@ -56,6 +56,15 @@ class VisionPlacement:
     """The CP group; every rank of it gets the complete embeddings."""
     src: int = 0
     """``broadcast`` only: the rank (within ``group``) that runs the encoder."""
+    grad_tags: dict = field(default_factory=dict)
+    """Parameter name (within the encoder) -> gradient tag, set by :func:`place_vision`.
+
+    :func:`vlmcp.grads.reduce_gradients` re-applies these to the parameters before
+    every reduction, so a rule survives parameters being re-created after placement
+    (``deepcopy``, ``.to()`` with ``overwrite_module_params_on_conversion``)."""
+
+    def __deepcopy__(self, memo):
+        return self  # immutable; a copied model shares the CP group (a group cannot be copied)
 
     def __post_init__(self):
         if self.mode not in get_args(VisionMode):
@@ -155,7 +164,7 @@ def place_vision(
         raise TypeError(f"place_vision expects a VisionEncoder, got {type(encoder).__name__}")
     if encoder.placement is not None:
         raise ValueError(f"this encoder is placed already (mode={encoder.placement.mode!r})")
-    placement = VisionPlacement(mode=mode, group=group, src=src)
+    placement = VisionPlacement(mode=mode, group=group, src=src)  # validates mode and src
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if mode == "hidden_shard" and encoder.out_dim % world:
         raise ValueError(
@@ -166,6 +175,7 @@ def place_vision(
         set_grad_rule(p, rule, world)
     if mode == "hidden_shard":
         encoder.projector.fc2 = _column_slice(encoder.projector.fc2, rank, world)
+    placement.grad_tags.update({n: grad_tag(p) for n, p in encoder.named_parameters()})
     encoder.placement = placement
     return encoder
 

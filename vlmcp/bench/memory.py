@@ -1,6 +1,6 @@
 """Saved-for-backward bytes per rank of one VLM training step, CP against one process.
 
-Run: ``python benchmarks/vlm_memory_bench.py [--cp 2 4 --image-tokens 2048 --text-tokens 16384]``.
+Run: ``vlmcp bench memory [--cp 2 4 --image-tokens 2048 --text-tokens 16384]``.
 
 A packed row of 8 samples, each one image (``image-tokens / 8`` patches) and
 ``text-tokens / 8`` text tokens, through the reference VLM (scaled-down widths:
@@ -75,24 +75,22 @@ def _rank(group, row, modes):
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--cp", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--image-tokens", type=int, default=2048)
-    ap.add_argument("--text-tokens", type=int, default=16384)
-    ap.add_argument("--modes", nargs="+", default=["replicate", "scatter"])
-    args = ap.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cp", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--image-tokens", type=int, default=2048)
+    parser.add_argument("--text-tokens", type=int, default=16384)
+    parser.add_argument("--modes", nargs="+", default=["replicate", "scatter"])
+
+
+def run(args: argparse.Namespace) -> int:
     row = make_row(args.image_tokens, args.text_tokens)
     I, T = args.image_tokens, args.text_tokens  # noqa: E741 - the notation of DESIGN.md
     print(f"row: {I:,} image + {T:,} text tokens in 8 samples; saved-for-backward bytes of one step")
     print("| P | mode | largest rank | single process | ratio | ideal (I + T/P)/(I + T) |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|", flush=True)
     for P in args.cp:
         res = spawn_ranks(_rank, P, row, args.modes, timeout=1200)[0]
         for mode in args.modes:
             print(f"| {P} | {mode} | {res[mode] / 2**20:.1f} MiB | {res['single'] / 2**20:.1f} MiB | "
                   f"{res[mode] / res['single']:.3f} | {(I + T / P) / (I + T):.3f} |", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
 """CP attention speed and memory against one process on the whole row (issue 3's benchmark).
 
-Run: ``python benchmarks/attention_bench.py`` (defaults: one sample of 1,024 image +
-8,192 text tokens, 8 heads of 64, float32, P = 2, one thread per rank, both backends).
+Run: ``vlmcp bench attention`` (defaults: one sample of 1,024 image + 8,192 text
+tokens, 8 heads of 64, float32, P = 2, one thread per rank, both backends).
 
 Both measurements run inside one spawned group so that they share the machine's
 state: each repeat times forward+backward of ``cp_attention`` on every rank at
@@ -95,20 +95,21 @@ def _bench(group, args, backend):
     return cp_times, single_times, saved_cp, saved_single
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--image-tokens", type=int, default=1024)
-    ap.add_argument("--text-tokens", type=int, default=8192)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=0, help="0: same as --heads")
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    ap.add_argument("--cp", type=int, default=2)
-    ap.add_argument("--backend", default="both", choices=["ring", "ulysses", "both"])
-    ap.add_argument("--image-strategy", default="replicate", choices=["replicate", "shard"])
-    ap.add_argument("--image-attention", default="causal", choices=["causal", "bidirectional"])
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image-tokens", type=int, default=1024)
+    parser.add_argument("--text-tokens", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=0, help="0: same as --heads")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    parser.add_argument("--cp", type=int, default=2)
+    parser.add_argument("--backend", default="both", choices=["ring", "ulysses", "both"])
+    parser.add_argument("--image-strategy", default="replicate", choices=["replicate", "shard"])
+    parser.add_argument("--image-attention", default="causal", choices=["causal", "bidirectional"])
+    parser.add_argument("--repeats", type=int, default=5)
+
+
+def run(args: argparse.Namespace) -> int:
     print(f"uptime: {os.popen('uptime').read().strip()}")
     is_image, cu, *_ = _row(args)
     plan = vlmcp.plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy)
@@ -117,7 +118,7 @@ def main() -> None:
     print(f"row: {args.image_tokens} image + {args.text_tokens} text tokens, {args.heads} heads of "
           f"{args.head_dim}, {args.dtype}, P={args.cp}, image_strategy={args.image_strategy}, "
           f"image_attention={args.image_attention}; pair share per rank: "
-          + ", ".join(f"{s:.3f}" for s in share))
+          + ", ".join(f"{s:.3f}" for s in share), flush=True)
     backends = ["ring", "ulysses"] if args.backend == "both" else [args.backend]
     for backend in backends:
         res = run_on_ranks(_bench, args.cp, args, backend, timeout=3600)
@@ -133,8 +134,5 @@ def main() -> None:
               f"(all: {', '.join(f'{e:.3f}' for e in effs)})")
         print(f"[{backend}] saved for backward: single {res[0][3] / 2**20:.1f} MiB; "
               + "; ".join(f"rank {r}: {x[2] / 2**20:.1f} MiB = {x[2] / res[0][3]:.3f} x"
-                          for r, x in enumerate(res)))
-
-
-if __name__ == "__main__":
-    main()
+                          for r, x in enumerate(res)), flush=True)
+    return 0

@@ -1,6 +1,7 @@
 """ViT time per rank: ``replicate`` (every rank encodes every image) against ``scatter``.
 
-Run: ``python benchmarks/vision_bench.py [--cp 2 4 --repeats 7 --json]``.
+Run: ``vlmcp bench vision [--cp 2 4 --repeats 7 --json]`` (``--images K --depth D`` shrink
+the run to the K smallest images and a D-block ViT, for a quick check).
 
 Eight images of different sizes, the reference ViT + projector, forward and
 backward. Under ``scatter`` each rank encodes the images :func:`assign_images`
@@ -35,13 +36,13 @@ CONFIG = dict(out_dim=256, patch_size=PATCH, width=128, depth=4, heads=4, mlp_hi
               projector_hidden=256)
 
 
-def _rank(group, repeats):
+def _rank(group, repeats, sizes, config):
     P, r = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(0)
-    enc = VisionEncoder(VisionConfig(**CONFIG))
+    enc = VisionEncoder(VisionConfig(**config))
     gen = torch.Generator().manual_seed(1)
-    images = [torch.randn(3, h * PATCH, w * PATCH, generator=gen) for h, w in IMAGES]
-    owner = assign_images([vit_cost(h * w) for h, w in IMAGES], P)
+    images = [torch.randn(3, h * PATCH, w * PATCH, generator=gen) for h, w in sizes]
+    owner = assign_images([vit_cost(h * w) for h, w in sizes], P)
     work = {"replicate": images, "scatter": [im for im, o in zip(images, owner, strict=True) if o == r]}
     times = {mode: [] for mode in work}
     for rep in range(repeats + 1):  # the first round warms up
@@ -59,22 +60,31 @@ def _rank(group, repeats):
     return times, owner
 
 
-def _load(cost, owner, rank):
-    return sum(cost(h * w) for (h, w), o in zip(IMAGES, owner, strict=True) if o == rank)
+def _load(cost, sizes, owner, rank):
+    return sum(cost(h * w) for (h, w), o in zip(sizes, owner, strict=True) if o == rank)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cp", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    args = ap.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cp", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    parser.add_argument("--images", type=int, default=len(IMAGES),
+                        help=f"use the K smallest of the {len(IMAGES)} images (default all)")
+    parser.add_argument("--depth", type=int, default=CONFIG["depth"],
+                        help=f"ViT blocks (default {CONFIG['depth']})")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.images <= len(IMAGES):
+        raise ValueError(f"--images must be in 1..{len(IMAGES)}, got {args.images}")
+    sizes = IMAGES[len(IMAGES) - args.images:]
+    config = {**CONFIG, "depth": args.depth}
     rows = []
     for P in args.cp:
-        results = spawn_ranks(_rank, P, args.repeats, timeout=600)
+        results = spawn_ranks(_rank, P, args.repeats, sizes, config, timeout=600)
         owner = results[0][1]
-        loads = [_load(vit_cost, owner, r) for r in range(P)]
-        tokens = [_load(int, owner, r) for r in range(P)]
+        loads = [_load(vit_cost, sizes, owner, r) for r in range(P)]
+        tokens = [_load(int, sizes, owner, r) for r in range(P)]
         # The step waits for the slowest rank: per repeat, the maximum over ranks.
         rep = [max(t["replicate"][i] for t, _ in results) for i in range(args.repeats)]
         sca = [max(t["scatter"][i] for t, _ in results) for i in range(args.repeats)]
@@ -86,9 +96,9 @@ def main() -> None:
             cost_bound=round(sum(loads) / max(loads), 2), token_bound=round(sum(tokens) / max(tokens), 2),
             images_per_rank=[owner.count(q) for q in range(P)]))
     if args.json:
-        print(json.dumps(dict(images=len(IMAGES), config=CONFIG, repeats=args.repeats, results=rows)))
-        return
-    print(f"ViT + projector forward+backward, {len(IMAGES)} images, slowest rank, median of {args.repeats}")
+        print(json.dumps(dict(images=len(sizes), config=config, repeats=args.repeats, results=rows)))
+        return 0
+    print(f"ViT + projector forward+backward, {len(sizes)} images, slowest rank, median of {args.repeats}")
     print(f"{'P':>2}  {'replicate ms':>12}  {'scatter ms':>10}  {'speedup':>7}  bound: {'p^2':>4}  "
           f"{'p':>4}  images/rank  scatter ms per rank")
     for row in rows:
@@ -97,6 +107,3 @@ def main() -> None:
               f"{str(row['images_per_rank']):>11}  "
               f"{row['scatter_ms_per_rank']}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,20 @@
+"""Benchmarks behind ``vlmcp bench`` and the README's "Measured" figures (not tests).
+
+One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) -> int``:
+
+* :mod:`vlmcp.bench.plan`: how long ``plan_cp`` and every rank's ``for_rank`` take
+  on a long packed row (``vlmcp bench plan``, ``make bench-plan``);
+* :mod:`vlmcp.bench.attention`: CP attention time and saved-for-backward bytes per
+  rank against one process on the whole row, ring and Ulysses (``vlmcp bench attention``);
+* :mod:`vlmcp.bench.memory`: saved-for-backward bytes per rank of one VLM training
+  step against one process (``vlmcp bench memory``);
+* :mod:`vlmcp.bench.vision`: ViT time per rank, ``replicate`` against ``scatter``
+  (``vlmcp bench vision``).
+
+``vlmcp bench all`` runs the four on their defaults (minutes; ``make bench``).
+"""
+
+__all__ = ["BENCHMARKS"]
+
+# The names ``vlmcp bench`` accepts, in the order ``vlmcp bench all`` runs them.
+BENCHMARKS = ("plan", "attention", "memory", "vision")

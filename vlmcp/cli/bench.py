@@ -1,0 +1,70 @@
+"""``vlmcp bench``: the measured figures of the README (speed and memory; minutes, not tests).
+
+``vlmcp bench NAME --help`` lists one benchmark's flags; ``vlmcp bench all`` runs every
+benchmark on its defaults. A progress line goes to stderr as each benchmark starts, so
+the figures on stdout (``vlmcp bench vision --json`` included) stay clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from vlmcp.bench import BENCHMARKS
+from vlmcp.launch import RankFailure
+
+_MODULES = {name: importlib.import_module(f"vlmcp.bench.{name}") for name in BENCHMARKS}
+_HELP = {
+    "plan": "time plan_cp and every rank's for_rank on a long packed row",
+    "attention": "CP attention time and saved bytes per rank against one process, ring and ulysses",
+    "memory": "saved-for-backward bytes per rank of one VLM training step against one process",
+    "vision": "ViT time per rank, replicate against scatter",
+}
+
+
+def _defaults(name: str) -> argparse.Namespace:
+    """The namespace ``vlmcp bench NAME`` parses with no flags."""
+    parser = argparse.ArgumentParser()
+    _MODULES[name].add_arguments(parser)
+    return parser.parse_args([])
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run the benchmarks (planner, attention, memory, vision)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    for name, module in _MODULES.items():
+        # Only names travel in the namespace: the attention benchmark pickles it to its ranks.
+        bp = benches.add_parser(name, help=_HELP[name], description=module.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(bp)
+    benches.add_parser("all", help="every benchmark above on its defaults (minutes)",
+                       description="Run " + ", ".join(BENCHMARKS) + " in turn, each on its defaults.")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench != "all":
+        return _run_one(args.bench, args, 1, 1)
+    for i, name in enumerate(BENCHMARKS, 1):
+        rc = _run_one(name, _defaults(name), i, len(BENCHMARKS))
+        if rc:
+            return rc
+    return 0
+
+
+def _run_one(name: str, args: argparse.Namespace, index: int, total: int) -> int:
+    part = f" ({index}/{total})" if total > 1 else ""
+    sys.stdout.flush()  # keep the progress lines in order with the figures when both are piped
+    print(f"vlmcp bench {name}{part}: {_HELP[name]}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    try:
+        rc = int(_MODULES[name].run(args) or 0)
+    except RankFailure as err:
+        sys.stdout.flush()
+        print(f"vlmcp bench {name}: failed: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    print(f"vlmcp bench {name}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return rc
