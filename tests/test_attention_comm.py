@@ -12,7 +12,9 @@ CASES = [  # (samples, backend, heads, kv_heads, head_dim)
     ([(5, 7), (0, 3), (9, 1)], "ring", HEADS, 2, D),
     ([(4, 0), (2, 13)], "ring", HEADS, 6, D),
     ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 3, D),   # kv_heads % P == 0: no replication
-    ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 2, D),   # kv_heads % P != 0: K/V heads replicated
+    ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 2, D),   # kv_heads % P != 0: lcm(2, 3) = 6 = heads
+    ([(5, 7), (0, 3), (9, 1)], "ulysses", 12, 2, D),      # lcm(2, 3) = 6 K/V heads travel, not 12
+    ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 1, D),   # MQA: lcm(1, 3) = 3 K/V heads, not 6
 ]
 
 
@@ -61,17 +63,17 @@ def test_ring_bytes_sent_formula_matches_the_messages(volumes, case):
         assert pred_fwd > 0
 
 
-@pytest.mark.parametrize("case", [2, 3])
-def test_ulysses_all_to_all_volume_is_exact(volumes, case):
-    kv_heads = CASES[case][3]
-    kv = kv_heads if kv_heads % P == 0 else HEADS  # replicated K/V heads when not divisible
+@pytest.mark.parametrize("case,kv", [(2, 3), (3, 6), (4, 6), (5, 3)])
+def test_ulysses_all_to_all_volume_is_exact(volumes, case, kv):
+    """Text Q, K, V go out and outputs come back; K/V heads travel repeated up to lcm(kv_heads, P)."""
+    heads = CASES[case][2]
     for r, per_case in enumerate(volumes):
         fwd, bwd, text, _ = per_case[case]
         T, total = text[r], sum(text)
-        qkv = (HEADS + 2 * kv) * D
+        qkv = (heads + 2 * kv) * D
         assert fwd == [("a2a", T * qkv, total * qkv // P, "torch.bfloat16"),
-                       ("a2a", total * HEADS * D // P, T * HEADS * D, "torch.bfloat16")]
-        assert bwd == [("a2a", T * HEADS * D, total * HEADS * D // P, "torch.bfloat16"),
+                       ("a2a", total * heads * D // P, T * heads * D, "torch.bfloat16")]
+        assert bwd == [("a2a", T * heads * D, total * heads * D // P, "torch.bfloat16"),
                        ("a2a", total * qkv // P, T * qkv, "torch.bfloat16")]
 
 

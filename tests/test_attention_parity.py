@@ -23,6 +23,9 @@ KV_HEADS = (12, 4, 3)  # heads = 12: MHA, GQA with kv_heads % P == 0, GQA needin
 F64 = [(rows, strategy, backend, ia, KV_HEADS[i % 3], "float64")
        for i, (rows, strategy, backend, ia) in enumerate(itertools.product(
            ROWS, ("replicate", "shard"), ("ring", "ulysses"), ("causal", "bidirectional")))]
+# Ulysses with lcm(kv_heads, P) < heads K/V heads travelling (kv=2: P=3; kv=1: P=2, 3, 4)
+F64 += [(ROWS[3], "replicate", "ulysses", "bidirectional", 2, "float64"),
+        (ROWS[1], "shard", "ulysses", "causal", 1, "float64")]
 F32 = [(rows, "replicate", backend, "causal", 4, "float32", 1, 12, 16)
        for rows, backend in itertools.product([ROWS[1], ROWS[3], [(16, 40)]], ("ring", "ulysses"))]
 F32 += [(ROWS[3], "shard", "ring", "bidirectional", 3, "float32", 2, 12, 16)]

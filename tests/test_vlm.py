@@ -21,18 +21,26 @@ def test_training_step_matches_single_process(P):
              for m in MODES for a in ("ring", "ulysses") for d in ("float64", "float32")]
     cases += [dict(vision_mode="scatter", attention="ring", dtype="float64", image_strategy="shard"),
               dict(vision_mode="broadcast", attention="ulysses", dtype="float64",
-                   image_attention="bidirectional")]
+                   image_attention="bidirectional"),
+              dict(vision_mode="hidden_shard", attention="ring", dtype="bfloat16"),
+              dict(vision_mode="allreduce_hook", attention="ulysses", dtype="bfloat16")]
     results = run_on_ranks(vlm_cases.parity_grid, P, cases, timeout=240)
     for per_rank in zip(*results, strict=True):
         r = per_rank[0]
         assert all(x["max_rel_grad_error"] == r["max_rel_grad_error"] for x in per_rank)
-        bound = 1e-10 if r["dtype"] == "float64" else 1e-5
-        assert r["max_rel_grad_error"] <= bound, r
-        assert r["loss_abs_error"] <= bound, r
+        if r["dtype"] == "bfloat16":
+            # within twice the bf16 single process's error against float64 (flash-attention's rule)
+            assert r["max_rel_grad_error"] <= 2 * r["single_process_rel_grad_error"], r
+            assert r["single_process_rel_grad_error"] < 0.05, r
+        else:
+            bound = 1e-10 if r["dtype"] == "float64" else 1e-5
+            assert r["max_rel_grad_error"] <= bound, r
+            assert r["loss_abs_error"] <= bound, r
         assert r["params_checked"] == 53, r
         # the text loss reaches the ViT and the projector through CP
         assert r["vision_grad_norm"] > 1e-3 and r["projector_grad_norm"] > 1e-3, r
-        assert abs(r["vision_grad_norm"] - r["ref_vision_grad_norm"]) <= 1e-4 * r["ref_vision_grad_norm"]
+        norm_tol = 3e-2 if r["dtype"] == "bfloat16" else 1e-4
+        assert abs(r["vision_grad_norm"] - r["ref_vision_grad_norm"]) <= norm_tol * r["ref_vision_grad_norm"]
         assert r["passed"], r
 
 

@@ -4,6 +4,22 @@
 schedule (the ring calls them once per step, Ulysses once on its gathered row).
 :func:`varlen_attention` is packed-row attention in one process, built from the
 same blocks: it is what CP attention must reproduce, at kernel speed.
+
+Note [vlmcp one kernel call per block]
+--------------------------------------
+A row of S short samples costs about 2S kernel calls (and S merges) per ring step.
+Batching a step's equal-shape blocks into one ``(B, H, L, D)`` call is exact, but on
+the CPU it does not pay (torch 2.13, one thread, 8 heads of 64, float32, measured on
+64 samples of 128 tokens at P = 2, rank 0's blocks, B = 64)::
+
+    fixed cost of one call          forward 30-70 us, merge 70-85 us, backward 70-150 us
+                                    = 18-33 ms of 180-225 ms per rank and layer (the ceiling)
+    batched kernel alone            forward 1.0-1.4x faster, backward 1.6-2.1x SLOWER
+    batched step, gathers included  forward 0.5-1.0x, backward 0.5-1.2x (B = 2, 8, 64)
+    whole fwd+bwd, two ranks        431-886 ms per-block, 779-1767 ms batched (2 runs)
+
+Packed rows of real data also have few blocks of equal shape, and a block-diagonal
+dense mask would compute every cross-sample pair. So each block is its own call.
 """
 
 from __future__ import annotations
@@ -22,6 +38,8 @@ __all__ = ["blocks_backward", "blocks_forward", "blockwise_attention", "varlen_a
 def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
                    out: torch.Tensor, lse: torch.Tensor, touched: torch.Tensor) -> None:
     """Compute ``blocks`` and merge them into the accumulators, in place.
+
+    One kernel call per block, on purpose: Note [vlmcp one kernel call per block].
 
     Args:
         kernel: the local kernel.

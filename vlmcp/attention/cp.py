@@ -12,11 +12,11 @@ from vlmcp.attention.kernels import select_kernel
 from vlmcp.attention.ring import ring_attention
 from vlmcp.attention.ulysses import ulysses_attention
 from vlmcp.layout.plan import RankShard
+from vlmcp.layout.work import ImageAttention
 
 __all__ = ["cp_attention"]
 
 Backend = Literal["ring", "ulysses"]
-ImageAttention = Literal["causal", "bidirectional"]
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 

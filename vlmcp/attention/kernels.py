@@ -157,9 +157,14 @@ class CudaSdpaKernel(AttentionKernel):
         if block.kind is not MaskKind.MASKED:
             return None, None
         seen = dense_mask(block, q.shape[1], lk, device=q.device)
-        # the kernel wants the bias rows 16-element aligned (what SDPA's pad_bias does)
-        bias = torch.zeros(q.shape[1], math.ceil(lk / 16) * 16, dtype=q.dtype, device=q.device)
-        bias = bias[:, :lk].masked_fill(~seen, float("-inf"))
+        # The backward rejects a bias whose row stride is not a multiple of its alignment
+        # ("attn_bias is not correctly aligned (strideM)"), so rows live in a buffer
+        # padded to 16 elements (what SDPA's pad_bias does) and the bias is a slice of
+        # it. The fill must be in place: an out-of-place op on the slice would return a
+        # compact (Lq, Lk) tensor and drop the padding.
+        padded = torch.zeros(q.shape[1], math.ceil(lk / 16) * 16, dtype=q.dtype, device=q.device)
+        padded[:, :lk].masked_fill_(~seen, float("-inf"))
+        bias = padded[:, :lk]  # stride (ceil(lk / 16) * 16, 1)
         return bias[None, None].expand(1, q.shape[0], -1, -1), ~seen.any(-1)
 
     def forward(self, q, k, v, block, scale):

@@ -8,11 +8,14 @@ Every flag is checked before any rank starts.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import signal
 import sys
 from datetime import timedelta
+from typing import get_args
 
-from vlmcp.train.config import TrainConfig
+from vlmcp.train.config import AttentionBackend, DType, ImageAttention, TrainConfig, VisionMode
 
 _FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "steps", "seq_len", "dtype",
            "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
@@ -25,13 +28,12 @@ def add_parser(sub) -> None:
                        description=__doc__)
     p.add_argument("--cp", type=int, default=d.cp, help=f"CP group size (default {d.cp})")
     p.add_argument("--dp", type=int, default=d.dp, help=f"data-parallel replicas (default {d.dp})")
-    p.add_argument("--vision-mode", default=d.vision_mode,
-                   choices=["replicate", "broadcast", "scatter", "hidden_shard", "allreduce_hook"])
-    p.add_argument("--attention", default=d.attention, choices=["ring", "ulysses"])
-    p.add_argument("--image-attention", default=d.image_attention, choices=["causal", "bidirectional"])
+    p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(VisionMode))
+    p.add_argument("--attention", default=d.attention, choices=get_args(AttentionBackend))
+    p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention))
     p.add_argument("--steps", type=int, default=d.steps, help=f"total steps (default {d.steps})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
-    p.add_argument("--dtype", default=d.dtype, choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--dtype", default=d.dtype, choices=get_args(DType))
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--hidden", type=int, default=d.hidden, help="LLM width")
@@ -59,13 +61,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def _kill_at(rank: int, step: int, this_rank: int, this_step: int) -> None:
+    """The hidden ``--_fault RANK STEP`` flag: that rank dies (SIGKILL) at that step."""
+    if (this_rank, this_step) == (rank, step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    fault = tuple(args._fault) if args._fault else None
+    on_step = functools.partial(_kill_at, *args._fault) if args._fault else None
     from vlmcp.train.loop import train_rank
 
     if _under_torchrun():
@@ -81,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
         try:
-            summary = train_rank(dist.group.WORLD, cfg, fault)
+            summary = train_rank(dist.group.WORLD, cfg, on_step)
         finally:
             dist.destroy_process_group()
     else:
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
               f"{threads} thread(s) each), {cfg.steps} steps of {cfg.seq_len} tokens, "
               f"vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
         try:
-            summary = spawn_ranks(train_rank, cfg.world_size, cfg, fault, timeout=None,
+            summary = spawn_ranks(train_rank, cfg.world_size, cfg, on_step, timeout=None,
                                   threads_per_rank=threads, collective_timeout=cfg.timeout)[0]
         except RankFailure as err:
             print(f"vlmcp train: failed: {err}", file=sys.stderr)

@@ -11,22 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import get_args
 
-from vlmcp.train.config import AttentionBackend, VisionMode
-
-_MODES = VisionMode.__args__
-_BACKENDS = AttentionBackend.__args__
+from vlmcp.layout.plan import ImageStrategy
+from vlmcp.train.config import AttentionBackend, DType, ImageAttention, VisionMode
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="check CP gradients against a single process",
                        description=__doc__)
     p.add_argument("--cp", type=int, default=2, help="CP group size P (default 2)")
-    p.add_argument("--vision-mode", default="replicate", choices=_MODES)
-    p.add_argument("--attention", default="ring", choices=_BACKENDS)
-    p.add_argument("--dtype", default="float64", choices=["float32", "float64", "bfloat16"])
-    p.add_argument("--image-strategy", default="replicate", choices=["replicate", "shard"])
-    p.add_argument("--image-attention", default="causal", choices=["causal", "bidirectional"])
+    p.add_argument("--vision-mode", default="replicate", choices=get_args(VisionMode))
+    p.add_argument("--attention", default="ring", choices=get_args(AttentionBackend))
+    p.add_argument("--dtype", default="float64", choices=get_args(DType))
+    p.add_argument("--image-strategy", default="replicate", choices=get_args(ImageStrategy))
+    p.add_argument("--image-attention", default="causal", choices=get_args(ImageAttention))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")
     p.add_argument("--json", action="store_true", help="print one JSON object")

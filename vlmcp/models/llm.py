@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from vlmcp.attention import cp_attention
 from vlmcp.layout import RankShard
 
 __all__ = ["DecoderLLM", "LLMConfig"]
@@ -74,13 +75,18 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-def apply_rope(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x`` (N, heads, head_dim) by its tokens' positions (N,) (rotate-half form)."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)
+def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """``(cos, sin)`` of shape ``(N, 1, head_dim)`` for the tokens' positions (once per forward)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
+                                            dtype=torch.float64) / head_dim)
     freqs = position_ids.to(torch.float64)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (N, heads, head_dim) by precomputed ``cos``/``sin`` (rotate-half form)."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -94,12 +100,10 @@ class CPSelfAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
 
-    def forward(self, x, position_ids, shard, group, backend, image_attention):
-        from vlmcp.attention import cp_attention  # attention imports nothing from models
-
+    def forward(self, x, rope, shard, group, backend, image_attention):
         n, c = x.shape[0], self.cfg
-        q = apply_rope(self.q_proj(x).view(n, c.heads, c.head_dim), position_ids, c.rope_theta)
-        k = apply_rope(self.k_proj(x).view(n, c.kv_heads, c.head_dim), position_ids, c.rope_theta)
+        q = apply_rope(self.q_proj(x).view(n, c.heads, c.head_dim), *rope)
+        k = apply_rope(self.k_proj(x).view(n, c.kv_heads, c.head_dim), *rope)
         v = self.v_proj(x).view(n, c.kv_heads, c.head_dim)
         if callable(backend):  # a stand-in attention, e.g. vlmcp compare's no-exchange baseline
             out = backend(q, k, v, shard, group, image_attention)
@@ -127,8 +131,8 @@ class DecoderBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, position_ids, shard, group, backend, image_attention):
-        x = x + self.attn(self.attn_norm(x), position_ids, shard, group, backend, image_attention)
+    def forward(self, x, rope, shard, group, backend, image_attention):
+        x = x + self.attn(self.attn_norm(x), rope, shard, group, backend, image_attention)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -164,6 +168,7 @@ class DecoderLLM(nn.Module):
         Returns: logits (N, vocab_size).
         """
         x = inputs_embeds
+        rope = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for block in self.blocks:
-            x = block(x, position_ids, shard, group, backend, image_attention)
+            x = block(x, rope, shard, group, backend, image_attention)
         return self.lm_head(self.norm(x))

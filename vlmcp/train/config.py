@@ -9,11 +9,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
-__all__ = ["AttentionBackend", "DType", "TrainConfig", "VisionMode"]
+import torch
 
-VisionMode = Literal["replicate", "broadcast", "scatter", "hidden_shard", "allreduce_hook"]
-AttentionBackend = Literal["ring", "ulysses"]
+from vlmcp.attention.cp import Backend as AttentionBackend
+from vlmcp.layout.work import ImageAttention
+from vlmcp.vision.placement import VisionMode
+
+__all__ = ["TORCH_DTYPES", "AttentionBackend", "DType", "ImageAttention", "TrainConfig", "VisionMode"]
+
 DType = Literal["float32", "float64", "bfloat16"]
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +33,7 @@ class TrainConfig:
     """How the CP group computes the complete image embeddings (DESIGN.md section 3)."""
     attention: AttentionBackend = "ring"
     """CP attention backend."""
-    image_attention: Literal["causal", "bidirectional"] = "causal"
+    image_attention: ImageAttention = "causal"
     """Whether image tokens of one image see each other in both directions."""
     steps: int = 60
     """Total optimizer steps of the run (a resumed run with the same value finishes it)."""
@@ -69,9 +74,9 @@ class TrainConfig:
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")
-        if self.image_attention not in ("causal", "bidirectional"):
-            raise ValueError(
-                f"--image-attention must be causal or bidirectional, got {self.image_attention!r}")
+        if self.image_attention not in get_args(ImageAttention):
+            raise ValueError(f"--image-attention must be one of {get_args(ImageAttention)}, "
+                             f"got {self.image_attention!r}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.checkpoint_every < 0:

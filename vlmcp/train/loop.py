@@ -12,15 +12,13 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
@@ -32,15 +30,13 @@ from vlmcp.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from vlmcp.train.config import TrainConfig
+from vlmcp.train.config import TORCH_DTYPES, TrainConfig
 from vlmcp.train.progress import MetricsWriter, ProgressBar
 from vlmcp.train.state import full_state, load_full_state
 from vlmcp.train.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 
-__all__ = ["dataset_config", "lr_at", "model_config", "train_rank"]
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+__all__ = ["dataset_config", "dp_cp_groups", "lr_at", "model_config", "train_rank"]
 WARMUP_STEPS = 5
 
 
@@ -65,41 +61,90 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _mesh_groups(cfg: TrainConfig, device_type: str):
-    world = dist.get_world_size()
-    if world != cfg.world_size:
-        raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but the world has {world} ranks")
-    mesh = init_device_mesh(device_type, (cfg.dp, cfg.cp), mesh_dim_names=("dp", "cp"))
-    return mesh.get_group("cp"), mesh.get_group("dp")
+def dp_cp_groups(group: dist.ProcessGroup, cp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """Split ``group`` (D*P ranks) into CP groups of consecutive ranks and strided DP groups.
+
+    Every rank creates every subgroup in the same order (``new_group`` is collective).
+
+    Returns:
+        ``(cp_group, dp_group)`` of the calling rank.
+    """
+    ranks = dist.get_process_group_ranks(group)
+    if len(ranks) % cp:
+        raise ValueError(f"a group of {len(ranks)} ranks does not split into CP groups of {cp}")
+    me = ranks[dist.get_rank(group)]
+    cp_groups = [ranks[i:i + cp] for i in range(0, len(ranks), cp)]
+    dp_groups = [ranks[i::cp] for i in range(cp)]
+    mine = {}
+    for kind, subgroups in (("cp", cp_groups), ("dp", dp_groups)):
+        for sub in subgroups:
+            pg = dist.new_group(sub)
+            if me in sub:
+                mine[kind] = pg
+    return mine["cp"], mine["dp"]
 
 
-def train_rank(group: dist.ProcessGroup, cfg: TrainConfig, fault: tuple[int, int] | None = None) -> dict:
-    """Run the whole training on this rank; returns a summary (identical on every rank).
+# Fields a checkpoint must agree on to continue the same run (CP size, vision mode,
+# attention backend and step count may change: the state is stored layout-free).
+_RESUME_FIELDS = ("seed", "seq_len", "dp", "hidden", "layers", "heads", "kv_heads", "dtype")
+
+
+def _resume(cfg: TrainConfig, model, optimizer, group) -> tuple[int, int]:
+    """Load the latest checkpoint on every rank; returns ``(start step, data position)``.
+
+    Ranks must agree on the step: with a directory that is not shared (or lagging),
+    ranks could otherwise continue from different parameters and a different number
+    of remaining steps, and one would wait forever for the others.
+    """
+    ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
+    step = torch.tensor([-1 if ckpt is None else ckpt.step], dtype=torch.float64)
+    lo, hi = step.clone(), step.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+    if lo != hi:
+        raise RuntimeError(f"ranks found different latest checkpoints in {cfg.checkpoint_dir} "
+                           f"(steps {int(lo)} to {int(hi)}); is the directory shared by every rank?")
+    if ckpt is None:
+        return 0, 0
+    saved = ckpt.state["config"]
+    changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
+               for f in _RESUME_FIELDS if saved.get(f) != getattr(cfg, f)]
+    if changed:
+        raise ValueError(f"cannot resume {ckpt.path}: it belongs to another run ({', '.join(changed)})")
+    load_full_state(model, optimizer, ckpt.state)
+    restore_rng_state(ckpt.state["rng"])
+    return ckpt.step, int(ckpt.state["data_position"])
+
+
+def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
+               on_step: Callable[[int, int], None] | None = None) -> dict:
+    """Run the whole training on this rank; returns a summary.
 
     Args:
-        group: the world (DP x CP) group; the CP and DP groups are built from it.
+        group: the world (DP x CP) group; the CP and DP groups are split from it.
         cfg: the run.
-        fault: ``(rank, step)``: that rank kills itself (SIGKILL) at that step, to
-            test that the others fail fast. For tests only.
+        on_step: called as ``on_step(rank in group, step)`` before each step (tests
+            use it to kill a rank).
+
+    Returns:
+        ``start_step``, ``steps``, ``losses`` (per step, identical on every rank),
+        ``loss_curve`` (rank 0) and ``param_checksum`` (sum of this rank's parameters).
     """
+    if dist.get_world_size(group) != cfg.world_size:
+        raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but the group has "
+                         f"{dist.get_world_size(group)} ranks")
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
-    cp_group, dp_group = _mesh_groups(cfg, device.type)
+    cp_group, dp_group = dp_cp_groups(group, cfg.cp)
     rank, cp_rank, dp_rank = dist.get_rank(group), dist.get_rank(cp_group), dist.get_rank(dp_group)
-    dtype = _DTYPES[cfg.dtype]
+    dtype = TORCH_DTYPES[cfg.dtype]
 
     torch.manual_seed(cfg.seed)
     model = VLM(model_config(cfg)).to(device=device, dtype=dtype)
     place_vision(model.vision, mode=cfg.vision_mode, group=cp_group)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     dataset = ShapesDataset(dataset_config(cfg))
-    start, position = 0, 0
-    if cfg.resume:
-        ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
-        if ckpt is not None:
-            load_full_state(model, optimizer, ckpt.state)
-            restore_rng_state(ckpt.state["rng"])
-            start, position = ckpt.step, int(ckpt.state["data_position"])
+    start, position = _resume(cfg, model, optimizer, group) if cfg.resume else (0, 0)
     metrics = None
     if rank == 0 and cfg.metrics_jsonl:
         metrics = MetricsWriter(cfg.metrics_jsonl, resume_step=start if cfg.resume else None)
@@ -110,8 +155,8 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig, fault: tuple[int, int
     losses = []
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        if fault is not None and fault == (rank, step):
-            os.kill(os.getpid(), signal.SIGKILL)
+        if on_step is not None:
+            on_step(rank, step)
         rows = pack_rows(dataset, cfg.seq_len, position, cfg.dp)
         row, position = rows[dp_rank], rows[-1].stop
         plan = plan_cp(row.is_image, cfg.cp, row.cu_seqlens)
@@ -148,4 +193,6 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig, fault: tuple[int, int
         from vlmcp.report import plot_loss_curve  # matplotlib only at the end, on rank 0
 
         curve = str(plot_loss_curve(cfg.metrics_jsonl, Path(cfg.metrics_jsonl).with_suffix(".png")))
-    return {"start_step": start, "steps": cfg.steps, "losses": losses, "loss_curve": curve}
+    checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
+    return {"start_step": start, "steps": cfg.steps, "losses": losses, "loss_curve": curve,
+            "param_checksum": checksum}
