@@ -4,16 +4,29 @@ Image embeddings stay complete on every rank of a CP group; only text is sharded
 zigzag per sample, so causal attention work stays balanced and the text loss
 reaches the projector and the ViT exactly.
 
-Main entry points:
+The data flow, one entry point per step:
 
-* :func:`plan_cp` -> :class:`CPPlan`; ``plan.for_rank(r)`` -> :class:`RankShard`
-  (which global tokens rank r holds; ``shard.shard(x)`` selects them).
-* :func:`shift_labels`, :func:`position_ids`, :func:`mrope_position_ids`: targets
-  and positions computed on the global row, before sharding.
-* :func:`attended_pairs`: exact per-rank attention work of a plan.
-* :func:`unshard`: the collective inverse of ``shard`` (for evaluation).
+1. :func:`plan_cp` -> :class:`CPPlan`; ``plan.for_rank(r)`` -> :class:`RankShard`
+   (which global tokens rank r holds; ``shard.shard(x)`` selects them). Targets and
+   positions come from the global row first: :func:`shift_labels`,
+   :func:`position_ids`, :func:`mrope_position_ids`. :func:`attended_pairs` counts
+   each rank's attention work.
+2. :func:`place_vision` spreads a :class:`VisionEncoder` (ViT + projector) over the CP
+   group in one of five modes; ``encoder(images)`` returns the complete image
+   embeddings on every rank.
+3. :func:`merge_embeddings` puts them into a rank's local row (:class:`VLM` is the
+   reference model that does all of this).
+4. :func:`cp_attention`: exact attention over the whole row, ring or Ulysses;
+   :func:`reference_attention` is the dense single-process ground truth.
+5. :func:`cp_cross_entropy`: the rank's loss share, normalized over the CP group.
+6. :func:`reduce_gradients`: per-rank shares -> exact gradients (sum over CP, mean
+   over DP, each parameter by its rule).
+
+:func:`unshard` is the collective inverse of ``shard`` (evaluation).
 """
 
+from vlmcp.attention import cp_attention, reference_attention, varlen_attention
+from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, reduce_gradients
 from vlmcp.layout import (
     IGNORE_INDEX,
     CPPlan,
@@ -27,10 +40,16 @@ from vlmcp.layout import (
     shift_labels,
     unshard,
 )
+from vlmcp.loss import CPLoss, cp_cross_entropy
+from vlmcp.models import VLM, VLMConfig, merge_embeddings
+from vlmcp.vision import VisionConfig, VisionEncoder, check_images_match, place_vision
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "IGNORE_INDEX", "CPPlan", "RankShard", "TokenKind", "WorkReport", "attended_pairs",
-    "mrope_position_ids", "plan_cp", "position_ids", "shift_labels", "unshard",
+    "IGNORE_INDEX", "VLM", "CPLoss", "CPPlan", "GradRule", "RankShard", "TokenKind", "VLMConfig",
+    "VisionConfig", "VisionEncoder", "WorkReport", "attended_pairs", "check_images_match",
+    "cp_attention", "cp_cross_entropy", "ddp_ignored_params", "finish_ddp_gradients",
+    "merge_embeddings", "mrope_position_ids", "place_vision", "plan_cp", "position_ids",
+    "reduce_gradients", "reference_attention", "shift_labels", "unshard", "varlen_attention",
 ]

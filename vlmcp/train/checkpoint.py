@@ -188,7 +188,9 @@ def capture_rng_state() -> dict[str, Any]:
 
     Returns:
         A dict of tensors, ints and tuples (loadable with ``weights_only=True``).
-        Each rank captures and restores its own, since dropout differs per rank.
+        ``vlmcp train`` saves rank 0's state and restores it on every rank: it draws no
+        random numbers after initialization. A model with dropout, which differs per
+        rank, would need every rank's state gathered instead.
     """
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
