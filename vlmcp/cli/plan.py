@@ -6,7 +6,8 @@ import argparse
 
 import torch
 
-from vlmcp.layout import CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
+from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
+from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
 
 # The built-in example: 3 packed samples, one of them without an image.
 DEFAULT_IMAGE_TOKENS = "64,0,48"
@@ -21,13 +22,22 @@ def add_parser(sub) -> None:
                    help=f"image tokens per sample, comma-separated (default {DEFAULT_IMAGE_TOKENS})")
     p.add_argument("--text-tokens", default=DEFAULT_TEXT_TOKENS,
                    help=f"text tokens per sample, comma-separated (default {DEFAULT_TEXT_TOKENS})")
-    p.add_argument("--image-strategy", choices=["replicate", "shard"], default="replicate")
+    p.add_argument("--image-strategy", choices=["replicate", "shard", "auto"], default="replicate",
+                   help="where image tokens live; 'auto' prices both layouts with the cost model "
+                        "and prints the estimates (default replicate)")
     p.add_argument("--image-attention", choices=["causal", "bidirectional"], default="causal")
     p.add_argument("--width", type=int, default=96, help="characters of the row picture")
     p.add_argument("--kv-heads", type=int, default=8, help="K/V heads, for the bytes column (default 8)")
     p.add_argument("--head-dim", type=int, default=128, help="head size, for the bytes column (default 128)")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float64"], default="bfloat16",
                    help="activation dtype, for the bytes column (default bfloat16)")
+    p.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
+                   help=f"LLM width, for the 'auto' cost model (default {DEFAULT_HIDDEN_SIZE})")
+    p.add_argument("--mlp-ratio", type=float, default=DEFAULT_MLP_RATIO,
+                   help=f"SwiGLU intermediate size / hidden size, for 'auto' (default {DEFAULT_MLP_RATIO})")
+    p.add_argument("--flops-per-byte", type=float, default=DEFAULT_FLOPS_PER_BYTE,
+                   help="FLOPs a rank could do in the time it sends one byte (achieved FLOP/s over "
+                        f"link bytes/s), for 'auto' (default {DEFAULT_FLOPS_PER_BYTE:g})")
     p.add_argument("--out", metavar="FILE.png", default=None,
                    help="also draw the layout and the attention mask split between ranks to a PNG")
 
@@ -114,20 +124,63 @@ def work_table(plan: CPPlan, work: WorkReport, kv_heads: int = 8, head_dim: int 
     return "\n".join(out)
 
 
+def cost_table(plan: CPPlan, model: CostModel) -> str:
+    """The cost model's estimate of each candidate layout of an ``"auto"`` plan, and the choice."""
+    head = ("layout", "local tokens", "pairs", "ring bytes sent", "attention", "token-wise",
+            "comm", "total", "busiest rank")
+    rows = []
+    for e in plan.cost_estimates:
+        rows.append((e.image_strategy + ("" if e.fits else " (over budget)"), f"{e.local_tokens:,}",
+                     f"{e.pairs:,}", _bytes(e.bytes_sent), _flops(e.attention_flops),
+                     _flops(e.token_flops), _flops(e.comm_flops), _flops(e.cost), str(e.busiest_rank)))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    fmt = lambda row: "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))  # noqa: E731
+    out = [f"image_strategy=auto: cost of the busiest rank per layer, forward + backward, in FLOPs: "
+           f"{model.flops_per_token:.4g} per local token,\n  {model.flops_per_pair:.4g} per attended "
+           f"pair, {model.flops_per_byte:g} per ring byte sent (see vlmcp.layout.CostModel)",
+           fmt(head), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows]
+    costs = {e.image_strategy: e.cost for e in plan.cost_estimates}
+    other = "shard" if plan.image_strategy == "replicate" else "replicate"
+    if plan.cp_size == 1:
+        why = "P = 1: every rank holds every token"
+    elif costs[other] == costs[plan.image_strategy]:
+        why = "a tie goes to replicate"
+    else:
+        why = f"{1 - costs[plan.image_strategy] / costs[other]:.1%} cheaper than {other}"
+    out.append(f"chosen: {plan.image_strategy} ({why})")
+    return "\n".join(out)
+
+
+def _flops(x: float) -> str:
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if x >= size:
+            return f"{x / size:.2f} {unit}"
+    return f"{x:.0f}"
+
+
 def run(args: argparse.Namespace) -> int:
     image = _int_list(args.image_tokens, "--image-tokens")
     text = _int_list(args.text_tokens, "--text-tokens")
     is_image, cu = build_row(image, text)
-    plan = plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy)
+    itemsize = {"bfloat16": 2, "float32": 4, "float64": 8}[args.dtype]
+    model = None
+    if args.image_strategy == "auto":
+        model = CostModel.for_transformer(
+            hidden_size=args.hidden_size, mlp_ratio=args.mlp_ratio, kv_heads=args.kv_heads,
+            head_dim=args.head_dim, itemsize=itemsize, flops_per_byte=args.flops_per_byte,
+            image_attention=args.image_attention)
+    plan = plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy, cost_model=model)
     work = attended_pairs(plan, args.image_attention)
     print(f"vlmcp plan: {plan.num_samples} samples, L={plan.seq_len}, P={plan.cp_size}, "
           f"image_strategy={plan.image_strategy}, image_attention={args.image_attention}")
+    if model is not None:
+        print(cost_table(plan, model))
     print(row_picture(plan, args.width))
     print(rank_pictures(plan, args.width))
-    itemsize = {"bfloat16": 2, "float32": 4, "float64": 8}[args.dtype]
     print(work_table(plan, work, args.kv_heads, args.head_dim, itemsize))
     print(f"bytes: ring attention, {args.kv_heads} K/V heads of {args.head_dim}, {args.dtype} "
-          f"(dK/dV in float32 or wider); image K/V never travel")
+          f"(dK/dV in float32 or wider); "
+          + ("image K/V never travel" if plan.image_strategy == "replicate" else "image K/V travel too"))
     if args.out:
         from vlmcp.report import draw_plan  # matplotlib only when a picture is asked for
 

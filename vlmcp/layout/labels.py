@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from vlmcp.layout.plan import _check_cu_seqlens, _check_is_image
+from vlmcp.layout.validate import check_cu_seqlens, check_is_image
 
 __all__ = ["IGNORE_INDEX", "shift_labels"]
 
@@ -39,12 +39,12 @@ def shift_labels(
     Returns:
         ``LongTensor[L]`` on the device of ``input_ids``.
     """
-    _check_is_image(is_image)
+    check_is_image(is_image)
     if input_ids.dim() != 1 or input_ids.shape[0] != is_image.shape[0]:
         raise ValueError(
             f"input_ids must have shape ({is_image.shape[0]},) like is_image, "
             f"got {tuple(input_ids.shape)}")
-    cu = _check_cu_seqlens(cu_seqlens, is_image.numel()).to(input_ids.device)
+    cu = check_cu_seqlens(cu_seqlens, is_image.numel()).to(input_ids.device)
     is_text = ~is_image.to(input_ids.device)
     labels = torch.full_like(input_ids, ignore_index)
     last = torch.zeros_like(is_text)

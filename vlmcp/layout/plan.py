@@ -18,7 +18,9 @@ segment the tokens are in increasing global order and padding (``-1``) is a
 suffix: padding is the tail of the global text and chunk r precedes chunk 2P-1-r.
 
 With ``image_strategy="shard"`` (Megatron/LongVILA) the whole merged sample is
-zigzagged the same way; nothing is replicated.
+zigzagged the same way; nothing is replicated. ``image_strategy="auto"`` builds
+both and keeps the one a cost model prices lower (see Note [vlmcp cost model:
+replicate or shard image tokens] in :mod:`vlmcp.layout.cost`).
 
 Causal work is balanced per sample: a text query at offset o sees o+1 keys, and
 chunks r and 2P-1-r together hold the same sum of offsets on every rank.
@@ -27,13 +29,19 @@ chunks r and 2P-1-r together hold the same sum of offsets on every rank.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
+
+from vlmcp.layout.validate import check_cp_size, check_cu_seqlens, check_is_image, image_prefix_lens
+
+if TYPE_CHECKING:
+    from vlmcp.layout.cost import CostEstimate, CostModel
 
 __all__ = ["CPPlan", "ImageStrategy", "RankShard", "TokenKind", "plan_cp"]
 
 ImageStrategy = Literal["replicate", "shard"]
+"""A layout: where a sample's image tokens live. ``plan_cp`` also takes ``"auto"``."""
 
 
 class TokenKind:
@@ -155,6 +163,9 @@ class CPPlan:
         image_lens: ``LongTensor[S]``, image tokens per sample (a prefix of the sample).
         replicated_lens: ``LongTensor[S]``, tokens of each sample held by every rank.
         chunk_sizes: ``LongTensor[S]``, zigzag chunk length of each sample (2P chunks).
+        cost_estimates: under ``image_strategy="auto"``, the cost model's
+            :class:`~vlmcp.layout.cost.CostEstimate` of each candidate layout
+            (``replicate`` first); ``None`` when the layout was named explicitly.
     """
 
     cp_size: int
@@ -164,6 +175,7 @@ class CPPlan:
     image_lens: torch.Tensor
     replicated_lens: torch.Tensor
     chunk_sizes: torch.Tensor
+    cost_estimates: tuple[CostEstimate, ...] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -212,59 +224,12 @@ class CPPlan:
         return [self.for_rank(r) for r in range(self.cp_size)]
 
 
-def _check_is_image(is_image) -> None:
-    if not isinstance(is_image, torch.Tensor):
-        raise TypeError(f"is_image must be a torch.Tensor, got {type(is_image).__name__}")
-    if is_image.dim() != 1 or is_image.dtype != torch.bool:
-        raise ValueError(
-            f"is_image must be a 1-D bool tensor, got shape {tuple(is_image.shape)} "
-            f"dtype {is_image.dtype}")
-    if is_image.numel() == 0:
-        raise ValueError("is_image is empty: the row has no tokens")
-
-
-def _check_cu_seqlens(cu_seqlens, seq_len: int) -> torch.Tensor:
-    if cu_seqlens is None:
-        return torch.tensor([0, seq_len], dtype=torch.long)
-    if not isinstance(cu_seqlens, torch.Tensor):
-        cu_seqlens = torch.as_tensor(cu_seqlens)
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
-        raise ValueError(
-            f"cu_seqlens must be a 1-D integer tensor, got shape {tuple(cu_seqlens.shape)} "
-            f"dtype {cu_seqlens.dtype}")
-    cu = cu_seqlens.to(device="cpu", dtype=torch.long)
-    if cu.numel() < 2:
-        raise ValueError(f"cu_seqlens needs at least 2 entries, got {cu.tolist()}")
-    if int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={int(cu[0])}")
-    steps = cu[1:] - cu[:-1]
-    if bool((steps <= 0).any()):
-        i = int(torch.nonzero(steps <= 0)[0])
-        raise ValueError(
-            f"cu_seqlens must be strictly increasing, but cu_seqlens[{i}]={int(cu[i])} "
-            f">= cu_seqlens[{i + 1}]={int(cu[i + 1])} (sample {i} is empty)")
-    if int(cu[-1]) != seq_len:
-        raise ValueError(f"cu_seqlens must end at L={seq_len}, got cu_seqlens[-1]={int(cu[-1])}")
-    return cu
-
-
-def _image_prefix_lens(is_image: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Image tokens per sample, and the first sample whose images are not a prefix (or -1)."""
-    seqlens = cu[1:] - cu[:-1]
-    sid = torch.repeat_interleave(torch.arange(seqlens.numel()), seqlens)
-    image_lens = torch.zeros(seqlens.numel(), dtype=torch.long).index_add_(
-        0, sid, is_image.long())
-    offset = torch.arange(is_image.numel()) - cu[:-1][sid]
-    bad = is_image & (offset >= image_lens[sid])
-    first_bad = int(sid[bad][0]) if bool(bad.any()) else -1
-    return image_lens, first_bad
-
-
 def plan_cp(
     is_image: torch.Tensor,
     cp_size: int,
     cu_seqlens: torch.Tensor | None = None,
-    image_strategy: ImageStrategy = "replicate",
+    image_strategy: ImageStrategy | Literal["auto"] = "replicate",
+    cost_model: CostModel | None = None,
 ) -> CPPlan:
     """Plan how a (packed) multimodal row is laid out over a CP group.
 
@@ -276,34 +241,55 @@ def plan_cp(
         cp_size: P >= 1.
         cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample.
         image_strategy: ``"replicate"`` keeps image tokens whole on every rank and
-            zigzags only text; ``"shard"`` zigzags the merged sample.
+            zigzags only text; ``"shard"`` zigzags the merged sample; ``"auto"`` plans
+            both and returns the one whose busiest rank ``cost_model`` prices lower
+            (ties, and P = 1, give ``"replicate"``). The decision reads only this
+            metadata, so every rank that passes the same row gets the same plan.
+        cost_model: the :class:`~vlmcp.layout.cost.CostModel` for ``"auto"``
+            (default ``CostModel()``); only valid with ``"auto"``.
 
     Returns:
         A :class:`CPPlan`; ``plan.for_rank(r)`` gives rank r's :class:`RankShard`.
+        ``plan.image_strategy`` is the layout built (under ``"auto"``, the one chosen)
+        and ``plan.cost_estimates`` holds the estimates it was chosen by.
 
     Raises:
         TypeError, ValueError: for malformed input (the message names the bad value).
         NotImplementedError: for interleaved images (images not a sample prefix).
     """
-    _check_is_image(is_image)
-    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
-        raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r}")
-    if image_strategy not in get_args(ImageStrategy):
+    check_is_image(is_image)
+    check_cp_size(cp_size)
+    choices = (*get_args(ImageStrategy), "auto")
+    if image_strategy not in choices:
+        raise ValueError(f"image_strategy must be one of {choices}, got {image_strategy!r}")
+    if cost_model is not None and image_strategy != "auto":
         raise ValueError(
-            f"image_strategy must be one of {get_args(ImageStrategy)}, got {image_strategy!r}")
+            f"cost_model is only used by image_strategy='auto', got image_strategy={image_strategy!r}")
     is_image = is_image.detach().cpu()
     seq_len = is_image.numel()
-    cu = _check_cu_seqlens(cu_seqlens, seq_len)
-    image_lens, first_bad = _image_prefix_lens(is_image, cu)
+    cu = check_cu_seqlens(cu_seqlens, seq_len)
+    image_lens, first_bad = image_prefix_lens(is_image, cu)
     if first_bad >= 0:
         raise NotImplementedError(
             f"sample {first_bad} (tokens {int(cu[first_bad])}..{int(cu[first_bad + 1]) - 1}) has "
             f"image tokens after text; image_strategy={image_strategy!r} supports images only "
             "as a prefix of each sample (interleaved images are not implemented yet)")
+    if image_strategy == "auto":
+        # cost.py builds on this module (it prices CPPlans), so it is imported here.
+        from vlmcp.layout.cost import choose_plan
+
+        candidates = [_layout(cu, image_lens, cp_size, s) for s in get_args(ImageStrategy)]
+        return choose_plan(candidates, cost_model)
+    return _layout(cu, image_lens, cp_size, image_strategy)
+
+
+def _layout(cu: torch.Tensor, image_lens: torch.Tensor, cp_size: int,
+            image_strategy: ImageStrategy) -> CPPlan:
+    """The plan of a validated row: O(S) arithmetic on its sample lengths."""
     seqlens = cu[1:] - cu[:-1]
     replicated = image_lens if image_strategy == "replicate" else torch.zeros_like(image_lens)
     zigzag_lens = seqlens - replicated
     chunk = (zigzag_lens + 2 * cp_size - 1) // (2 * cp_size)
-    return CPPlan(cp_size=cp_size, image_strategy=image_strategy, seq_len=seq_len,
+    return CPPlan(cp_size=cp_size, image_strategy=image_strategy, seq_len=int(cu[-1]),
                   cu_seqlens=cu, image_lens=image_lens, replicated_lens=replicated,
                   chunk_sizes=chunk)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from vlmcp.layout.plan import _check_cu_seqlens, _check_is_image, _image_prefix_lens
+from vlmcp.layout.validate import check_cu_seqlens, check_is_image, image_prefix_lens
 
 __all__ = ["mrope_position_ids", "position_ids"]
 
@@ -24,7 +24,7 @@ def _sample_offsets(cu: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch
 
 def position_ids(seq_len: int, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """``LongTensor[L]``: each token's offset within its sample."""
-    return _sample_offsets(_check_cu_seqlens(cu_seqlens, seq_len), seq_len)[1]
+    return _sample_offsets(check_cu_seqlens(cu_seqlens, seq_len), seq_len)[1]
 
 
 def mrope_position_ids(
@@ -44,11 +44,11 @@ def mrope_position_ids(
     Returns:
         ``LongTensor[3, L]``.
     """
-    _check_is_image(is_image)
+    check_is_image(is_image)
     is_image = is_image.cpu()
     seq_len = is_image.numel()
-    cu = _check_cu_seqlens(cu_seqlens, seq_len)
-    image_lens, first_bad = _image_prefix_lens(is_image, cu)
+    cu = check_cu_seqlens(cu_seqlens, seq_len)
+    image_lens, first_bad = image_prefix_lens(is_image, cu)
     if first_bad >= 0:
         raise NotImplementedError(f"sample {first_bad} has image tokens after text")
     grids = torch.as_tensor(image_grid_thw, dtype=torch.long).cpu()
