@@ -169,3 +169,13 @@ def test_compare_measures_the_naive_layout(tmp_path, capsys):
     assert naive[3].strip() == "no" and seed[3].strip() == "yes"
     assert float(naive[8]) > 1e-2  # measured: the naive layout's gradients are wrong
     assert float(seed[8]) < 1e-10 and float(rows["vlmcp shard + ring"][8]) < 1e-10
+
+
+@pytest.mark.parametrize("strategy", ["shard", "auto"])
+def test_train_with_other_image_strategies(strategy, capsys):
+    argv = ["train", "--cp", "2", "--seq-len", "256", "--steps", "2", "--hidden", "32", "--layers", "1",
+            "--image-strategy", strategy, "--attention", "ulysses"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    if strategy == "auto":  # this small float32 model on gloo: replication pays for small images
+        assert "image_strategy=auto chose replicate for 2 and shard for 0 of 2 rows" in out

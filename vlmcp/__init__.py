@@ -10,7 +10,9 @@ The data flow, one entry point per step:
    (which global tokens rank r holds; ``shard.shard(x)`` selects them). Targets and
    positions come from the global row first: :func:`shift_labels`,
    :func:`position_ids`, :func:`mrope_position_ids`. :func:`attended_pairs` counts
-   each rank's attention work.
+   each rank's attention work; ``image_strategy="auto"`` lets a :class:`CostModel`
+   choose between replicating and sharding image tokens per row
+   (:func:`choose_image_strategy`).
 2. :func:`place_vision` spreads a :class:`VisionEncoder` (ViT + projector) over the CP
    group in one of five modes; ``encoder(images)`` returns the complete image
    embeddings on every rank.
@@ -29,11 +31,13 @@ from vlmcp.attention import cp_attention, reference_attention, varlen_attention
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, reduce_gradients
 from vlmcp.layout import (
     IGNORE_INDEX,
+    CostModel,
     CPPlan,
     RankShard,
     TokenKind,
     WorkReport,
     attended_pairs,
+    choose_image_strategy,
     mrope_position_ids,
     plan_cp,
     position_ids,
@@ -47,9 +51,10 @@ from vlmcp.vision import VisionConfig, VisionEncoder, check_images_match, place_
 __version__ = "0.1.0"
 
 __all__ = [
-    "IGNORE_INDEX", "VLM", "CPLoss", "CPPlan", "GradRule", "RankShard", "TokenKind", "VLMConfig",
-    "VisionConfig", "VisionEncoder", "WorkReport", "attended_pairs", "check_images_match",
-    "cp_attention", "cp_cross_entropy", "ddp_ignored_params", "finish_ddp_gradients",
-    "merge_embeddings", "mrope_position_ids", "place_vision", "plan_cp", "position_ids",
-    "reduce_gradients", "reference_attention", "shift_labels", "unshard", "varlen_attention",
+    "IGNORE_INDEX", "VLM", "CPLoss", "CPPlan", "CostModel", "GradRule", "RankShard", "TokenKind",
+    "VLMConfig", "VisionConfig", "VisionEncoder", "WorkReport", "attended_pairs",
+    "check_images_match", "choose_image_strategy", "cp_attention", "cp_cross_entropy",
+    "ddp_ignored_params", "finish_ddp_gradients", "merge_embeddings", "mrope_position_ids",
+    "place_vision", "plan_cp", "position_ids", "reduce_gradients", "reference_attention",
+    "shift_labels", "unshard", "varlen_attention",
 ]

@@ -15,10 +15,17 @@ import sys
 from datetime import timedelta
 from typing import get_args
 
-from vlmcp.train.config import AttentionBackend, DType, ImageAttention, TrainConfig, VisionMode
+from vlmcp.train.config import (
+    AttentionBackend,
+    DType,
+    ImageAttention,
+    ImageStrategyChoice,
+    TrainConfig,
+    VisionMode,
+)
 
-_FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "steps", "seq_len", "dtype",
-           "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
+_FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "image_strategy", "steps",
+           "seq_len", "dtype", "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
            "checkpoint_every", "resume", "metrics_jsonl", "timeout")
 
 
@@ -31,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(VisionMode))
     p.add_argument("--attention", default=d.attention, choices=get_args(AttentionBackend))
     p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention))
+    p.add_argument("--image-strategy", default=d.image_strategy, choices=get_args(ImageStrategyChoice),
+                   help="replicate image tokens (the seed), shard them with the text, or auto per row")
     p.add_argument("--steps", type=int, default=d.steps, help=f"total steps (default {d.steps})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
     p.add_argument("--dtype", default=d.dtype, choices=get_args(DType))
@@ -110,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
         if losses:
             print(f"vlmcp train: steps {summary['start_step'] + 1}-{summary['steps']}, loss "
                   f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+        if cfg.image_strategy == "auto":
+            picks = summary["image_strategies"]
+            print(f"vlmcp train: image_strategy=auto chose replicate for {picks.count('replicate')} "
+                  f"and shard for {picks.count('shard')} of {len(picks)} rows")
         if summary["loss_curve"]:
             print(f"vlmcp train: loss curve written to {summary['loss_curve']}")
     return 0

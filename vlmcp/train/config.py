@@ -15,9 +15,12 @@ from vlmcp.attention.cp import Backend as AttentionBackend
 from vlmcp.layout.work import ImageAttention
 from vlmcp.vision.placement import VisionMode
 
-__all__ = ["TORCH_DTYPES", "AttentionBackend", "DType", "ImageAttention", "TrainConfig", "VisionMode"]
+__all__ = ["TORCH_DTYPES", "AttentionBackend", "DType", "ImageAttention", "ImageStrategyChoice",
+           "TrainConfig", "VisionMode"]
 
 DType = Literal["float32", "float64", "bfloat16"]
+ImageStrategyChoice = Literal["replicate", "shard", "auto"]
+"""A layout (:data:`~vlmcp.layout.plan.ImageStrategy`) or ``"auto"`` (the cost model picks per row)."""
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -35,6 +38,9 @@ class TrainConfig:
     """CP attention backend."""
     image_attention: ImageAttention = "causal"
     """Whether image tokens of one image see each other in both directions."""
+    image_strategy: ImageStrategyChoice = "replicate"
+    """Replicate image tokens on every CP rank (the seed), zigzag them with the text
+    (``shard``), or let the cost model pick per row (``auto``, weights of this model)."""
     steps: int = 60
     """Total optimizer steps of the run (a resumed run with the same value finishes it)."""
     seq_len: int = 1024
@@ -70,7 +76,7 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend),
-                              ("dtype", DType)):
+                              ("dtype", DType), ("image_strategy", ImageStrategyChoice)):
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
-from vlmcp.layout import plan_cp
+from vlmcp.layout import CostModel, plan_cp
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.checkpoint import (
     capture_rng_state,
@@ -36,7 +36,7 @@ from vlmcp.train.state import full_state, load_full_state
 from vlmcp.train.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 
-__all__ = ["dataset_config", "dp_cp_groups", "lr_at", "model_config", "train_rank"]
+__all__ = ["cost_model", "dataset_config", "dp_cp_groups", "lr_at", "model_config", "train_rank"]
 WARMUP_STEPS = 5
 
 
@@ -51,6 +51,14 @@ def model_config(cfg: TrainConfig) -> VLMConfig:
 
 def dataset_config(cfg: TrainConfig) -> ShapesConfig:
     return ShapesConfig(seed=cfg.seed, patch_size=8)
+
+
+def cost_model(cfg: TrainConfig) -> CostModel:
+    """``image_strategy="auto"``'s weights for this run's LLM (compute vs. gloo/NCCL bytes)."""
+    return CostModel.for_transformer(hidden_size=cfg.hidden, mlp_ratio=2.0, kv_heads=cfg.kv_heads,
+                                     head_dim=cfg.hidden // cfg.heads,
+                                     itemsize=TORCH_DTYPES[cfg.dtype].itemsize,
+                                     image_attention=cfg.image_attention)
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -152,14 +160,16 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
     parts = {"vision": list(model.vision.tower.parameters()),
              "projector": list(model.vision.projector.parameters()),
              "llm": list(model.llm.parameters())}
-    losses = []
+    costs = cost_model(cfg) if cfg.image_strategy == "auto" else None
+    losses, strategies = [], []
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         if on_step is not None:
             on_step(rank, step)
         rows = pack_rows(dataset, cfg.seq_len, position, cfg.dp)
         row, position = rows[dp_rank], rows[-1].stop
-        plan = plan_cp(row.is_image, cfg.cp, row.cu_seqlens)
+        plan = plan_cp(row.is_image, cfg.cp, row.cu_seqlens, image_strategy=cfg.image_strategy,
+                       cost_model=costs)
         for group_ in optimizer.param_groups:
             group_["lr"] = lr_at(cfg, step)
         optimizer.zero_grad(set_to_none=True)
@@ -172,6 +182,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
         dist.all_reduce(loss, group=dp_group)
         loss = float(loss) / cfg.dp
         losses.append(loss)
+        strategies.append(plan.image_strategy)
         seconds = time.perf_counter() - t0
         tokens = cfg.seq_len * cfg.dp
         bar.update(step + 1, loss=loss, tokens=tokens)
@@ -195,4 +206,4 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
         curve = str(plot_loss_curve(cfg.metrics_jsonl, Path(cfg.metrics_jsonl).with_suffix(".png")))
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     return {"start_step": start, "steps": cfg.steps, "losses": losses, "loss_curve": curve,
-            "param_checksum": checksum}
+            "param_checksum": checksum, "image_strategies": strategies}
