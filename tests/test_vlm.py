@@ -44,12 +44,18 @@ def test_training_step_matches_single_process(P):
         assert r["passed"], r
 
 
-def test_scatter_leaves_ranks_without_images_at_p4():
-    # the built-in row has 2 images, so under scatter at P=4 two ranks encode nothing;
-    # test_training_step_matches_single_process[4] shows they still give exact gradients
+def test_the_p4_grid_covers_ranks_without_images():
+    # test_training_step_matches_single_process[4] shows these ranks still give exact
+    # gradients: under scatter two ranks encode no image (the built-in row has 2), and
+    # under image_strategy="shard" a rank holds no image slot (its merge selects no row,
+    # yet its backward must still reach the placement's dual collective)
+    import vlmcp
+
     row = builtin_row()
     owners = assign_images([(img.shape[1] // 8 * img.shape[2] // 8) ** 2 for img in row.images], 4)
     assert len(set(owners)) == 2
+    plan = vlmcp.plan_cp(row.is_image, 4, row.cu_seqlens, image_strategy="shard")
+    assert any(int(shard.is_image.sum()) == 0 for shard in plan.shards())
 
 
 def test_allreduce_hook_double_count_trap_is_closed():
