@@ -179,3 +179,18 @@ def test_train_with_other_image_strategies(strategy, capsys):
     out = capsys.readouterr().out
     if strategy == "auto":  # this small float32 model on gloo: replication pays for small images
         assert "image_strategy=auto chose replicate for 2 and shard for 0 of 2 rows" in out
+
+
+def test_joins_a_torchrun_launch(tmp_path):
+    # the multi-node path: torchrun starts the ranks, vlmcp joins its process group (gloo here)
+    metrics = tmp_path / "m.jsonl"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run([*torchrun, "-m", "vlmcp", "train", "--cp", "2", *SMALL[:2], "--steps", "3",
+                           "--hidden", "32", "--layers", "1", "--metrics-jsonl", str(metrics)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "vlmcp train: steps 1-3" in proc.stdout and proc.stdout.count("vlmcp train: steps") == 1
+    spawned = tmp_path / "spawned.jsonl"
+    assert main(["train", "--cp", "2", *SMALL[:2], "--steps", "3", "--hidden", "32", "--layers", "1",
+                 "--metrics-jsonl", str(spawned)]) == 0
+    assert losses(metrics) == losses(spawned)  # the same run, whoever starts the ranks
