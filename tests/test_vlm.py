@@ -104,3 +104,9 @@ def test_verify_cli_prints_json_and_passes(capsys):
     for key in ("loss_abs_error", "max_rel_grad_error", "params_checked", "vision_grad_norm", "passed"):
         assert key in result
     assert result["passed"] is True and result["cp"] == 3 and result["vision_grad_norm"] > 0
+
+
+def test_real_torch_ddp_with_the_loss_scaled_by_cp_is_exact():
+    for per_rank in run_on_ranks(vlm_cases.real_ddp_convention, 2, MODES, timeout=90):
+        assert set(per_rank) == set(MODES)
+        assert max(per_rank.values()) < 1e-12, per_rank

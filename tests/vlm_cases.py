@@ -75,3 +75,49 @@ def bad_image_count(group):
     t = torch.ones(1)
     dist.all_reduce(t, group=group)  # the group is still usable: nobody entered a collective
     return message, float(t)
+
+
+def real_ddp_convention(group, modes):
+    """torch DDP over the (DP x) CP group with the loss scaled by P: exact in every vision mode.
+
+    DDP averages every gradient over the P ranks; with the loss scaled by P the shares
+    come out exact, and ``finish_ddp_gradients`` fixes the rest (FULL divided by P,
+    PARTITIONED ones kept out of DDP). Returns the worst relative error per mode.
+    """
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from vlmcp.grads import ddp_ignored_params, finish_ddp_gradients, local_part
+    from vlmcp.layout import plan_cp
+    from vlmcp.models import VLM
+    from vlmcp.train.step import forward_backward
+    from vlmcp.verify import builtin_row, verify_model_config
+    from vlmcp.vision import place_vision
+
+    row, P = builtin_row(), dist.get_world_size(group)
+    torch.manual_seed(0)
+    ref = VLM(verify_model_config()).double()
+    base = copy.deepcopy(ref)
+    forward_backward(ref, row, plan_cp(row.is_image, 1, row.cu_seqlens).for_rank(0), None)
+    plan = plan_cp(row.is_image, P, row.cu_seqlens)
+    # DDP gets a communicator of its own: its bucket all-reduces run during backward, in an
+    # order that differs between ranks (broadcast/scatter graphs differ), while the
+    # placement's dual collectives run on the CP group; sharing one would deadlock.
+    ddp_group = dist.new_group(dist.get_process_group_ranks(group))
+    errors = {}
+    for mode in modes:
+        model = copy.deepcopy(base)
+        place_vision(model.vision, mode=mode, group=group)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ddp_ignored_params(model))
+        ddp = DistributedDataParallel(model, process_group=ddp_group,
+                                      find_unused_parameters=mode in ("broadcast", "scatter"))
+        forward_backward(ddp, row, plan.for_rank(dist.get_rank(group)), group, loss_scale=P)
+        finish_ddp_gradients(model, group)
+        ref_grads = dict(ref.named_parameters())
+        errors[mode] = max(
+            float((p.grad - local_part(p, ref_grads[n].grad)).norm() / ref_grads[n].grad.norm())
+            for n, p in model.named_parameters())
+    return errors

@@ -27,6 +27,11 @@ SHARE parameters come out exact. FULL ones come out P times too large and
 PARTITIONED ones must not enter DDP at all (their slices differ across CP ranks):
 give DDP :func:`ddp_ignored_params` and call :func:`finish_ddp_gradients` after
 backward, which divides FULL gradients by P and averages PARTITIONED ones over DP.
+Give DDP a process group of its own (``dist.new_group`` over the same ranks), never
+the CP group object: DDP all-reduces buckets *during* backward, in an order that
+differs between ranks whose graphs differ (``broadcast``, ``scatter``), while the
+placement's dual collectives run on the CP group; one shared communicator deadlocks
+(tests/test_vlm.py runs real DDP so, exact in every mode).
 """
 
 from __future__ import annotations
