@@ -78,9 +78,10 @@ def test_cp_cross_entropy_and_reduction_buckets():
         assert [tuple(c) for c in d["calls"]] == [("all_reduce", 16)]  # one all-reduce per loss
         assert d["half_dtype"] == "torch.float32"
         # float64 bucket: a, c, d, unused (19 values + 4 has-a-gradient flags); float32 bucket:
-        # b (2 values + 1 flag); frozen: none.
-        assert [tuple(c) for c in d["reduce"]["calls"]] == [("all_reduce", 23 * 8), ("all_reduce", 3 * 4)]
-        assert d["reduce"]["report"].cp_collectives == 2
+        # b (2 values + 1 flag); bf16 bucket: e, summed in float32 (2 values + 1 flag); frozen: none.
+        calls = [("all_reduce", 23 * 8), ("all_reduce", 3 * 4), ("all_reduce", 3 * 4)]
+        assert [tuple(c) for c in d["reduce"]["calls"]] == calls
+        assert d["reduce"]["report"].cp_collectives == 3
 
 
 def test_grad_rule_tags_and_local_part():

@@ -171,14 +171,28 @@ def test_compare_measures_the_naive_layout(tmp_path, capsys):
     assert float(seed[8]) < 1e-10 and float(rows["vlmcp shard + ring"][8]) < 1e-10
 
 
-@pytest.mark.parametrize("strategy", ["shard", "auto"])
-def test_train_with_other_image_strategies(strategy, capsys):
-    argv = ["train", "--cp", "2", "--seq-len", "256", "--steps", "2", "--hidden", "32", "--layers", "1",
-            "--image-strategy", strategy, "--attention", "ulysses"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    if strategy == "auto":  # this small float32 model on gloo: replication pays for small images
-        assert "image_strategy=auto chose replicate for 2 and shard for 0 of 2 rows" in out
+def test_train_with_other_image_strategies(tmp_path, capsys):
+    base = ["train", "--cp", "2", "--seq-len", "256", "--steps", "2", "--hidden", "32", "--layers", "1",
+            "--attention", "ulysses"]
+    runs = {
+        "replicate": [],
+        "shard": ["--image-strategy", "shard"],
+        # this tiny float32 model replicates images under ~4,000 tokens at the default
+        "auto": ["--image-strategy", "auto"],
+        # ... and shards them when communication is (made) nearly free
+        "auto-cheap-bytes": ["--image-strategy", "auto", "--flops-per-byte", "0.01"],
+    }
+    got = {}
+    for name, flags in runs.items():
+        metrics = tmp_path / f"{name}.jsonl"
+        assert main([*base, *flags, "--metrics-jsonl", str(metrics)]) == 0
+        got[name] = (losses(metrics), capsys.readouterr().out)
+    assert "chose replicate for 2 and shard for 0 of DP replica 0's 2 rows" in got["auto"][1]
+    assert "chose replicate for 0 and shard for 2 of DP replica 0's 2 rows" in got["auto-cheap-bytes"][1]
+    assert got["auto"][0] == got["replicate"][0]
+    # the layouts differ, the training does not (up to float32 summation order)
+    for name in ("shard", "auto-cheap-bytes"):
+        assert max(abs(a - b) for a, b in zip(got[name][0], got["replicate"][0], strict=True)) < 1e-5
 
 
 def test_joins_a_torchrun_launch(tmp_path):

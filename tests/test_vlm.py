@@ -110,3 +110,7 @@ def test_real_torch_ddp_with_the_loss_scaled_by_cp_is_exact():
     for per_rank in run_on_ranks(vlm_cases.real_ddp_convention, 2, MODES, timeout=90):
         assert set(per_rank) == set(MODES)
         assert max(per_rank.values()) < 1e-12, per_rank
+
+
+def test_a_copied_hidden_shard_model_saves_and_loads_full_tensors():
+    assert run_on_ranks(vlm_cases.copied_model_state, 2, timeout=60) == [(True, True)] * 2

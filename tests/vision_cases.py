@@ -389,12 +389,15 @@ def _mixed_reduction(group):
     m.d = nn.Parameter(torch.zeros(5, dtype=torch.float64))  # no grad on odd ranks
     m.frozen = nn.Parameter(torch.zeros(6), requires_grad=False)
     m.unused = nn.Parameter(torch.zeros(7, dtype=torch.float64))  # no grad on any rank
+    # bf16: 1 + 2^-8 + 2^-8 loses both halves summed in bf16, not in float32
+    m.e = nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
     set_grad_rule(m.c, GradRule.FULL, P)
     m.a.grad = torch.full((3,), float(r + 1), dtype=torch.float64)
     m.b.grad = torch.full((2,), float(10 * r), dtype=torch.float32)
     m.c.grad = torch.arange(4, dtype=torch.float64)
     if r % 2 == 0:
         m.d.grad = torch.ones(5, dtype=torch.float64)
+    m.e.grad = torch.full((2,), 1.0 if r == 0 else 2.0 ** -8, dtype=torch.bfloat16)
     with count_collectives() as calls:
         report = reduce_gradients(m, group)
     assert torch.equal(m.a.grad, torch.full((3,), P * (P + 1) / 2, dtype=torch.float64))
@@ -403,6 +406,8 @@ def _mixed_reduction(group):
     assert torch.equal(m.d.grad, torch.full((5,), float((P + 1) // 2), dtype=torch.float64))
     assert m.frozen.grad is None
     assert m.unused.grad is None  # as in one process: the optimizer skips it instead of decaying it
+    assert m.e.grad.dtype == torch.bfloat16
+    assert torch.equal(m.e.grad, torch.full((2,), 1 + (P - 1) * 2.0 ** -8, dtype=torch.bfloat16))
     return dict(report=report, calls=calls)
 
 

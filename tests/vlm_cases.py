@@ -121,3 +121,33 @@ def real_ddp_convention(group, modes):
             float((p.grad - local_part(p, ref_grads[n].grad)).norm() / ref_grads[n].grad.norm())
             for n, p in model.named_parameters())
     return errors
+
+
+def copied_model_state(group):
+    """A deep copy of a hidden_shard model still saves full tensors and loads its own slice."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from vlmcp.models import VLM
+    from vlmcp.train.state import full_state, load_full_state
+    from vlmcp.verify import verify_model_config
+    from vlmcp.vision import place_vision
+
+    torch.manual_seed(0)
+    full = VLM(verify_model_config())
+    model = copy.deepcopy(full)
+    place_vision(model.vision, mode="hidden_shard", group=group)
+    clone = copy.deepcopy(model)  # drops the parameters' rule tags; the placement keeps them
+    state = full_state(clone, torch.optim.AdamW(clone.parameters()), group)
+    same = all(torch.equal(state["model"][n], p) for n, p in full.named_parameters())
+    fresh = VLM(verify_model_config())
+    place_vision(fresh.vision, mode="hidden_shard", group=group)
+    fresh_copy = copy.deepcopy(fresh)
+    load_full_state(fresh_copy, torch.optim.AdamW(fresh_copy.parameters()), state)
+    rank, P = dist.get_rank(group), dist.get_world_size(group)
+    fc2 = fresh_copy.vision.projector.fc2.weight
+    rows = full.vision.projector.fc2.weight.shape[0] // P
+    own = torch.equal(fc2, full.vision.projector.fc2.weight[rank * rows:(rank + 1) * rows])
+    return same, own

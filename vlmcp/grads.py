@@ -47,7 +47,8 @@ from torch import nn
 
 __all__ = [
     "GradRule", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_norms",
-    "grad_rule", "grad_tag", "local_part", "partition_of", "reduce_gradients", "set_grad_rule",
+    "grad_rule", "grad_tag", "local_part", "partition_of", "reduce_gradients", "restore_grad_tags",
+    "set_grad_rule",
 ]
 
 
@@ -94,13 +95,15 @@ def grad_tag(param: nn.Parameter) -> _Tag | None:
     return getattr(param, _ATTR, None)
 
 
-def _restore_tags(model: nn.Module) -> None:
+def restore_grad_tags(model: nn.Module) -> None:
     """Re-apply the tags that placed submodules recorded (``module.placement.grad_tags``).
 
-    Tags live on parameter objects; re-created parameters (deepcopy, some dtype
-    conversions, FSDP) would silently fall back to SHARE, which turns
+    Tags live on parameter objects; re-created parameters (deepcopy, ``.to()`` with
+    ``overwrite_module_params_on_conversion``) would silently fall back to SHARE, which turns
     ``allreduce_hook``'s FULL gradients into P-times gradients. The placement keeps
-    them by name, so the reducers put them back first.
+    them by name: the reducers and the checkpoint state (:mod:`vlmcp.train.state`)
+    put them back first. Call it yourself before using :func:`grad_rule`,
+    :func:`partition_of` or :func:`local_part` on a copied model.
     """
     for module in model.modules():
         tags = getattr(getattr(module, "placement", None), "grad_tags", None)
@@ -210,7 +213,8 @@ def reduce_gradients(
 
     Call it after ``backward()`` of the loss from :func:`vlmcp.cp_cross_entropy`
     (local token losses over the CP group's target count), on every rank of the
-    DP x CP grid. Parameters without a gradient count as zero.
+    DP x CP grid. A parameter without a gradient on this rank counts as zero if
+    another rank has one; a parameter no rank has a gradient for keeps ``grad=None``.
 
     Args:
         model: the module whose ``requires_grad`` parameters are reduced (same
@@ -225,7 +229,7 @@ def reduce_gradients(
         gradient of this rank's slice.
     """
     cp_size = dist.get_world_size(cp_group)
-    _restore_tags(model)
+    restore_grad_tags(model)
     params = _trainable(model, cp_size)
     cp = [p for p in params if grad_rule(p) is not GradRule.PARTITIONED]
     cp_n = cp_bytes = dp_n = dp_bytes = 0
@@ -246,7 +250,7 @@ def ddp_ignored_params(model: nn.Module) -> list[str]:
     ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)``
     before wrapping, and let :func:`finish_ddp_gradients` reduce them.
     """
-    _restore_tags(model)
+    restore_grad_tags(model)
     return [n for n, p in model.named_parameters() if grad_rule(p) is GradRule.PARTITIONED]
 
 
@@ -268,7 +272,7 @@ def finish_ddp_gradients(
         A :class:`ReductionReport` (DP collectives only).
     """
     cp_size = dist.get_world_size(cp_group)
-    _restore_tags(model)
+    restore_grad_tags(model)
     params = _trainable(model, cp_size)
     for p in params:
         if grad_rule(p) is GradRule.FULL and p.grad is not None:
@@ -305,7 +309,8 @@ def grad_norms(
                 sq[i, col] += p.grad.detach().double().pow(2).sum().cpu()
     if cp_size > 1:
         sq[:, 0] /= cp_size  # the same on every rank: the sum over CP counts it P times
-        dev = next((p.grad.device for ps in parts.values() for p in ps if p.grad is not None), "cpu")
+        # the parameters' device is the group's (NCCL: CUDA), even when no gradient exists
+        dev = next((p.device for ps in parts.values() for p in ps), torch.device("cpu"))
         sq_dev = sq.to(dev)
         dist.all_reduce(sq_dev, group=cp_group)
         sq = sq_dev.cpu()

@@ -116,14 +116,12 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
                            image_attention=case.image_attention)
     reduce_gradients(model, group)
 
-    errors: dict[str, float] = {}
     truth_params = dict(truth.named_parameters())
-    for name, p in model.named_parameters():
-        expect = local_part(p, truth_params[name].grad)
-        got = p.grad if p.grad is not None else torch.zeros_like(p)
-        errors[name] = _rel(got, expect)
-    worst = torch.tensor(max(errors.values()), dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    names = [n for n, _ in model.named_parameters()]
+    errors = torch.tensor([_rel(p.grad if p.grad is not None else torch.zeros_like(p),
+                                local_part(p, truth_params[n].grad))
+                           for n, p in model.named_parameters()], dtype=torch.float64)
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX, group=group)  # worst rank, per parameter
     norms = grad_norms({"vision": list(model.vision.parameters()),
                         "projector": list(model.vision.projector.parameters())}, group)
     ref_vision = grad_norms({"vision": list(truth.vision.parameters())}, None)["vision"]
@@ -132,25 +130,29 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
         "cp": P,
         "loss": float(out.mean),
         "loss_abs_error": abs(float(out.mean) - float(truth_out.mean)),
-        "max_rel_grad_error": float(worst),
-        "worst_param": max(errors, key=errors.get),
-        "params_checked": len(errors),
+        "max_rel_grad_error": float(errors.max()),
+        "worst_param": names[int(errors.argmax())],
+        "params_checked": len(names),
         "vision_grad_norm": norms["vision"],
         "ref_vision_grad_norm": ref_vision,
         "projector_grad_norm": norms["projector"],
         "tolerance": TOLERANCE[case.dtype],
     }
-    if truth is not ref:  # bfloat16: twice the same-dtype single process's error
+    if truth is not ref:
+        # bfloat16, per parameter: CP within twice the bf16 single process's error against
+        # float64 (flash-attention's rule), plus a floor for parameters it gets exactly
         ref_params = dict(ref.named_parameters())
-        single = max(_rel(ref_params[n].grad, p.grad) for n, p in truth.named_parameters())
-        result["single_process_rel_grad_error"] = single
-        result["tolerance"] = 2 * single
-        loss_tolerance = 2 * abs(float(ref_out.mean) - float(truth_out.mean)) + 1e-2
+        single = torch.tensor([_rel(ref_params[n].grad, truth_params[n].grad) for n in names],
+                              dtype=torch.float64)
+        result["single_process_rel_grad_error"] = float(single.max())
+        result["tolerance"] = "2 x the bf16 single process's error per parameter, + 1e-3"
+        grads_ok = bool((errors <= 2 * single + 1e-3).all())
+        single_loss = abs(float(ref_out.mean) - float(truth_out.mean))
+        loss_ok = result["loss_abs_error"] <= 2 * single_loss + 1e-3 * abs(float(truth_out.mean))
     else:
-        loss_tolerance = result["tolerance"] * max(1.0, result["loss"])
-    result["passed"] = bool(result["max_rel_grad_error"] <= result["tolerance"]
-                            and result["loss_abs_error"] <= loss_tolerance
-                            and result["vision_grad_norm"] > 0
+        grads_ok = result["max_rel_grad_error"] <= result["tolerance"]
+        loss_ok = result["loss_abs_error"] <= result["tolerance"] * max(1.0, result["loss"])
+    result["passed"] = bool(grads_ok and loss_ok and result["vision_grad_norm"] > 0
                             and result["params_checked"] == sum(1 for _ in ref.parameters()))
     return result
 

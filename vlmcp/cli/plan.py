@@ -93,6 +93,16 @@ def rank_pictures(plan: CPPlan, width: int) -> str:
     return "\n".join(lines)
 
 
+def _aligned(head: tuple[str, ...], rows: list) -> list[str]:
+    """Right-aligned text table: header, rule, rows (cells already strings)."""
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+
+    def line(cells) -> str:
+        return "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+
+    return [line(head), line(["-" * w for w in widths]), *(line(row) for row in rows)]
+
+
 def _bytes(n: int) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
@@ -115,9 +125,7 @@ def work_table(plan: CPPlan, work: WorkReport, kv_heads: int = 8, head_dim: int 
                      int(shard.is_pad.sum()), work.text_pairs[r], work.image_pairs[r],
                      work.total_pairs[r], _bytes(fwd), _bytes(bwd)))
     cells = [[f"{c:,}" if isinstance(c, int) else str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(head)]
-    fmt = lambda row: "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))  # noqa: E731
-    out = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(row) for row in cells]
+    out = _aligned(head, cells)
     out.append(f"balance max/mean: total {work.balance:.3f}, text {work.text_balance:.3f}; "
                f"single-process pairs {work.single_process_pairs:,}; "
                f"efficiency vs ideal (single/P over busiest) {work.efficiency:.3f}")
@@ -133,12 +141,10 @@ def cost_table(plan: CPPlan, model: CostModel) -> str:
         rows.append((e.image_strategy + ("" if e.fits else " (over budget)"), f"{e.local_tokens:,}",
                      f"{e.pairs:,}", _bytes(e.bytes_sent), _flops(e.attention_flops),
                      _flops(e.token_flops), _flops(e.comm_flops), _flops(e.cost), str(e.busiest_rank)))
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    fmt = lambda row: "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))  # noqa: E731
     out = [f"image_strategy=auto: cost of the busiest rank per layer, forward + backward, in FLOPs: "
            f"{model.flops_per_token:.4g} per local token,\n  {model.flops_per_pair:.4g} per attended "
            f"pair, {model.flops_per_byte:g} per ring byte sent (see vlmcp.layout.CostModel)",
-           fmt(head), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows]
+           *_aligned(head, rows)]
     costs = {e.image_strategy: e.cost for e in plan.cost_estimates}
     other = "shard" if plan.image_strategy == "replicate" else "replicate"
     if plan.cp_size == 1:

@@ -24,7 +24,8 @@ from vlmcp.train.config import (
     VisionMode,
 )
 
-_FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "image_strategy", "steps",
+_FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "image_strategy",
+           "flops_per_byte", "steps",
            "seq_len", "dtype", "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
            "checkpoint_every", "resume", "metrics_jsonl", "timeout")
 
@@ -40,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention))
     p.add_argument("--image-strategy", default=d.image_strategy, choices=get_args(ImageStrategyChoice),
                    help="replicate image tokens (the seed), shard them with the text, or auto per row")
+    p.add_argument("--flops-per-byte", type=float, default=d.flops_per_byte,
+                   help="auto only: FLOPs one communicated byte costs (default 4000)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"total steps (default {d.steps})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
     p.add_argument("--dtype", default=d.dtype, choices=get_args(DType))
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg.image_strategy == "auto":
             picks = summary["image_strategies"]
             print(f"vlmcp train: image_strategy=auto chose replicate for {picks.count('replicate')} "
-                  f"and shard for {picks.count('shard')} of {len(picks)} rows")
+                  f"and shard for {picks.count('shard')} of DP replica 0's {len(picks)} rows")
         if summary["loss_curve"]:
             print(f"vlmcp train: loss curve written to {summary['loss_curve']}")
     return 0

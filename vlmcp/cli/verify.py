@@ -55,10 +55,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
+        tol = result["tolerance"]
+        tol = f"{tol:.0e}" if isinstance(tol, float) else tol
         print(f"vlmcp verify: P={result['cp']} vision_mode={case.vision_mode} attention={case.attention} "
               f"dtype={case.dtype}: loss {result['loss']:.6f} (abs error {result['loss_abs_error']:.2e}), "
               f"max relative gradient error {result['max_rel_grad_error']:.2e} over "
-              f"{result['params_checked']} parameters (tolerance {result['tolerance']:.0e}), "
+              f"{result['params_checked']} parameters (tolerance: {tol}), "
               f"vision grad norm {result['vision_grad_norm']:.4f} (single process "
               f"{result['ref_vision_grad_norm']:.4f}): {'PASSED' if result['passed'] else 'FAILED'}")
     return 0 if result["passed"] else 1

@@ -55,9 +55,13 @@ numbers by a few tokens, and the estimate counts it exactly.
 
 The estimate is a pure function of the row's metadata (``cu_seqlens``, each sample's
 image length, P) in integer arithmetic, then a few float products in a fixed order, so
-every rank that plans the same row picks the same layout, bit for bit: no rank can
-wait on a collective its peers skip. Out of scope: the vision tower (the same in both
-layouts), Ulysses' all-to-all (the bytes are the ring's), kernel efficiency.
+every rank that plans the same row with the same :class:`CostModel` picks the same
+layout, bit for bit: no rank can wait on a collective its peers skip. The cost model
+must therefore be identical on every rank: build it from configuration, never from a
+per-rank measurement (a local bandwidth probe, free memory), or ranks may disagree and
+hang. Out of scope: the vision tower (the same in both layouts), kernel efficiency, and
+Ulysses' all-to-all, which is priced as if it were the ring (Ulysses sends q, k, v and
+the output once instead of K/V P-1 times, so its true cost differs).
 """
 
 from __future__ import annotations

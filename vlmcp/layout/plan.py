@@ -246,7 +246,8 @@ def plan_cp(
             (ties, and P = 1, give ``"replicate"``). The decision reads only this
             metadata, so every rank that passes the same row gets the same plan.
         cost_model: the :class:`~vlmcp.layout.cost.CostModel` for ``"auto"``
-            (default ``CostModel()``); only valid with ``"auto"``.
+            (default ``CostModel()``); only valid with ``"auto"``. It must be the same on
+            every rank (built from configuration), or ranks may pick different layouts.
 
     Returns:
         A :class:`CPPlan`; ``plan.for_rank(r)`` gives rank r's :class:`RankShard`.

@@ -12,6 +12,7 @@ from typing import Literal, get_args
 import torch
 
 from vlmcp.attention.cp import Backend as AttentionBackend
+from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE
 from vlmcp.layout.work import ImageAttention
 from vlmcp.vision.placement import VisionMode
 
@@ -41,6 +42,10 @@ class TrainConfig:
     image_strategy: ImageStrategyChoice = "replicate"
     """Replicate image tokens on every CP rank (the seed), zigzag them with the text
     (``shard``), or let the cost model pick per row (``auto``, weights of this model)."""
+    flops_per_byte: float = DEFAULT_FLOPS_PER_BYTE
+    """``auto`` only: compute FLOPs one communicated byte costs (achieved FLOP/s over link
+    bytes/s; 4,000 is an H100-class GPU on a 100 GB/s link). Lower makes sharding images
+    cheaper; with the default, this tiny model replicates images under ~4,000 tokens."""
     steps: int = 60
     """Total optimizer steps of the run (a resumed run with the same value finishes it)."""
     seq_len: int = 1024
@@ -83,6 +88,8 @@ class TrainConfig:
         if self.image_attention not in get_args(ImageAttention):
             raise ValueError(f"--image-attention must be one of {get_args(ImageAttention)}, "
                              f"got {self.image_attention!r}")
+        if not self.flops_per_byte > 0:
+            raise ValueError(f"--flops-per-byte must be > 0, got {self.flops_per_byte}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.checkpoint_every < 0:

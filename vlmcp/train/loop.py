@@ -54,10 +54,15 @@ def dataset_config(cfg: TrainConfig) -> ShapesConfig:
 
 
 def cost_model(cfg: TrainConfig) -> CostModel:
-    """``image_strategy="auto"``'s weights for this run's LLM (compute vs. gloo/NCCL bytes)."""
+    """``image_strategy="auto"``'s weights: this run's LLM shape, ``--flops-per-byte``.
+
+    Every rank builds it from the same flags, so every rank makes the same choice
+    (a per-rank measured value would let ranks disagree and hang).
+    """
     return CostModel.for_transformer(hidden_size=cfg.hidden, mlp_ratio=2.0, kv_heads=cfg.kv_heads,
                                      head_dim=cfg.hidden // cfg.heads,
                                      itemsize=TORCH_DTYPES[cfg.dtype].itemsize,
+                                     flops_per_byte=cfg.flops_per_byte,
                                      image_attention=cfg.image_attention)
 
 
@@ -97,7 +102,7 @@ def dp_cp_groups(group: dist.ProcessGroup, cp: int) -> tuple[dist.ProcessGroup, 
 _RESUME_FIELDS = ("seed", "seq_len", "dp", "hidden", "layers", "heads", "kv_heads", "dtype")
 
 
-def _resume(cfg: TrainConfig, model, optimizer, group) -> tuple[int, int]:
+def _resume(cfg: TrainConfig, model, optimizer, group, device: torch.device) -> tuple[int, int]:
     """Load the latest checkpoint on every rank; returns ``(start step, data position)``.
 
     Ranks must agree on the step: with a directory that is not shared (or lagging),
@@ -105,7 +110,8 @@ def _resume(cfg: TrainConfig, model, optimizer, group) -> tuple[int, int]:
     of remaining steps, and one would wait forever for the others.
     """
     ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
-    step = torch.tensor([-1 if ckpt is None else ckpt.step], dtype=torch.float64)
+    # on the group's device: NCCL reduces CUDA tensors only
+    step = torch.tensor([-1 if ckpt is None else ckpt.step], dtype=torch.float64, device=device)
     lo, hi = step.clone(), step.clone()
     dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
     dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
@@ -152,7 +158,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
     place_vision(model.vision, mode=cfg.vision_mode, group=cp_group)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     dataset = ShapesDataset(dataset_config(cfg))
-    start, position = _resume(cfg, model, optimizer, group) if cfg.resume else (0, 0)
+    start, position = _resume(cfg, model, optimizer, group, device) if cfg.resume else (0, 0)
     metrics = None
     if rank == 0 and cfg.metrics_jsonl:
         metrics = MetricsWriter(cfg.metrics_jsonl, resume_step=start if cfg.resume else None)

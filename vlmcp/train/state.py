@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vlmcp.grads import local_part, partition_of
+from vlmcp.grads import local_part, partition_of, restore_grad_tags
 
 __all__ = ["full_state", "load_full_state"]
 
@@ -35,6 +35,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     The optimizer entry keeps ``param_groups`` hyperparameters and the per-parameter
     state keyed by parameter name instead of index.
     """
+    restore_grad_tags(model)  # a copied model's slices are still known as slices
     names = {p: n for n, p in model.named_parameters()}
     model_state = {n: _full(p, p.data, cp_group) for n, p in model.named_parameters()}
     opt_state = {}
@@ -49,6 +50,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Inverse of :func:`full_state` on a model of any CP size (no communication)."""
+    restore_grad_tags(model)
     params = dict(model.named_parameters())
     missing = sorted(set(params) ^ set(state["model"]))
     if missing:

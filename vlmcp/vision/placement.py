@@ -28,8 +28,9 @@ because the backward runs the dual collective.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Literal, get_args
 
 import torch
@@ -56,7 +57,7 @@ class VisionPlacement:
     """The CP group; every rank of it gets the complete embeddings."""
     src: int = 0
     """``broadcast`` only: the rank (within ``group``) that runs the encoder."""
-    grad_tags: dict = field(default_factory=dict)
+    grad_tags: Mapping = field(default_factory=lambda: MappingProxyType({}))
     """Parameter name (within the encoder) -> gradient tag, set by :func:`place_vision`.
 
     :func:`vlmcp.grads.reduce_gradients` re-applies these to the parameters before
@@ -64,7 +65,7 @@ class VisionPlacement:
     (``deepcopy``, ``.to()`` with ``overwrite_module_params_on_conversion``)."""
 
     def __deepcopy__(self, memo):
-        return self  # immutable; a copied model shares the CP group (a group cannot be copied)
+        return self  # frozen, read-only tags; a copied model shares the CP group (not copyable)
 
     def __post_init__(self):
         if self.mode not in get_args(VisionMode):
@@ -175,8 +176,8 @@ def place_vision(
         set_grad_rule(p, rule, world)
     if mode == "hidden_shard":
         encoder.projector.fc2 = _column_slice(encoder.projector.fc2, rank, world)
-    placement.grad_tags.update({n: grad_tag(p) for n, p in encoder.named_parameters()})
-    encoder.placement = placement
+    tags = MappingProxyType({n: grad_tag(p) for n, p in encoder.named_parameters()})
+    encoder.placement = replace(placement, grad_tags=tags)
     return encoder
 
 
