@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
-    "GradRule", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_norms",
+    "GradRule", "GradTag", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "grad_norms",
     "grad_rule", "grad_tag", "local_part", "partition_of", "reduce_gradients", "restore_grad_tags",
     "set_grad_rule",
 ]
@@ -60,7 +60,9 @@ class GradRule(str, Enum):
     PARTITIONED = "partitioned"
 
 
-class _Tag(NamedTuple):
+class GradTag(NamedTuple):
+    """A parameter's gradient rule and, for PARTITIONED, where its slice sits."""
+
     rule: GradRule
     cp_size: int
     shard_dim: int | None  # PARTITIONED only: the split dimension of the full tensor
@@ -87,10 +89,10 @@ def set_grad_rule(
     rule = GradRule(rule)
     if (rule is GradRule.PARTITIONED) != (shard_dim is not None and shard_index is not None):
         raise ValueError(f"shard_dim and shard_index are required for PARTITIONED only, got rule={rule}")
-    setattr(param, _ATTR, _Tag(rule, cp_size, shard_dim, shard_index))
+    setattr(param, _ATTR, GradTag(rule, cp_size, shard_dim, shard_index))
 
 
-def grad_tag(param: nn.Parameter) -> _Tag | None:
+def grad_tag(param: nn.Parameter) -> GradTag | None:
     """The parameter's full tag (rule, CP size, partition), or None when untagged."""
     return getattr(param, _ATTR, None)
 
