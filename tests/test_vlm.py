@@ -114,3 +114,8 @@ def test_real_torch_ddp_with_the_loss_scaled_by_cp_is_exact():
 
 def test_a_copied_hidden_shard_model_saves_and_loads_full_tensors():
     assert run_on_ranks(vlm_cases.copied_model_state, 2, timeout=60) == [(True, True)] * 2
+
+
+def test_several_images_in_one_sample_prefix():
+    for r in run_on_ranks(vlm_cases.multi_image_parity, 3, MODES, timeout=120)[0]:
+        assert r["passed"] and r["max_rel_grad_error"] < 1e-10, r

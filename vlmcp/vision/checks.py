@@ -25,10 +25,14 @@ def check_images_match(
     embed_dim: int | None = None,
     hidden_size: int | None = None,
 ) -> list[int]:
-    """Check that ``images`` fill the plan's image spans exactly, one image per span.
+    """Check that ``images`` fill the plan's image spans exactly, in order.
+
+    A sample's image span may hold several images back to back (a multi-image
+    sample): images are consumed in order, each sample taking as many as fill its
+    span exactly.
 
     Args:
-        images: ``(C, H, W)`` tensors, one per sample with image tokens, in sample order.
+        images: ``(C, H, W)`` tensors of every sample with image tokens, in row order.
         plan: the row's :class:`vlmcp.CPPlan`.
         patch_size: p; image i gives ``(H/p) * (W/p)`` tokens.
         channels: C.
@@ -47,13 +51,8 @@ def check_images_match(
             f"image embedding width {embed_dim} differs from the LLM hidden size {hidden_size}")
     if isinstance(images, torch.Tensor) or not isinstance(images, Sequence):
         raise TypeError(f"images must be a list of (C, H, W) tensors, got {type(images).__name__}")
-    spans = [(s, int(n)) for s, n in enumerate(plan.image_lens.tolist()) if n > 0]
-    if len(images) != len(spans):
-        raise ValueError(
-            f"got {len(images)} images but the plan has {len(spans)} samples with image tokens "
-            f"(samples {[s for s, _ in spans]}); pass one image per such sample, in sample order")
     tokens = []
-    for i, (img, (sample, n)) in enumerate(zip(images, spans, strict=True)):
+    for i, img in enumerate(images):
         if not isinstance(img, torch.Tensor) or img.dim() != 3 or img.shape[0] != channels:
             shape = tuple(img.shape) if isinstance(img, torch.Tensor) else type(img).__name__
             raise ValueError(f"image {i} must be a ({channels}, H, W) tensor, got {shape}")
@@ -61,10 +60,20 @@ def check_images_match(
         if h % patch_size or w % patch_size:
             raise ValueError(
                 f"image {i} has size {h}x{w}, not a multiple of patch_size={patch_size}")
-        t = (h // patch_size) * (w // patch_size)
-        if t != n:
+        tokens.append((h // patch_size) * (w // patch_size))
+    i = 0
+    for sample, n in enumerate(plan.image_lens.tolist()):
+        first, got = i, 0
+        while got < n and i < len(tokens):
+            got, i = got + tokens[i], i + 1
+        if got != n:
+            which = f"images {first}..{i - 1} give {got}" if i > first else "no image is left"
             raise ValueError(
-                f"image {i} ({h}x{w}, patch {patch_size}) gives {t} tokens but sample {sample} "
-                f"has {n} image tokens in the plan")
-        tokens.append(t)
+                f"sample {sample} has {n} image tokens in the plan, but {which} "
+                f"(patch {patch_size}, tokens per image {tokens[first:i]}); pass every sample's "
+                "images in row order")
+    if i != len(tokens):
+        raise ValueError(
+            f"got {len(tokens)} images but the plan's image spans take {i}: images {i}.."
+            f"{len(tokens) - 1} are left over")
     return tokens
