@@ -9,7 +9,7 @@ from torch import nn
 
 from tests import vision_cases
 from tests.vision_cases import MODES
-from vlmcp.grads import GradRule, ddp_ignored_params, grad_rule, local_part, set_grad_rule
+from vlmcp.grads import GradRule, ddp_ignored_params, grad_rule, local_part, reduce_gradients, set_grad_rule
 from vlmcp.testing import run_on_ranks
 
 GRID_P = [2, 3, 4]
@@ -96,3 +96,12 @@ def test_grad_rule_tags_and_local_part():
         set_grad_rule(lin.bias, GradRule.FULL, 3, shard_dim=0, shard_index=0)
     with pytest.raises(ValueError):
         set_grad_rule(lin.bias, "mean", 3)
+
+
+def test_reduce_gradients_without_a_cp_group_is_one_process():
+    # None means no CP (never the global group): nothing is reduced, nothing communicated
+    lin = nn.Linear(3, 2)
+    lin.weight.grad = torch.ones(2, 3)
+    report = reduce_gradients(lin, None)
+    assert (report.cp_collectives, report.dp_collectives) == (0, 0)
+    assert torch.equal(lin.weight.grad, torch.ones(2, 3)) and lin.bias.grad is None

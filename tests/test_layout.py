@@ -179,6 +179,7 @@ def test_shift_labels_on_global_row():
     # a chunk's last token keeps its target even though the target lives on another rank
     r0 = plan.for_rank(0)
     assert r0.positions.tolist() == [0, 1, 2, -1, 5, 8]
+    assert r0.shard_labels(labels).tolist() == [ig, ig, 103, ig, 106, ig]  # padding is no target
     # position 2's target (token 3) lives on rank 1; padding and sample ends are ignored
     assert r0.shard(labels, fill=ig).tolist() == [ig, ig, 103, ig, 106, ig]
 

@@ -97,14 +97,20 @@ def test_bad_flags_are_one_line_errors_before_any_rank_starts(argv, match, capsy
     assert match in err and err.count("\n") == 1 and "spawning" not in err
 
 
-def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
+def test_resume_is_checked_before_any_rank_starts(tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
-    assert main(["train", "--cp", "2", *SMALL[:2], "--steps", "2", "--hidden", "32", "--layers", "1",
-                 "--checkpoint-dir", str(ckpt)]) == 0
-    capsys.readouterr()
-    assert main(["train", "--cp", "2", *SMALL[:2], "--steps", "4", "--hidden", "48", "--layers", "1",
-                 "--checkpoint-dir", str(ckpt), "--resume"]) == 1
-    assert "--hidden 32 -> 48" in capsys.readouterr().err
+    run = ["train", "--cp", "2", *SMALL[:2], "--hidden", "32", "--layers", "1", "--checkpoint-dir", str(ckpt)]
+    assert main([*run, "--steps", "2", "--resume"]) == 0  # nothing there yet: says so, starts fresh
+    assert "no checkpoint in" in capsys.readouterr().out
+    # another run's checkpoint: a one-line error naming what differs, no rank started
+    assert main([*run, "--steps", "4", "--resume", "--hidden", "48"]) == 2
+    err = capsys.readouterr().err
+    assert "--hidden 32 -> 48" in err and err.count("\n") == 1
+    assert main([*run, "--steps", "1", "--resume"]) == 2
+    assert "its step 2 is past --steps 1" in capsys.readouterr().err
+    assert main([*run, "--steps", "2", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "spawning" not in out
 
 
 def test_world_size_mismatch_under_torchrun_is_an_error(monkeypatch, capsys):

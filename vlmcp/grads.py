@@ -159,13 +159,20 @@ class ReductionReport:
     """Bytes in those buffers."""
 
 
+def _cp_size(cp_group: dist.ProcessGroup | None) -> int:
+    # None is one process, as in cp_attention and cp_cross_entropy; never the global group,
+    # which would silently sum over data-parallel replicas too
+    return 1 if cp_group is None else dist.get_world_size(cp_group)
+
+
 def _trainable(model: nn.Module, cp_size: int) -> list[nn.Parameter]:
+    names = {p: n for n, p in model.named_parameters()}
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         tag = getattr(p, _ATTR, None)
         if tag is not None and tag.cp_size != cp_size:
             raise ValueError(
-                f"a parameter of shape {tuple(p.shape)} was laid out for a CP group of {tag.cp_size} "
+                f"parameter {names[p]!r} was laid out for a CP group of {tag.cp_size} "
                 f"ranks, but the CP group passed has {cp_size}")
         if p.grad is not None and p.grad.is_sparse:
             raise NotImplementedError("sparse gradients are not supported")
@@ -209,7 +216,7 @@ def _all_reduce_flat(params: list[nn.Parameter], group, scale: float) -> tuple[i
 
 
 def reduce_gradients(
-    model: nn.Module, cp_group: dist.ProcessGroup, dp_group: dist.ProcessGroup | None = None
+    model: nn.Module, cp_group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None
 ) -> ReductionReport:
     """Make every gradient of ``model`` exact: each rule's CP reduction, then the DP mean.
 
@@ -221,7 +228,8 @@ def reduce_gradients(
     Args:
         model: the module whose ``requires_grad`` parameters are reduced (same
             parameters, in the same order, on every rank).
-        cp_group: the CP group the layout was planned for.
+        cp_group: the CP group the layout was planned for; None for no CP (one rank
+            per replica; never the global group).
         dp_group: the ranks holding the same CP rank in other data-parallel replicas,
             or None.
 
@@ -230,7 +238,7 @@ def reduce_gradients(
         gradient of the DP-mean loss on every CP rank; PARTITIONED ones equal the full
         gradient of this rank's slice.
     """
-    cp_size = dist.get_world_size(cp_group)
+    cp_size = _cp_size(cp_group)
     restore_grad_tags(model)
     params = _trainable(model, cp_size)
     cp = [p for p in params if grad_rule(p) is not GradRule.PARTITIONED]
@@ -257,7 +265,7 @@ def ddp_ignored_params(model: nn.Module) -> list[str]:
 
 
 def finish_ddp_gradients(
-    model: nn.Module, cp_group: dist.ProcessGroup, dp_group: dist.ProcessGroup | None = None
+    model: nn.Module, cp_group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None
 ) -> ReductionReport:
     """Complete the gradients after DDP averaged them over DP x CP with the loss scaled by P.
 
@@ -267,13 +275,13 @@ def finish_ddp_gradients(
 
     Args:
         model: the module wrapped by DDP (its ``requires_grad`` parameters).
-        cp_group: the CP group (only its size is used; nothing is sent over it).
+        cp_group: the CP group (only its size is used; nothing is sent over it), or None.
         dp_group: the DP group of this CP rank, or None.
 
     Returns:
         A :class:`ReductionReport` (DP collectives only).
     """
-    cp_size = dist.get_world_size(cp_group)
+    cp_size = _cp_size(cp_group)
     restore_grad_tags(model)
     params = _trainable(model, cp_size)
     for p in params:

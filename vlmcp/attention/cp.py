@@ -91,7 +91,7 @@ def cp_attention(
     other both ways (prefix-LM). The result equals single-process attention on the
     whole row at ``shard.positions``; padding slots get zero output and zero gradient.
     Gradients of replicated image tokens carry share semantics: their sum over the
-    CP group is the single-process gradient (DESIGN.md section 3).
+    CP group is the single-process gradient (Note [vlmcp gradient rules] in :mod:`vlmcp.grads`).
 
     Args:
         q: ``(N, H, D)`` with ``N = len(shard.positions)``, this rank's local order.

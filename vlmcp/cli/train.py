@@ -83,8 +83,27 @@ def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def _resume_preflight(cfg: TrainConfig) -> bool:
+    """Check ``--resume`` before any rank starts; returns False when there is nothing to do."""
+    from vlmcp.train.checkpoint import load_latest_checkpoint
+    from vlmcp.train.loop import check_resumable
+
+    ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
+    if ckpt is None:
+        print(f"vlmcp train: no checkpoint in {cfg.checkpoint_dir}; starting from step 0", flush=True)
+        return True
+    check_resumable(ckpt, cfg)
+    if ckpt.step == cfg.steps:
+        print(f"vlmcp train: {ckpt.path} is at step {ckpt.step} = --steps; nothing to do")
+        return False
+    print(f"vlmcp train: resuming from {ckpt.path} (step {ckpt.step} of {cfg.steps})", flush=True)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if cfg.resume and not _under_torchrun() and not _resume_preflight(cfg):
+        return 0
     on_step = functools.partial(_kill_at, *args._fault) if args._fault else None
     from vlmcp.train.loop import train_rank
 

@@ -141,6 +141,14 @@ class RankShard:
             out = out.masked_fill(pad.to(x.device).view(shape), fill)
         return out
 
+    def shard_labels(self, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """Shard next-token labels (from :func:`vlmcp.shift_labels`); padding gets ``ignore_index``.
+
+        Use this, not ``shard(labels)``: the default ``fill=0`` would make every padding
+        slot a real target (token 0) and silently change the loss.
+        """
+        return self.shard(labels, fill=ignore_index)
+
     def shard_position_ids(self, position_ids: torch.Tensor) -> torch.Tensor:
         """Shard 1-D position ids ``(L,)`` or Qwen2-VL M-RoPE ids ``(3, L)``; padding gets 0."""
         ok = position_ids.dim() == 1 or (position_ids.dim() == 2 and position_ids.shape[0] == 3)

@@ -34,7 +34,7 @@ class TrainConfig:
     dp: int = 1
     """Data-parallel replicas; the world size is ``cp * dp``."""
     vision_mode: VisionMode = "replicate"
-    """How the CP group computes the complete image embeddings (DESIGN.md section 3)."""
+    """How the CP group computes the complete image embeddings (Note [vlmcp vision placement modes])."""
     attention: AttentionBackend = "ring"
     """CP attention backend."""
     image_attention: ImageAttention = "causal"

@@ -25,6 +25,7 @@ from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import CostModel, plan_cp
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.checkpoint import (
+    Checkpoint,
     capture_rng_state,
     load_latest_checkpoint,
     restore_rng_state,
@@ -36,7 +37,8 @@ from vlmcp.train.state import full_state, load_full_state
 from vlmcp.train.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 
-__all__ = ["cost_model", "dataset_config", "dp_cp_groups", "lr_at", "model_config", "train_rank"]
+__all__ = ["check_resumable", "cost_model", "dataset_config", "dp_cp_groups", "lr_at", "model_config",
+           "train_rank"]
 WARMUP_STEPS = 5
 
 
@@ -102,6 +104,17 @@ def dp_cp_groups(group: dist.ProcessGroup, cp: int) -> tuple[dist.ProcessGroup, 
 _RESUME_FIELDS = ("seed", "seq_len", "dp", "hidden", "layers", "heads", "kv_heads", "dtype")
 
 
+def check_resumable(ckpt: Checkpoint, cfg: TrainConfig) -> None:
+    """Raise if ``ckpt`` cannot continue the run ``cfg`` describes (the message names why)."""
+    saved = ckpt.state["config"]
+    changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
+               for f in _RESUME_FIELDS if saved.get(f) != getattr(cfg, f)]
+    if changed:
+        raise ValueError(f"cannot resume {ckpt.path}: it belongs to another run ({', '.join(changed)})")
+    if ckpt.step > cfg.steps:
+        raise ValueError(f"cannot resume {ckpt.path}: its step {ckpt.step} is past --steps {cfg.steps}")
+
+
 def _resume(cfg: TrainConfig, model, optimizer, group, device: torch.device) -> tuple[int, int]:
     """Load the latest checkpoint on every rank; returns ``(start step, data position)``.
 
@@ -120,11 +133,7 @@ def _resume(cfg: TrainConfig, model, optimizer, group, device: torch.device) -> 
                            f"(steps {int(lo)} to {int(hi)}); is the directory shared by every rank?")
     if ckpt is None:
         return 0, 0
-    saved = ckpt.state["config"]
-    changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
-               for f in _RESUME_FIELDS if saved.get(f) != getattr(cfg, f)]
-    if changed:
-        raise ValueError(f"cannot resume {ckpt.path}: it belongs to another run ({', '.join(changed)})")
+    check_resumable(ckpt, cfg)
     load_full_state(model, optimizer, ckpt.state)
     restore_rng_state(ckpt.state["rng"])
     return ckpt.step, int(ckpt.state["data_position"])

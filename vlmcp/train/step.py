@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.data import PackedRow
-from vlmcp.layout import IGNORE_INDEX, RankShard, position_ids
+from vlmcp.layout import RankShard, position_ids
 from vlmcp.loss import CPLoss, cp_cross_entropy
 from vlmcp.models import VLM
 
@@ -34,8 +34,7 @@ class LocalInputs(NamedTuple):
 def local_inputs(row: PackedRow, shard: RankShard) -> LocalInputs:
     """Shard a row's ids, labels and positions for ``shard``'s rank."""
     pos = position_ids(row.input_ids.numel(), row.cu_seqlens)
-    return LocalInputs(shard.shard(row.input_ids), shard.shard(row.labels, fill=IGNORE_INDEX),
-                       shard.shard(pos))
+    return LocalInputs(shard.shard(row.input_ids), shard.shard_labels(row.labels), shard.shard(pos))
 
 
 def forward_backward(
@@ -50,8 +49,9 @@ def forward_backward(
 ) -> CPLoss:
     """Forward and backward of this rank's share of ``row``'s loss.
 
-    After it, each parameter's ``.grad`` holds this rank's share (DESIGN.md section 3);
-    :func:`vlmcp.reduce_gradients` turns shares into exact gradients.
+    After it, each parameter's ``.grad`` holds this rank's share (Note [vlmcp gradient
+    rules] in :mod:`vlmcp.grads`); :func:`vlmcp.reduce_gradients` turns shares into exact
+    gradients.
 
     Args:
         model: the :class:`VLM` (its vision encoder placed on ``group`` if P > 1).
