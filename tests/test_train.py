@@ -48,12 +48,13 @@ def test_train_learns_and_trains_the_vision_tower(tmp_path):
 
 
 def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
-    flags = ["--cp", "2", *SMALL, "--vision-mode", "hidden_shard", "--checkpoint-every", "3"]
+    flags = ["--cp", "2", *SMALL, "--vision-mode", "hidden_shard"]
     full = tmp_path / "full.jsonl"
     assert main(["train", *flags, "--metrics-jsonl", str(full)]) == 0
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    run = ["train", *flags, "--checkpoint-dir", str(ckpt), "--metrics-jsonl", str(metrics), "--timeout", "30"]
+    run = ["train", *flags, "--checkpoint-every", "3", "--checkpoint-dir", str(ckpt), "--metrics-jsonl",
+           str(metrics), "--timeout", "30"]
     start = time.monotonic()
     assert main([*run, "--_fault", "1", "5"]) == 1  # rank 1 is SIGKILLed at step 5 (0-based)
     assert time.monotonic() - start < 60  # the survivor did not wait for the whole run
@@ -90,6 +91,7 @@ def test_checkpoint_resumes_with_another_cp_size(tmp_path):
     (["--cp", "0"], "--cp must be an integer >= 1, got 0"),
     (["--vision-mode", "hidden_shard", "--cp", "3"], "hidden (64) divisible by --cp (3)"),
     (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_rank_starts(argv, match, capsys):
     assert main(["train", *argv]) == 2

@@ -17,10 +17,22 @@ _COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compar
              "bench": bench_cmd}
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keep the docstrings' line breaks and show every default."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="vlmcp", description="Context parallelism for vision-language models.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from vlmcp import __version__
+
+    parser = _Parser(prog="vlmcp", description="Context parallelism for vision-language models.")
+    parser.add_argument("--version", action="version", version=f"vlmcp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for _name, module in _COMMANDS.items():
         module.add_parser(sub)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """``vlmcp train``: train the reference VLM with context parallelism on the built-in data.
 
-Without a launcher it spawns ``--cp x --dp`` gloo ranks on this machine; under
-``torchrun`` it joins the launcher's process group (NCCL when CUDA is available).
+Without a launcher it spawns cp x dp gloo ranks on this machine; under torchrun it
+joins the launcher's process group (NCCL when CUDA is available).
 Every flag is checked before any rank starts.
 """
 
@@ -34,26 +34,31 @@ def add_parser(sub) -> None:
     d = TrainConfig()
     p = sub.add_parser("train", help="train the reference VLM with CP on the built-in dataset",
                        description=__doc__)
-    p.add_argument("--cp", type=int, default=d.cp, help=f"CP group size (default {d.cp})")
-    p.add_argument("--dp", type=int, default=d.dp, help=f"data-parallel replicas (default {d.dp})")
-    p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(VisionMode))
-    p.add_argument("--attention", default=d.attention, choices=get_args(AttentionBackend))
-    p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention))
+    p.add_argument("--cp", type=int, default=d.cp, help="CP group size P")
+    p.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas; world size = cp x dp")
+    p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(VisionMode),
+                   help="how the CP group computes the image embeddings")
+    p.add_argument("--attention", default=d.attention, choices=get_args(AttentionBackend),
+                   help="CP attention backend")
+    p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention),
+                   help="image tokens see each other causally or both ways")
     p.add_argument("--image-strategy", default=d.image_strategy, choices=get_args(ImageStrategyChoice),
                    help="replicate image tokens (the seed), shard them with the text, or auto per row")
     p.add_argument("--flops-per-byte", type=float, default=d.flops_per_byte,
-                   help="auto only: FLOPs one communicated byte costs (default 4000)")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"total steps (default {d.steps})")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
-    p.add_argument("--dtype", default=d.dtype, choices=get_args(DType))
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--lr", type=float, default=d.lr)
+                   help="auto only: FLOPs one communicated byte costs")
+    p.add_argument("--steps", type=int, default=d.steps,
+                   help="total steps of the run (a resumed run finishes the same run)")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per packed row")
+    p.add_argument("--dtype", default=d.dtype, choices=get_args(DType), help="parameter dtype")
+    p.add_argument("--seed", type=int, default=d.seed, help="model init and dataset seed")
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate")
     p.add_argument("--hidden", type=int, default=d.hidden, help="LLM width")
-    p.add_argument("--layers", type=int, default=d.layers)
-    p.add_argument("--heads", type=int, default=d.heads)
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads)
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints")
+    p.add_argument("--layers", type=int, default=d.layers, help="LLM decoder blocks")
+    p.add_argument("--heads", type=int, default=d.heads, help="LLM attention heads")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="LLM key/value heads (GQA)")
+    p.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (none: no checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between checkpoints (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--metrics-jsonl", default=None, metavar="PATH",
                    help="one JSON object per step; a loss-curve PNG is written beside it")

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--vision-mode", default="replicate", choices=get_args(VisionMode))
     p.add_argument("--attention", default="ring", choices=get_args(AttentionBackend))
     p.add_argument("--dtype", default="float64", choices=get_args(DType))
-    p.add_argument("--image-strategy", default="replicate", choices=get_args(ImageStrategy))
+    p.add_argument("--image-strategy", default="replicate", choices=(*get_args(ImageStrategy), "auto"),
+                   help="image layout (auto: the default cost model picks)")
     p.add_argument("--image-attention", default="causal", choices=get_args(ImageAttention))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")

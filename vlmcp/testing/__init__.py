@@ -23,5 +23,9 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
     Returns each rank's (pickled) result in rank order; raises
     :class:`DistributedTestError` with the failing rank's traceback, or naming the
     ranks still running at the deadline.
+
+    ``fn`` must be importable by name from a module (ranks start from a fork server
+    that imports it; a function typed into ``python -`` or a notebook cannot be), and
+    a script that calls this needs the ``if __name__ == "__main__":`` guard.
     """
     return spawn_ranks(fn, world_size, *args, timeout=timeout, threads_per_rank=threads_per_rank)

@@ -94,6 +94,8 @@ class TrainConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every needs --checkpoint-dir")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
         if self.timeout <= 0:
