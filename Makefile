@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml requirements/cpu.txt
 # and draw the layout of a packed row.
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(PY) -m vlmcp train --cp 2 --metrics-jsonl runs/demo/metrics.jsonl --checkpoint-dir runs/demo/checkpoints
+	$(PY) -m vlmcp train --cp 2 --metrics-jsonl runs/demo/metrics.jsonl --checkpoint-dir runs/demo/checkpoints --checkpoint-every 20
 	$(PY) -m vlmcp verify --cp 2
 	$(PY) -m vlmcp plan --out runs/demo/plan.png
 
