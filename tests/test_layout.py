@@ -59,6 +59,8 @@ def test_replicate_example_with_padding():
     plan = vlmcp.plan_cp(is_image, 2, cu)
     r0, r1 = plan.shards()
     assert r0.positions.tolist() == [0, 1, 2, -1, 5, 6, 11, -1]
+    assert repr(r0) == ("RankShard(rank=0, cp_size=2, image_strategy='replicate', seq_len=12, "
+                        "slots=8, image=2, text=4, pad=2, samples=2)")
     assert r1.positions.tolist() == [0, 1, 3, 4, 7, 8, 9, 10]
     assert r0.kinds.tolist() == [1, 1, 0, 2, 0, 0, 0, 2]
     assert r0.sample_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]

@@ -1,4 +1,4 @@
-"""How long planning a long packed row takes (issue: planner must be vectorized).
+"""How long planning a long packed row takes (the planner is vectorized: no loop per token).
 
 Run: ``make bench-plan`` or ``vlmcp bench plan [--tokens N --samples S --cp P]``.
 Prints the best of several repeats for ``plan_cp`` alone and for ``plan_cp`` plus

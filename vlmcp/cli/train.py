@@ -69,6 +69,8 @@ def add_parser(sub) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(**{f: getattr(args, f) for f in _FIELDS})
+    if cfg.image_strategy != "auto" and cfg.flops_per_byte != TrainConfig().flops_per_byte:
+        raise ValueError("--flops-per-byte only applies to --image-strategy auto")
     from vlmcp.train.loop import dataset_config  # the dataset knows its longest sample
 
     longest = dataset_config(cfg).max_sample_len

@@ -88,6 +88,12 @@ class RankShard:
     image_lens: torch.Tensor
     plan: CPPlan = field(repr=False)
 
+    def __repr__(self) -> str:  # the tensors can hold a million entries
+        return (f"RankShard(rank={self.rank}, cp_size={self.cp_size}, image_strategy="
+                f"{self.image_strategy!r}, seq_len={self.seq_len}, slots={self.num_tokens}, "
+                f"image={int(self.is_image.sum())}, text={int(self.is_text.sum())}, "
+                f"pad={int(self.is_pad.sum())}, samples={self.cu_seqlens.numel() - 1})")
+
     @property
     def num_tokens(self) -> int:
         """Local slots, padding included."""
