@@ -71,12 +71,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(**{f: getattr(args, f) for f in _FIELDS})
     if cfg.image_strategy != "auto" and cfg.flops_per_byte != TrainConfig().flops_per_byte:
         raise ValueError("--flops-per-byte only applies to --image-strategy auto")
-    from vlmcp.train.loop import dataset_config  # the dataset knows its longest sample
+    from vlmcp.train.loop import dataset_config
 
-    longest = dataset_config(cfg).max_sample_len
-    if cfg.seq_len < longest:
-        raise ValueError(f"--seq-len {cfg.seq_len} is shorter than the longest built-in sample "
-                         f"({longest} tokens)")
+    dataset_config(cfg)  # raises if --seq-len cannot hold the longest built-in sample
     return cfg
 
 

@@ -52,7 +52,12 @@ def model_config(cfg: TrainConfig) -> VLMConfig:
 
 
 def dataset_config(cfg: TrainConfig) -> ShapesConfig:
-    return ShapesConfig(seed=cfg.seed, patch_size=8)
+    """The built-in dataset of a run; raises if ``--seq-len`` cannot hold its longest sample."""
+    data = ShapesConfig(seed=cfg.seed, patch_size=8)
+    if cfg.seq_len < data.max_sample_len:
+        raise ValueError(f"--seq-len {cfg.seq_len} is shorter than the longest built-in sample "
+                         f"({data.max_sample_len} tokens)")
+    return data
 
 
 def cost_model(cfg: TrainConfig) -> CostModel:
