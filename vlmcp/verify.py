@@ -155,8 +155,3 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
     result["passed"] = bool(grads_ok and loss_ok and result["vision_grad_norm"] > 0
                             and result["params_checked"] == sum(1 for _ in ref.parameters()))
     return result
-
-
-def parity_grid(group: dist.ProcessGroup, cases: list[ParityCase]) -> list[dict]:
-    """:func:`parity_case` for every case, inside one spawned group."""
-    return [parity_case(group, case) for case in cases]
