@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from vlmcp.layout import CPPlan
+from vlmcp.vision.tower import image_token_counts
 
 __all__ = ["check_images_match"]
 
@@ -49,18 +50,7 @@ def check_images_match(
     if embed_dim is not None and hidden_size is not None and embed_dim != hidden_size:
         raise ValueError(
             f"image embedding width {embed_dim} differs from the LLM hidden size {hidden_size}")
-    if isinstance(images, torch.Tensor) or not isinstance(images, Sequence):
-        raise TypeError(f"images must be a list of (C, H, W) tensors, got {type(images).__name__}")
-    tokens = []
-    for i, img in enumerate(images):
-        if not isinstance(img, torch.Tensor) or img.dim() != 3 or img.shape[0] != channels:
-            shape = tuple(img.shape) if isinstance(img, torch.Tensor) else type(img).__name__
-            raise ValueError(f"image {i} must be a ({channels}, H, W) tensor, got {shape}")
-        h, w = img.shape[1:]
-        if h % patch_size or w % patch_size:
-            raise ValueError(
-                f"image {i} has size {h}x{w}, not a multiple of patch_size={patch_size}")
-        tokens.append((h // patch_size) * (w // patch_size))
+    tokens = image_token_counts(images, patch_size, channels)
     i = 0
     for sample, n in enumerate(plan.image_lens.tolist()):
         first, got = i, 0

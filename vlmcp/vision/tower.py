@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["Projector", "VisionConfig", "VisionEncoder", "VisionTower", "image_tokens"]
+__all__ = ["Projector", "VisionConfig", "VisionEncoder", "VisionTower", "image_token_counts", "image_tokens"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +58,29 @@ class VisionConfig:
 def image_tokens(image: torch.Tensor, patch_size: int) -> int:
     """Tokens of one ``(C, H, W)`` image: ``(H/p) * (W/p)`` (no validation)."""
     return (image.shape[-2] // patch_size) * (image.shape[-1] // patch_size)
+
+
+def image_token_counts(images: Sequence[torch.Tensor], patch_size: int, channels: int = 3) -> list[int]:
+    """Validate a list of ``(C, H, W)`` float images and return each one's token count.
+
+    Pure (no communication), so every rank raises the same error for the same batch.
+    """
+    if isinstance(images, torch.Tensor) or not isinstance(images, Sequence):
+        raise TypeError(f"images must be a list of (C, H, W) tensors, got {type(images).__name__}")
+    tokens = []
+    for i, img in enumerate(images):
+        if not isinstance(img, torch.Tensor) or img.dim() != 3 or img.shape[0] != channels:
+            shape = tuple(img.shape) if isinstance(img, torch.Tensor) else type(img).__name__
+            raise ValueError(f"image {i} must be a ({channels}, H, W) tensor, got {shape}")
+        if not img.is_floating_point():
+            raise TypeError(f"image {i} must be a floating-point tensor, got {img.dtype}")
+        h, w = img.shape[1:]
+        if h < patch_size or w < patch_size or h % patch_size or w % patch_size:
+            raise ValueError(
+                f"image {i} has size {h}x{w}, not a multiple of patch_size={patch_size} "
+                f"(both sides must be positive multiples of patch_size={patch_size})")
+        tokens.append(image_tokens(img, patch_size))
+    return tokens
 
 
 def _sincos_2d(h: int, w: int, width: int, dtype, device) -> torch.Tensor:
@@ -156,22 +179,7 @@ class VisionEncoder(nn.Module):
 
     def check_images(self, images: Sequence[torch.Tensor]) -> list[int]:
         """Validate ``images`` (pure, no communication) and return tokens per image."""
-        if isinstance(images, torch.Tensor) or not isinstance(images, Sequence):
-            raise TypeError(f"images must be a list of (C, H, W) tensors, got {type(images).__name__}")
-        c, p = self.cfg.channels, self.cfg.patch_size
-        tokens = []
-        for i, img in enumerate(images):
-            if not isinstance(img, torch.Tensor) or not img.is_floating_point():
-                raise TypeError(f"image {i} must be a floating-point tensor, got {img!r:.80}")
-            if img.dim() != 3 or img.shape[0] != c:
-                raise ValueError(f"image {i} must have shape ({c}, H, W), got {tuple(img.shape)}")
-            h, w = img.shape[1:]
-            if h < p or w < p or h % p or w % p:
-                raise ValueError(
-                    f"image {i} has size {h}x{w}; both sides must be positive multiples of "
-                    f"patch_size={p}")
-            tokens.append(image_tokens(img, p))
-        return tokens
+        return image_token_counts(images, self.cfg.patch_size, self.cfg.channels)
 
     def features(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """ViT and the projector up to ``fc2``: ``(sum of tokens, projector_hidden)``.
