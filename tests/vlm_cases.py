@@ -157,24 +157,12 @@ def multi_image_parity(group, modes):
     """A sample whose image prefix holds two images: every mode exact against one process."""
     import torch
 
-    from vlmcp.data import IMAGE_ID, VOCAB_SIZE, PackedRow
-    from vlmcp.layout import shift_labels
+    from vlmcp.data import random_row
     from vlmcp.verify import ParityCase, parity_case
 
-    g = torch.Generator().manual_seed(3)
     # sample 0: images of 2x2 and 2x3 patches (10 tokens) + 11 text; sample 1: 7 text;
     # sample 2: one 3x2-patch image + 9 text
-    images = [torch.rand(3, 16, 16, generator=g), torch.rand(3, 16, 24, generator=g),
-              torch.rand(3, 24, 16, generator=g)]
-    layout = [(10, 11), (0, 7), (6, 9)]
-    ids, is_image = [], []
-    for n_img, n_txt in layout:
-        ids += [IMAGE_ID] * n_img + torch.randint(4, VOCAB_SIZE, (n_txt,), generator=g).tolist()
-        is_image += [True] * n_img + [False] * n_txt
-    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
-    cu = torch.tensor([0] + [a + b for a, b in layout]).cumsum(0)
-    row = PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
-                    labels=shift_labels(input_ids, is_image, cu), images=images,
-                    image_grid_thw=torch.tensor([[1, 2, 2], [1, 2, 3], [1, 3, 2]]), start=0, stop=3,
-                    filler_len=0)
+    samples = [([(16, 16), (16, 24)], 11), ([], 7), ([(24, 16)], 9)]
+    row = random_row(samples, 8, torch.Generator().manual_seed(3))
+    assert row.is_image.sum() == 16 and len(row.images) == 3
     return [parity_case(group, ParityCase(vision_mode=m, dtype="float64"), row=row) for m in modes]

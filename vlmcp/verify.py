@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from vlmcp.data import IMAGE_ID, VOCAB_SIZE, PackedRow
+from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
 from vlmcp.grads import grad_norms, local_part, reduce_gradients
-from vlmcp.layout import plan_cp, shift_labels
+from vlmcp.layout import plan_cp
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.config import TORCH_DTYPES
 from vlmcp.train.step import forward_backward
@@ -39,24 +39,8 @@ def verify_model_config(patch_size: int = 8) -> VLMConfig:
 
 def builtin_row(seed: int = 0, patch_size: int = 8) -> PackedRow:
     """3 packed samples: image (2x3 patches) + 13 text, text-only 9, image (3x3) + 21 text."""
-    g = torch.Generator().manual_seed(seed)
-    samples = [((16, 24), 13), (None, 9), ((24, 24), 21)]
-    ids, is_image, images, grids, lens = [], [], [], [], []
-    for size, text in samples:
-        n_img = 0
-        if size is not None:
-            h, w = size
-            images.append(torch.rand(3, h, w, generator=g))
-            grids.append([1, h // patch_size, w // patch_size])
-            n_img = (h // patch_size) * (w // patch_size)
-        ids += [IMAGE_ID] * n_img + torch.randint(4, VOCAB_SIZE, (text,), generator=g).tolist()
-        is_image += [True] * n_img + [False] * text
-        lens.append(n_img + text)
-    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
-    cu = torch.tensor([0] + lens).cumsum(0)
-    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
-                     labels=shift_labels(input_ids, is_image, cu), images=images,
-                     image_grid_thw=torch.tensor(grids), start=0, stop=len(samples), filler_len=0)
+    samples = [([(16, 24)], 13), ([], 9), ([(24, 24)], 21)]
+    return random_row(samples, patch_size, torch.Generator().manual_seed(seed))
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from vlmcp.data import IMAGE_ID, VOCAB_SIZE, PackedRow
+from vlmcp.data import PackedRow, random_row
 from vlmcp.launch import spawn_ranks
-from vlmcp.layout import plan_cp, shift_labels
+from vlmcp.layout import plan_cp
 from vlmcp.memory import SavedTensorMeter
 from vlmcp.models import VLM
 from vlmcp.train.config import TrainConfig
@@ -38,19 +38,8 @@ def make_row(image_tokens: int, text_tokens: int, samples: int = 8) -> PackedRow
     side = math.isqrt(image_tokens // samples)
     if side * side * samples != image_tokens:
         raise ValueError(f"--image-tokens {image_tokens} must be {samples} x a square number of patches")
-    text = text_tokens // samples
-    g = torch.Generator().manual_seed(0)
-    ids, is_image, images = [], [], []
-    for _ in range(samples):
-        images.append(torch.rand(3, side * PATCH, side * PATCH, generator=g))
-        ids += [IMAGE_ID] * side * side + torch.randint(4, VOCAB_SIZE, (text,), generator=g).tolist()
-        is_image += [True] * side * side + [False] * text
-    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
-    cu = torch.arange(samples + 1) * (side * side + text)
-    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
-                     labels=shift_labels(input_ids, is_image, cu), images=images,
-                     image_grid_thw=torch.tensor([[1, side, side]] * samples), start=0, stop=samples,
-                     filler_len=0)
+    layout = [([(side * PATCH, side * PATCH)], text_tokens // samples)] * samples
+    return random_row(layout, PATCH, torch.Generator().manual_seed(0))
 
 
 def _saved(model, row, plan, rank, group):

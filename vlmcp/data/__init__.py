@@ -15,10 +15,10 @@ Main entry points:
 
 from vlmcp.data.config import MAX_SENTENCE_TOKENS, ShapesConfig
 from vlmcp.data.dataset import Sample, ShapesDataset
-from vlmcp.data.packing import PackedRow, pack_row, pack_rows
+from vlmcp.data.packing import PackedRow, pack_row, pack_rows, random_row
 from vlmcp.data.vocab import BOS_ID, EOS_ID, IMAGE_ID, PAD_ID, VOCAB_SIZE, decode, encode
 
 __all__ = [
     "BOS_ID", "EOS_ID", "IMAGE_ID", "MAX_SENTENCE_TOKENS", "PAD_ID", "VOCAB_SIZE", "PackedRow",
-    "Sample", "ShapesConfig", "ShapesDataset", "decode", "encode", "pack_row", "pack_rows",
+    "Sample", "ShapesConfig", "ShapesDataset", "decode", "encode", "pack_row", "pack_rows", "random_row",
 ]

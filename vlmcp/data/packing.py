@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from vlmcp.data.dataset import ShapesDataset
-from vlmcp.data.vocab import PAD_ID
+from vlmcp.data.vocab import IMAGE_ID, PAD_ID, VOCAB_SIZE
 from vlmcp.layout.labels import IGNORE_INDEX, shift_labels
 
-__all__ = ["PackedRow", "pack_row", "pack_rows"]
+__all__ = ["PackedRow", "pack_row", "pack_rows", "random_row"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +39,7 @@ class PackedRow:
         cu_seqlens: ``LongTensor[S+1]``, sample boundaries (the filler is a sample).
         labels: ``LongTensor[L]``, next-token targets shifted on the global row by
             :func:`vlmcp.shift_labels`, with ``IGNORE_INDEX`` on the filler.
-        images: one ``FloatTensor[3, H, W]`` per sample with an image, in sample order.
+        images: ``FloatTensor[3, H, W]`` of the images opening each sample, in row order.
         image_grid_thw: ``LongTensor[len(images), 3]``, ``(1, H // p, W // p)`` per image
             (the input of :func:`vlmcp.mrope_position_ids`).
         start: data position of the row's first sample.
@@ -151,3 +151,32 @@ def pack_rows(dataset: ShapesDataset, seq_len: int, position: int = 0,
         rows.append(pack_row(dataset, seq_len, position))
         position = rows[-1].stop
     return rows
+
+
+def random_row(samples, patch_size: int, generator: torch.Generator) -> PackedRow:
+    """A packed row of random pixels and token ids, for parity checks and benchmarks.
+
+    Args:
+        samples: ``[(image_sizes, text_tokens), ...]``, one entry per sample;
+            ``image_sizes`` lists the ``(H, W)`` of the images that open the sample
+            (empty for a text-only sample).
+        patch_size: p; an H x W image fills ``(H/p) * (W/p)`` image slots.
+        generator: draws each sample's pixels, then its text ids, in sample order.
+    """
+    ids, is_image, images, grids, lens = [], [], [], [], []
+    for sizes, text in samples:
+        n_img = 0
+        for h, w in sizes:
+            images.append(torch.rand(3, h, w, generator=generator))
+            grids.append([1, h // patch_size, w // patch_size])
+            n_img += (h // patch_size) * (w // patch_size)
+        ids += [IMAGE_ID] * n_img + torch.randint(4, VOCAB_SIZE, (text,), generator=generator).tolist()
+        is_image += [True] * n_img + [False] * text
+        lens.append(n_img + text)
+    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
+    cu = torch.tensor([0] + lens).cumsum(0)
+    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
+                     labels=shift_labels(input_ids, is_image, cu), images=images,
+                     image_grid_thw=torch.tensor(grids, dtype=torch.long).reshape(-1, 3), start=0,
+                     stop=len(samples), filler_len=0)
+
