@@ -16,11 +16,11 @@ import vlmcp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokens", type=int, default=1 << 20)
-    parser.add_argument("--samples", type=int, default=512)
-    parser.add_argument("--cp", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1 << 20, help="tokens of the packed row")
+    parser.add_argument("--samples", type=int, default=512, help="samples packed into it")
+    parser.add_argument("--cp", type=int, default=8, help="CP group size P")
     parser.add_argument("--image-tokens", type=int, default=576, help="image prefix per sample")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timings; the best is reported")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,12 +33,11 @@ def _defaults(name: str) -> argparse.Namespace:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="run the benchmarks (planner, attention, memory, vision)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__)
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name, module in _MODULES.items():
         # Only names travel in the namespace: the attention benchmark pickles it to its ranks.
-        bp = benches.add_parser(name, help=_HELP[name], description=module.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        bp = benches.add_parser(name, help=_HELP[name], description=module.__doc__)
         module.add_arguments(bp)
     benches.add_parser("all", help="every benchmark above on its defaults (minutes)",
                        description="Run " + ", ".join(BENCHMARKS) + " in turn, each on its defaults.")
