@@ -1,0 +1,1 @@
+"""Hugging Face transformers VLMs under vlmcp (``pip install vlmcp[hf]``)."""

@@ -1,0 +1,112 @@
+"""Tiny random Hugging Face VLM configs, built in code (no hub download).
+
+For tests, ``vlmcp verify --model hf:ARCH`` and ``vlmcp init-model``: a couple of
+decoder layers, a small hidden size, GQA in the LLM (2 K/V heads for 4 query heads)
+and a small ViT, so a float64 training step runs in milliseconds on a CPU.
+
+``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
+-> a seeded ``LlavaForConditionalGeneration`` in eval mode (no dropout anywhere).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["TINY_ARCHS", "tiny_config", "tiny_model"]
+
+TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
+"""Architectures :func:`tiny_config` builds (``config.model_type`` values)."""
+
+_VOCAB = 128
+_IMAGE_TOKEN = 120  # Qwen: image, video, vision start/end are 120..123; LLaVA: image only
+
+
+def _text(**overrides: Any) -> dict[str, Any]:
+    text = dict(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    text.update(overrides)
+    return text
+
+
+def _qwen(arch: str, overrides: dict[str, Any]) -> Any:
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+    # head_dim 8: M-RoPE sections (temporal, height, width) over head_dim / 2 = 4 frequencies
+    text = _text(rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                  "mrope_section": [2, 1, 1]},
+                 **overrides.pop("text_config", {}))
+    vision = dict(depth=2, embed_dim=16, hidden_size=text["hidden_size"], num_heads=2, in_channels=3,
+                  patch_size=2, spatial_merge_size=2, temporal_patch_size=2)
+    cls = Qwen2VLConfig
+    if arch == "qwen2_5_vl":
+        cls = Qwen2_5_VLConfig
+        # window 8 px = 4 patches = 2 merged tokens per side; block 1 is full attention
+        vision.update(intermediate_size=32, out_hidden_size=text["hidden_size"], window_size=8,
+                      fullatt_block_indexes=[1])
+        del vision["embed_dim"]
+        vision["hidden_size"] = 16
+    else:
+        vision["mlp_ratio"] = 2
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, image_token_id=_IMAGE_TOKEN,
+              video_token_id=_IMAGE_TOKEN + 1, vision_start_token_id=_IMAGE_TOKEN + 2,
+              vision_end_token_id=_IMAGE_TOKEN + 3, tie_word_embeddings=False)
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def _llava(overrides: dict[str, Any]) -> Any:
+    from transformers import LlavaConfig
+
+    text = _text(model_type="llama", **overrides.pop("text_config", {}))
+    # 8x8 px images in 2x2 patches: 16 patch tokens (+ CLS, dropped by the "default" strategy)
+    vision = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=2, image_size=8, patch_size=2,
+                  num_channels=3, projection_dim=16)
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, image_token_index=_IMAGE_TOKEN,
+              image_seq_length=16, vision_feature_layer=-1, vision_feature_select_strategy="default",
+              tie_word_embeddings=False)
+    kw.update(overrides)
+    return LlavaConfig(**kw)
+
+
+def tiny_config(arch: str, **overrides: Any) -> Any:
+    """A tiny random-weight transformers config of ``arch``.
+
+    Args:
+        arch: one of :data:`TINY_ARCHS`.
+        **overrides: top-level config fields; ``text_config={...}`` and
+            ``vision_config={...}`` update the sub-configs field by field.
+
+    Returns:
+        ``Qwen2VLConfig``, ``Qwen2_5_VLConfig`` or ``LlavaConfig``. Token ids: vocabulary
+        128, image token 120 (Qwen: video 121, vision start 122, vision end 123), pad 0.
+    """
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {TINY_ARCHS}")
+    overrides = dict(overrides)
+    return _llava(overrides) if arch == "llava" else _qwen(arch, overrides)
+
+
+def tiny_model(arch_or_config: Any, dtype: torch.dtype = torch.float32, seed: int = 0,
+               attn_implementation: str = "sdpa") -> Any:
+    """A seeded tiny model in ``dtype`` and eval mode (the same weights for the same seed).
+
+    Args:
+        arch_or_config: an arch name for :func:`tiny_config`, or a config.
+        dtype: parameter dtype.
+        seed: ``torch.manual_seed`` before building (restored afterwards).
+        attn_implementation: the attention of every sub-model before :func:`vlmcp.hf.parallelize`.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    config = tiny_config(arch_or_config) if isinstance(arch_or_config, str) else arch_or_config
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation,
+                                                        dtype=dtype)
+    return model.eval()
