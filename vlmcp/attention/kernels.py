@@ -12,27 +12,67 @@ the accumulator dtype (float32, float64 for float64 inputs). ``block.kind`` is `
 ``CAUSAL`` (top-left aligned) or ``MASKED`` (dense mask from the block's offsets).
 A query that sees no key has ``out = 0`` and ``lse = -inf``. In ``backward``,
 ``out`` and ``lse`` are the *final* (merged over every block) values for these
-queries, which makes the block's gradients exact parts of the total.
+queries, which makes the block's gradients exact parts of the total. The inputs may
+be strided views (the ring passes ``(N, H, D)`` storage seen as ``(H, N, D)``).
 
 Kernels: ``flash_cpu`` (PyTorch's flash kernel for CPU, which returns the
 log-sum-exp), ``math`` (pure torch, any device: the reference), ``sdpa`` (CUDA,
 PyTorch's memory-efficient kernel, which returns the log-sum-exp) and ``flash_attn``
 (CUDA, the flash-attn package's varlen kernel, fp16/bf16). :func:`select_kernel`
-picks from the tensors' device.
+picks from the tensors' device and dtype (:func:`cuda_kernel_name` on CUDA).
+
+Note [vlmcp CUDA kernel contracts]
+----------------------------------
+What the CUDA kernels need, read in the sources (PyTorch ``aten/src/ATen/native/
+transformers/cuda``, flash-attn 2.6.3-2.8.3 ``flash_attn_interface.py`` and
+``csrc/flash_attn/flash_api.cpp``), since nothing here runs them on a CPU machine::
+
+    memory-efficient backward   _efficient_attention_backward passes only out.stride(0)
+    reads `out` row-major       and out.stride(2) (batch, head); Params::o_strideM() is
+                                head_dim_value * num_heads. fp16/bf16 kernels compute
+                                delta = rowsum(dout * out) themselves (kKernelComputesDelta
+                                = kIsHalf && ...), so `out` must be (L, H, D)-contiguous
+                                or dQ/dK are wrong; fp32 gets delta from torch. `dout` is
+                                made contiguous in (B, L, H, D) there: pass it so, no copy.
+    its lse                     (B, H, ceil(L / 32) * 32), the forward pads it with +inf
+                                ("to make the backward easier"); +inf gives p = 0 exactly.
+    its dtypes                  DISPATCH_TYPES: "Only fp32, half & bf16": float64 -> math.
+    flash-attn >= 2.7           _flash_attn_varlen_forward/backward are
+                                torch.library.custom_op objects on torch >= 2.4: their
+                                signature reads (*args, **kwargs), so the version is
+                                checked, not the signature; 2.6.x returns 8 values and
+                                takes window_size as a tuple (not supported here).
+    flash-attn limits           fp16/bf16, head_dim % 8 == 0 and <= 256 (forward and
+                                backward); sm8x or sm90 up to 2.7.2, cc_major >= 8 from
+                                2.7.3; lse (H, total_q) float32; an empty key set gets
+                                lse = +inf (like the memory-efficient kernel's padding).
+
+A row that saw no key (final ``lse = -inf``) is handed to every backward with
+``dout = 0`` and ``lse = +inf``: both kernels then compute ``p = exp(s - lse) = 0``
+whatever the scores; ``lse = 0`` would give ``exp(s)``, which overflows for large
+scores (``inf * 0 = NaN``). None of this reads device data on the host: no ``bool()``,
+``.item()`` or host-built device tensor in a per-block call (the CUDA check runs these
+kernels under ``torch.cuda.set_sync_debug_mode("error")``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
+import functools
 import math
+import re
 
 import torch
 
 from vlmcp.attention.masks import Block, MaskKind, dense_mask
 from vlmcp.attention.merge import accumulator_dtype
 
-__all__ = ["KERNELS", "AttentionKernel", "select_kernel"]
+__all__ = ["KERNELS", "AttentionKernel", "cuda_kernel_name", "flash_attn_runs_on", "flash_attn_supports",
+           "flash_attn_version", "select_kernel"]
+
+FLASH_ATTN_MIN_VERSION = (2, 7)
+"""The internal varlen API this module calls (``window_size_left/right``, four return values)."""
+FLASH_ATTN_MAX_HEAD_DIM = 256
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class AttentionKernel:
@@ -55,12 +95,19 @@ def _seen(block: Block, lq: int, lk: int, device) -> torch.Tensor:
     return dense_mask(block, lq, lk, device=device)
 
 
-def _safe_lse(dout, lse):
-    """Rows with lse = -inf saw no key anywhere: give the kernel 0 there and no gradient."""
+def _backward_rows(dout, lse):
+    """Rows with lse = -inf saw no key anywhere: ``dout = 0`` and ``lse = +inf`` there.
+
+    See Note [vlmcp CUDA kernel contracts]. Unconditional ``masked_fill``: checking
+    first (``bool(dead.any())``) would be a host-device sync per block on CUDA.
+    """
     dead = torch.isneginf(lse)
-    if bool(dead.any()):
-        return dout.masked_fill(dead.unsqueeze(-1), 0), lse.masked_fill(dead, 0.0)
-    return dout, lse
+    return dout.masked_fill(dead.unsqueeze(-1), 0), lse.masked_fill(dead, float("inf"))
+
+
+def _rows_major(x: torch.Tensor) -> torch.Tensor:
+    """``(H, L, D)`` with ``(L, H, D)``-contiguous memory (no copy when it already is)."""
+    return x.transpose(0, 1).contiguous().transpose(0, 1)
 
 
 class MathKernel(AttentionKernel):
@@ -86,7 +133,7 @@ class MathKernel(AttentionKernel):
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         acc = accumulator_dtype(q.dtype)
-        dout, lse = _safe_lse(dout, lse)
+        dout, lse = _backward_rows(dout, lse)
         g = q.shape[0] // k.shape[0]
         kk, vv = k.to(acc).repeat_interleave(g, 0), v.to(acc).repeat_interleave(g, 0)
         s = torch.matmul(q.to(acc), kk.transpose(-1, -2)) * scale
@@ -128,14 +175,14 @@ class CpuFlashKernel(AttentionKernel):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q[None], k[None], v[None], 0.0, block.kind is MaskKind.CAUSAL, attn_mask=bias, scale=scale)
         out, lse = out[0], lse[0].to(accumulator_dtype(q.dtype))
-        if dead is not None and bool(dead.any()):
+        if dead is not None:
             lse = lse.masked_fill(dead, float("-inf"))
             out = out.masked_fill(dead[:, None], 0)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         bias, _ = self._mask(block, q, k.shape[1])
-        dout, lse = _safe_lse(dout, lse)
+        dout, lse = _backward_rows(dout, lse)
         kl = torch.float64 if q.dtype == torch.float64 else torch.float32
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout[None], q[None], k[None], v[None], out[None], lse.to(kl)[None], 0.0,
@@ -146,11 +193,14 @@ class CpuFlashKernel(AttentionKernel):
 class CudaSdpaKernel(AttentionKernel):
     """CUDA: ``aten._scaled_dot_product_efficient_attention`` (returns the log-sum-exp).
 
-    Not exercised on CPU-only machines (tests marked ``gpu``). GQA is expanded here.
+    fp32, fp16 and bf16 (float64 goes to :class:`MathKernel`). GQA is expanded here and
+    dK/dV are summed over each group in float32. Layouts, lse padding and dead rows
+    follow Note [vlmcp CUDA kernel contracts]. Tested on CPU against stand-ins of the
+    two aten ops (``tests/test_cuda_review.py``), on a GPU against :class:`MathKernel`.
     """
 
     name = "sdpa"
-    _ALIGN = 32  # the kernel pads its lse to a multiple of 32 queries
+    _ALIGN = 32  # kAlignLSE: the kernel's lse holds ceil(Lq / 32) * 32 queries per head
 
     @staticmethod
     def _bias(block, q, lk):
@@ -174,81 +224,168 @@ class CudaSdpaKernel(AttentionKernel):
             q[None], k.repeat_interleave(g, 0)[None], v.repeat_interleave(g, 0)[None], bias, True,
             0.0, block.kind is MaskKind.CAUSAL, scale=scale)
         out, lse = out[0], lse[0, :, : q.shape[1]].to(accumulator_dtype(q.dtype))
-        if dead is not None and bool(dead.any()):
+        if dead is not None:
             lse, out = lse.masked_fill(dead, float("-inf")), out.masked_fill(dead[:, None], 0)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         g, hk = q.shape[0] // k.shape[0], k.shape[0]
         bias, _ = self._bias(block, q, k.shape[1])
-        dout, lse = _safe_lse(dout, lse)
+        dout, lse = _backward_rows(dout, lse)
         lq = q.shape[1]
-        padded = lse.new_zeros(q.shape[0], math.ceil(lq / self._ALIGN) * self._ALIGN).float()
+        padded = lse.new_full((q.shape[0], math.ceil(lq / self._ALIGN) * self._ALIGN), float("inf"),
+                              dtype=torch.float32)
         padded[:, :lq] = lse
         zero = torch.zeros((), dtype=torch.int64, device=q.device)
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            dout[None].contiguous(), q[None], k.repeat_interleave(g, 0)[None],
-            v.repeat_interleave(g, 0)[None], bias, out[None], padded[None], zero, zero, 0.0,
+            _rows_major(dout)[None], q[None], k.repeat_interleave(g, 0)[None],
+            v.repeat_interleave(g, 0)[None], bias, _rows_major(out)[None], padded[None], zero, zero, 0.0,
             [True, True, True, False], block.kind is MaskKind.CAUSAL, scale=scale)
-        dk = dk[0].view(hk, g, *dk.shape[2:]).sum(1)
-        dv = dv[0].view(hk, g, *dv.shape[2:]).sum(1)
-        return dq[0], dk, dv
+        if g > 1:  # one rounding of the group's sum, not one per partial sum
+            dk = dk[0].unflatten(0, (hk, g)).sum(1, dtype=torch.float32)
+            dv = dv[0].unflatten(0, (hk, g)).sum(1, dtype=torch.float32)
+            return dq[0], dk, dv
+        return dq[0], dk[0], dv[0]
+
+
+def _parse_version(text: str) -> tuple[int, ...]:
+    """``"2.7.4.post1"`` -> ``(2, 7, 4)``: the leading dotted integers."""
+    match = re.match(r"\d+(\.\d+)*", text.strip())
+    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+
+
+@functools.cache
+def flash_attn_version() -> tuple[int, ...] | None:
+    """The installed flash-attn's version, or None when it is missing or does not import."""
+    try:
+        import flash_attn  # noqa: PLC0415 - optional extra
+    except (ImportError, OSError, RuntimeError):  # missing, or built against another torch
+        return None
+    return _parse_version(str(getattr(flash_attn, "__version__", "")))
+
+
+def flash_attn_runs_on(capability: tuple[int, int] | None, version: tuple[int, ...] | None) -> bool:
+    """Whether flash-attn ``version`` (>= 2.7) runs on a GPU of ``capability`` at all."""
+    if version is None or version < FLASH_ATTN_MIN_VERSION or capability is None:
+        return False
+    # flash_api.cpp: up to 2.7.2 `is_sm8x || is_sm90` (major 8, or exactly 9.0);
+    # from 2.7.3 `cc_major >= 8`
+    if version >= (2, 7, 3):
+        return capability[0] >= 8
+    return capability[0] == 8 or tuple(capability) == (9, 0)
+
+
+def flash_attn_supports(dtype: torch.dtype, head_dim: int, capability: tuple[int, int] | None,
+                        version: tuple[int, ...] | None) -> bool:
+    """Whether flash-attn ``version`` runs ``dtype`` with ``head_dim`` on a GPU of ``capability``.
+
+    A pure function of its arguments (Note [vlmcp CUDA kernel contracts]).
+
+    Args:
+        dtype: the q/k/v dtype (fp16 or bf16 only).
+        head_dim: ``D`` (a multiple of 8, at most 256).
+        capability: ``torch.cuda.get_device_capability()``, e.g. ``(8, 0)``; None: unknown.
+        version: :func:`flash_attn_version`; None: not installed. Below 2.7: never.
+    """
+    return (dtype in _HALF and head_dim % 8 == 0 and 0 < head_dim <= FLASH_ATTN_MAX_HEAD_DIM
+            and flash_attn_runs_on(capability, version))
+
+
+def cuda_kernel_name(dtype: torch.dtype, capability: tuple[int, int] | None,
+                     version: tuple[int, ...] | None) -> str:
+    """The kernel :func:`select_kernel` picks on CUDA (a pure function).
+
+    float64 -> ``"math"`` (the memory-efficient kernel has no float64); fp16/bf16 ->
+    ``"flash_attn"`` when flash-attn ``version`` >= 2.7 supports the GPU (head_dim is
+    checked per call, with ``"sdpa"`` as the fallback); everything else -> ``"sdpa"``.
+    """
+    if dtype == torch.float64:
+        return "math"
+    if dtype in _HALF and flash_attn_runs_on(capability, version):
+        return "flash_attn"
+    return "sdpa"
+
+
+@functools.cache
+def _capability_of(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of a CUDA device (cached: no driver call per block)."""
+    return _capability_of(torch.cuda.current_device() if device.index is None else device.index)
+
+
+def _cu_seqlens(n: int, device) -> torch.Tensor:
+    """``IntTensor [0, n]`` built on ``device`` by a kernel: no host-to-device copy, no sync."""
+    return torch.arange(0, 2 * n, n, dtype=torch.int32, device=device)
 
 
 class FlashAttnKernel(AttentionKernel):
     """CUDA: flash-attn (>= 2.7) ``_flash_attn_varlen_forward/backward``, fp16/bf16, native GQA.
 
     flash-attn aligns causal masks bottom-right, so only square ``CAUSAL`` blocks and
-    ``FULL`` blocks with ``head_dim % 8 == 0`` run here; the rest use :class:`CudaSdpaKernel`.
+    ``FULL`` blocks run here, and only where :func:`flash_attn_supports` says so
+    (head_dim <= 256 and a multiple of 8, sm80+); the rest use :class:`CudaSdpaKernel`
+    (float64: :class:`MathKernel`).
+
+    Raises:
+        RuntimeError: flash-attn is missing or older than 2.7 (checked here, once).
     """
 
     name = "flash_attn"
 
     def __init__(self):
+        version = flash_attn_version()
+        if version is None or version < FLASH_ATTN_MIN_VERSION:
+            found = "not installed" if version is None else ".".join(map(str, version))
+            raise RuntimeError(f"kernel 'flash_attn' needs flash-attn >= 2.7 (found: {found}); "
+                               "use kernel='sdpa' or None")
         from flash_attn import flash_attn_interface as fa  # noqa: PLC0415 - optional extra
 
-        self._fa = fa
-        self._fallback = CudaSdpaKernel()
+        self._fa, self._version = fa, version
+        self._sdpa, self._math = CudaSdpaKernel(), MathKernel()
 
     @staticmethod
     def available() -> bool:
-        """flash-attn is installed with the >= 2.7 internal API (``window_size_left``)."""
-        if importlib.util.find_spec("flash_attn") is None:
-            return False
-        try:
-            from flash_attn import flash_attn_interface as fa  # noqa: PLC0415 - optional extra
-        except ImportError:
-            return False
-        fwd = getattr(fa, "_flash_attn_varlen_forward", None)
-        return fwd is not None and "window_size_left" in inspect.signature(fwd).parameters
+        """flash-attn >= 2.7 is installed (by version: the functions' signatures read
+        ``(*args, **kwargs)`` under ``torch.library.custom_op``)."""
+        version = flash_attn_version()
+        return version is not None and version >= FLASH_ATTN_MIN_VERSION
 
-    def _ours(self, q, k, block):
+    def _fallback(self, q) -> AttentionKernel | None:
+        """None when flash-attn takes this call, else the kernel that does."""
+        if q.dtype == torch.float64:
+            return self._math
+        return None if flash_attn_supports(q.dtype, q.shape[-1], _capability(q.device), self._version) \
+            else self._sdpa
+
+    def _ours(self, q, k, block) -> AttentionKernel | None:
         square = block.kind is MaskKind.CAUSAL and q.shape[1] == k.shape[1]
-        return ((block.kind is MaskKind.FULL or square) and q.dtype in (torch.float16, torch.bfloat16)
-                and q.shape[-1] % 8 == 0)
-
-    @staticmethod
-    def _cu(n, device):
-        return torch.tensor([0, n], dtype=torch.int32, device=device)
+        if block.kind is not MaskKind.FULL and not square:
+            return self._math if q.dtype == torch.float64 else self._sdpa
+        return self._fallback(q)
 
     def forward(self, q, k, v, block, scale):
-        if not self._ours(q, k, block):
-            return self._fallback.forward(q, k, v, block, scale)
+        other = self._ours(q, k, block)
+        if other is not None:
+            return other.forward(q, k, v, block, scale)
         lq, lk = q.shape[1], k.shape[1]
         out, lse, _, _ = self._fa._flash_attn_varlen_forward(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), self._cu(lq, q.device),
-            self._cu(lk, q.device), lq, lk, 0.0, scale, block.kind is MaskKind.CAUSAL)
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _cu_seqlens(lq, q.device),
+            _cu_seqlens(lk, q.device), lq, lk, 0.0, scale, block.kind is MaskKind.CAUSAL)
         return out.transpose(0, 1), lse.float()
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
-        if not self._ours(q, k, block):
-            return self._fallback.backward(dout, q, k, v, out, lse, block, scale)
-        dout, lse = _safe_lse(dout, lse)
+        other = self._ours(q, k, block)
+        if other is not None:
+            return other.backward(dout, q, k, v, out, lse, block, scale)
+        dout, lse = _backward_rows(dout, lse)
         t = [x.transpose(0, 1).contiguous() for x in (dout, q, k, v, out)]
         dq, dk, dv = (torch.empty_like(x) for x in t[1:4])
         lq, lk = q.shape[1], k.shape[1]
         self._fa._flash_attn_varlen_backward(
-            *t, lse.float().contiguous(), dq, dk, dv, self._cu(lq, q.device), self._cu(lk, q.device),
+            *t, lse.float().contiguous(), dq, dk, dv, _cu_seqlens(lq, q.device), _cu_seqlens(lk, q.device),
             lq, lk, 0.0, scale, block.kind is MaskKind.CAUSAL, -1, -1, 0.0, None, False)
         return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
 
@@ -264,23 +401,29 @@ def select_kernel(device: torch.device | str, dtype: torch.dtype, name: str | No
         device: where q, k, v live.
         dtype: their dtype.
         name: force a kernel (``"math"``, ``"flash_cpu"``, ``"sdpa"``, ``"flash_attn"``);
-            ``None`` picks: CPU -> ``flash_cpu``; CUDA -> ``flash_attn`` when installed and
-            the dtype is fp16/bf16 (flash-attn >= 2.7), else ``sdpa``; anything else -> ``math``.
+            ``None`` picks: CPU -> ``flash_cpu``; CUDA -> :func:`cuda_kernel_name`
+            (float64 -> ``math``; fp16/bf16 -> ``flash_attn`` when flash-attn >= 2.7
+            supports the GPU; else ``sdpa``); anything else -> ``math``.
 
     Raises:
-        ValueError: unknown name, or a kernel that cannot run on ``device``.
+        ValueError: unknown name, a kernel that cannot run on ``device``, or ``sdpa``
+            with float64.
+        RuntimeError: ``flash_attn`` forced without flash-attn >= 2.7.
     """
-    dev = torch.device(device).type
+    dev = torch.device(device)
     if name is None:
-        if dev == "cpu":
+        if dev.type == "cpu":
             name = "flash_cpu"
-        elif dev == "cuda":
-            fa = dtype in (torch.float16, torch.bfloat16) and FlashAttnKernel.available()
-            name = "flash_attn" if fa else "sdpa"
+        elif dev.type == "cuda":
+            version = flash_attn_version() if dtype in _HALF else None
+            name = cuda_kernel_name(dtype, _capability(dev) if version else None, version)
         else:
             name = "math"
     if name not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)} or None, got {name!r}")
-    if (name == "flash_cpu" and dev != "cpu") or (name in ("sdpa", "flash_attn") and dev != "cuda"):
-        raise ValueError(f"kernel {name!r} cannot run on device type {dev!r}")
+    if (name == "flash_cpu" and dev.type != "cpu") or (name in ("sdpa", "flash_attn") and dev.type != "cuda"):
+        raise ValueError(f"kernel {name!r} cannot run on device type {dev.type!r}")
+    if name == "sdpa" and dtype == torch.float64:
+        raise ValueError("kernel 'sdpa' (memory-efficient attention) supports fp32, fp16 and bf16, "
+                         "not torch.float64; use kernel='math' or None")
     return KERNELS[name]()
