@@ -7,6 +7,8 @@ import sys
 
 from vlmcp.cli import bench as bench_cmd
 from vlmcp.cli import compare as compare_cmd
+from vlmcp.cli import data as data_cmd
+from vlmcp.cli import init_model as init_model_cmd
 from vlmcp.cli import plan as plan_cmd
 from vlmcp.cli import train as train_cmd
 from vlmcp.cli import verify as verify_cmd
@@ -14,7 +16,7 @@ from vlmcp.cli import verify as verify_cmd
 __all__ = ["main"]
 
 _COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd,
-             "bench": bench_cmd}
+             "bench": bench_cmd, "init-model": init_model_cmd, "data": data_cmd}
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -1,0 +1,106 @@
+"""``vlmcp init-model`` and ``vlmcp data shapes`` (issue 11): offline model directories and data files."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: E402
+from transformers.utils import is_torchvision_available  # noqa: E402
+
+from vlmcp.cli import main  # noqa: E402
+from vlmcp.data.processor import load_processor  # noqa: E402
+from vlmcp.hf.init_model import ARCHS  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    for arch in ARCHS:
+        assert main(["init-model", "--arch", arch, "--out", str(root / arch)]) == 0
+    return root
+
+
+def _conversation():
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe the image."}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a red circle top left"}]}]
+
+
+def _image(h, w):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_directory_loads_offline_and_runs(model_dirs, arch):
+    path = model_dirs / arch
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
+            "processor_config.json"} <= set(os.listdir(path))
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    assert model.config.model_type == arch
+    if arch == "llava" or is_torchvision_available():
+        processor = AutoProcessor.from_pretrained(path)
+    else:  # transformers' Qwen2-VL video processor needs torchvision; vlmcp loads images only
+        processor = load_processor(path)
+    assert type(processor).__name__ == {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
+                                        "llava": "LlavaProcessor"}[arch]
+    text = processor.apply_chat_template(_conversation(), tokenize=False)
+    inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
+    logits = model(**inputs).logits
+    assert logits.shape == (1, inputs["input_ids"].shape[1], len(processor.tokenizer))
+    # every caption word is one token: rows stay short
+    words = processor.tokenizer("a red circle top left", add_special_tokens=False)["input_ids"]
+    assert len(words) == 5
+
+
+@pytest.mark.parametrize("arch, size, tokens", [("qwen2_vl", (32, 48), 6), ("qwen2_vl", (16, 16), 1),
+                                                ("qwen2_5_vl", (48, 48), 9), ("llava", (40, 24), 16)])
+def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens):
+    processor = load_processor(model_dirs / arch)
+    text = processor.apply_chat_template(_conversation(), tokenize=False)
+    ids = processor(text=[text], images=[_image(*size)], return_tensors="pt")["input_ids"][0]
+    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    assert int((ids == image_id).sum()) == tokens
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>"] \
+        if arch != "llava" else ["<image>", "</s>"]
+    for token in specials:  # single ids
+        assert len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_saved_processor_round_trips(model_dirs, tmp_path):
+    from vlmcp.data.processor import save_processor
+
+    for arch in ARCHS:
+        processor = load_processor(model_dirs / arch)
+        save_processor(processor, tmp_path / arch)
+        again = load_processor(tmp_path / arch)
+        assert again.chat_template == processor.chat_template
+        assert again.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
+        assert again.image_processor.to_dict() == processor.image_processor.to_dict()
+
+
+def test_data_shapes_writes_messages_and_pngs(tmp_path, capsys):
+    from PIL import Image
+
+    assert main(["data", "shapes", "--out", str(tmp_path), "--samples", "8"]) == 0
+    lines = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
+    assert len(lines) == 8
+    for record in lines:
+        user, assistant = record["messages"]
+        assert (user["role"], assistant["role"]) == ("user", "assistant")
+        assert user["content"].count("<image>") == len(record["images"])
+        for name in record["images"]:
+            assert Image.open(tmp_path / name).size[0] >= 16
+    assert sum(not r["images"] for r in lines) == 2  # every 4th sample is text only
+    assert "wrote 8 conversations" in capsys.readouterr().out

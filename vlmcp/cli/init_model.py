@@ -1,0 +1,32 @@
+"""``vlmcp init-model``: write a small random Hugging Face VLM directory, offline.
+
+The directory (config.json, safetensors weights, a tokenizer built in code with the
+architecture's chat template and special tokens, the processor config) loads with
+``AutoProcessor.from_pretrained(DIR)`` and ``AutoModelForImageTextToText.from_pretrained(DIR)``;
+``vlmcp train --model DIR`` trains it. For trying the pipeline without downloads, and for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    from vlmcp.hf.init_model import ARCHS
+
+    p = sub.add_parser("init-model", help="write a small random HF VLM directory (offline)",
+                       description=__doc__)
+    p.add_argument("--arch", required=True, choices=ARCHS, help="model architecture")
+    p.add_argument("--out", required=True, metavar="DIR", help="the model directory to write")
+    p.add_argument("--seed", type=int, default=0, help="weight initialization seed")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub
+    from vlmcp.hf.init_model import init_model
+
+    out = init_model(args.arch, args.out, seed=args.seed)
+    print(f"vlmcp init-model: wrote a random {args.arch} model to {out}")
+    return 0

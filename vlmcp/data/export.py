@@ -1,0 +1,64 @@
+"""The built-in shapes-and-captions data as a JSONL conversations file with PNG images.
+
+One line per sample of :class:`vlmcp.data.ShapesDataset`, in the LLaMA-Factory /
+ms-swift format that :mod:`vlmcp.data.conversations` reads::
+
+    {"messages": [{"role": "user", "content": "<image>Describe the image."},
+                  {"role": "assistant", "content": "a red circle top left"}],
+     "images": ["images/000000.png"]}
+
+Text-only samples (every ``text_only_every``-th) become a conversation without images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from vlmcp.data.config import ShapesConfig
+from vlmcp.data.dataset import ShapesDataset
+
+__all__ = ["IMAGE_PROMPT", "TEXT_PROMPT", "export_shapes"]
+
+IMAGE_PROMPT = "Describe the image."
+TEXT_PROMPT = "Say something about two shapes."
+
+
+def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0) -> Path:
+    """Write ``samples`` conversations to ``out/train.jsonl`` and their images to ``out/images/``.
+
+    Args:
+        out: the directory (created).
+        samples: how many samples of the stream to write (>= 1).
+        seed: the dataset seed (:attr:`ShapesConfig.seed`).
+
+    Returns:
+        The path of ``train.jsonl``; image paths in it are relative to its directory.
+    """
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"--samples must be an integer >= 1, got {samples!r}")
+    from PIL import Image
+
+    dataset = ShapesDataset(ShapesConfig(seed=seed))
+    out = Path(out)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    path = out / "train.jsonl"
+    temp = out / f".train.jsonl.tmp-{os.getpid()}"
+    with open(temp, "w", encoding="utf-8") as f:
+        for i in range(samples):
+            sample = dataset[i]
+            if sample.image is None:
+                record = {"messages": [{"role": "user", "content": TEXT_PROMPT},
+                                       {"role": "assistant", "content": sample.text}], "images": []}
+            else:
+                name = f"images/{i:06d}.png"
+                pixels = (sample.image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                Image.fromarray(pixels).save(out / name)
+                record = {"messages": [{"role": "user", "content": f"<image>{IMAGE_PROMPT}"},
+                                       {"role": "assistant", "content": sample.text}], "images": [name]}
+            f.write(json.dumps(record) + "\n")
+    os.replace(temp, path)
+    return path

@@ -1,0 +1,188 @@
+"""``vlmcp init-model``: write a small random Hugging Face VLM directory, built offline.
+
+The directory holds what a hub checkout holds, so every consumer loads it unchanged::
+
+    config.json, generation_config.json, model.safetensors
+    tokenizer.json, tokenizer_config.json         (byte-level BPE trained here, in code)
+    chat_template.jinja, processor_config.json    (the architecture's template and processor)
+
+and it loads with ``AutoProcessor.from_pretrained(dir)`` and
+``AutoModelForImageTextToText.from_pretrained(dir)`` with ``HF_HUB_OFFLINE=1``.
+
+The tokenizer is a byte-level BPE (any text encodes) trained on the built-in shapes
+captions and the chat template's words, so a caption costs one token per word; the
+architecture's special tokens are single ids. Images are kept small: Qwen2-VL and
+Qwen2.5-VL use 8-pixel patches merged 2x2 (a 32x32 image is 4 tokens, a 48x48 one 9),
+LLaVA a 32x32 CLIP input with 8-pixel patches (16 tokens per image).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, get_args
+
+import torch
+
+from vlmcp.data.processor import save_processor
+
+__all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
+
+Arch = Literal["qwen2_vl", "qwen2_5_vl", "llava"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+
+_QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>")
+_LLAVA_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>", "<image>")
+
+# Qwen2-VL's template (as on the hub), structured content: images where they occur.
+_QWEN_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# LLaVA-1.5's ``USER: <image>\n... ASSISTANT: ...`` with an end-of-turn token, so a
+# trained model learns to stop.
+_LLAVA_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' ' }}{% endfor %}"
+    "{% else %}{{ message['role'].upper() + ': ' }}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<image>\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}"
+    "{% if message['role'] == 'assistant' %}{{ '</s>' }}{% else %}{{ ' ' }}{% endif %}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+
+CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "llava": _LLAVA_TEMPLATE}
+"""The chat template each architecture's directory gets."""
+
+PATCH_SIZE = 8
+LLAVA_IMAGE_SIZE = 32
+MAX_PIXELS = 64 * 64
+"""Qwen images larger than this are scaled down (a 64x64 image is 16 tokens)."""
+
+
+def _corpus() -> list[str]:
+    """Text the BPE is trained on: every built-in caption word and the template's words."""
+    from vlmcp.data.export import IMAGE_PROMPT, TEXT_PROMPT
+    from vlmcp.data.vocab import SPECIAL_TOKENS, WORDS
+
+    words = [w for w in WORDS if w not in SPECIAL_TOKENS]
+    lines = [" ".join(words), "\n".join(words), IMAGE_PROMPT, TEXT_PROMPT]
+    lines += ["system\nYou are a helpful assistant.", "user\n", "assistant\n",
+              "USER: Describe the image. ASSISTANT: a red circle top left", "Picture 1: Video 1:"]
+    return lines * 20  # frequency makes every whole word a merge
+
+
+def _tokenizer(arch: Arch):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import TokenizersBackend
+
+    specials = list(_LLAVA_SPECIALS if arch == "llava" else _QWEN_SPECIALS)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    if arch == "llava":
+        return TokenizersBackend(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                 pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+    return TokenizersBackend(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                             extra_special_tokens={"image_token": "<|image_pad|>",
+                                                   "video_token": "<|video_pad|>"})
+
+
+def build_processor(arch: Arch):
+    """The processor of a new ``arch`` directory: tokenizer, image processor, chat template."""
+    if arch not in ARCHS:
+        raise ValueError(f"--arch must be one of {ARCHS}, got {arch!r}")
+    tokenizer = _tokenizer(arch)
+    if arch == "llava":
+        from transformers import LlavaProcessor
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+        size = {"shortest_edge": LLAVA_IMAGE_SIZE}
+        crop = {"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE}
+        images = CLIPImageProcessorPil(size=size, crop_size=crop)
+        return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=PATCH_SIZE,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=CHAT_TEMPLATES[arch])
+    from transformers import Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    factor = 2 * PATCH_SIZE  # patch x merge: image sides are multiples of it after resizing
+    images = Qwen2VLImageProcessorPil(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2,
+                                      min_pixels=factor * factor, max_pixels=MAX_PIXELS)
+    cls = Qwen2VLProcessor
+    if arch == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLProcessor as cls
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():  # see vlmcp.data.processor
+        from vlmcp.data.processor import processor_without_video
+
+        return processor_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch])
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    video = Qwen2VLVideoProcessor(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2,
+                                  min_pixels=factor * factor, max_pixels=MAX_PIXELS)
+    return cls(image_processor=images, tokenizer=tokenizer, video_processor=video,
+               chat_template=CHAT_TEMPLATES[arch])
+
+
+def _config(arch: Arch, tokenizer):
+    """:func:`vlmcp.hf.tiny.tiny_config` with this tokenizer's ids and 8-pixel patches."""
+    from vlmcp.hf.tiny import tiny_config
+
+    ids = tokenizer.convert_tokens_to_ids
+    text = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id, max_position_embeddings=4096)
+    if arch == "llava":
+        text["bos_token_id"] = tokenizer.bos_token_id
+        vision = dict(image_size=LLAVA_IMAGE_SIZE, patch_size=PATCH_SIZE)
+        return tiny_config(arch, text_config=text, vision_config=vision, image_token_index=ids("<image>"),
+                           image_seq_length=(LLAVA_IMAGE_SIZE // PATCH_SIZE) ** 2)
+    text["bos_token_id"] = None
+    vision = dict(patch_size=PATCH_SIZE)
+    if arch == "qwen2_5_vl":
+        vision["window_size"] = 4 * PATCH_SIZE  # 2x2 merged tokens per window, as in tiny_config
+    return tiny_config(arch, text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+                       video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+                       vision_end_token_id=ids("<|vision_end|>"))
+
+
+def init_model(arch: Arch, out: str | os.PathLike, *, seed: int = 0,
+               dtype: torch.dtype = torch.float32) -> Path:
+    """Write a small random ``arch`` model with its processor to ``out``.
+
+    Args:
+        arch: ``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"llava"``.
+        out: the directory (created; files already there are overwritten).
+        seed: seeds the weights.
+        dtype: the saved parameter dtype.
+
+    Returns:
+        ``Path(out)``.
+    """
+    from transformers import AutoModelForImageTextToText
+
+    processor = build_processor(arch)
+    config = _config(arch, processor.tokenizer)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    save_processor(processor, out)
+    return out
