@@ -1,0 +1,208 @@
+"""Conversations packed into rows of ``seq_len`` tokens, and the loader that feeds the ranks.
+
+Note [vlmcp data: HF rows, epochs and who decodes the images]
+-------------------------------------------------------------
+*Planning* (:func:`build_index`, once, before any rank starts): every line is read and
+checked, and each conversation's token count is computed from its text and its
+images' sizes (file headers only). Conversations longer than ``seq_len`` are skipped
+(counted) or, with ``strict``, an error. The rest are packed first-fit by length,
+longest first, into rows; an image is never cut because a conversation is never cut::
+
+    seq_len = 100, lengths 70 60 40 30 20  ->  row 0: [70 | 30]   row 1: [60 | 40]   row 2: [20 | pad 80]
+
+Each row is filled to ``seq_len`` with one padding sample (pad tokens, no target).
+
+*Order*: step ``s`` of DP replica ``d`` takes global row ``g = s * D + d``; epoch
+``g // rows`` uses the rows in the order of a permutation seeded with ``(seed, epoch)``.
+The row is a pure function of ``(seed, step, d)``: every rank of a CP group computes
+the same one, and a resumed run continues exactly from its step.
+
+*Decoding*: each rank builds its own row (PIL decode + the processor's image
+transform) in a background thread of :class:`RowLoader`, ``prefetch`` steps ahead of the
+training step, so the next rows are ready when a step ends. The ranks of a CP group
+decode the same images (cheap against the model's step, and no broadcast of pixels).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from vlmcp.data.conversations import Conversation
+from vlmcp.data.hf_encode import EncodedSample, encode_conversation, sample_length
+from vlmcp.layout.labels import IGNORE_INDEX
+
+__all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]
+
+
+def pack_first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
+    """First-fit decreasing: sample indices per row, each row's total ``<= seq_len``.
+
+    Every length must be ``<= seq_len``. Ties keep file order; rows keep their samples
+    in file order.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(seq_len - lengths[i])
+    return [sorted(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class DataIndex:
+    """The planned dataset (see Note [vlmcp data: HF rows, epochs and who decodes the images]).
+
+    Attributes:
+        conversations: the kept conversations.
+        lengths: their token counts.
+        rows: indices into ``conversations`` per row.
+        skipped: line numbers of conversations longer than ``seq_len``.
+        seq_len: tokens per row.
+    """
+
+    conversations: list[Conversation]
+    lengths: list[int]
+    rows: list[list[int]]
+    skipped: list[int] = field(default_factory=list)
+    seq_len: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of all kept conversations (one epoch)."""
+        return sum(self.lengths)
+
+
+def build_index(processor, conversations: list[Conversation], seq_len: int, *,
+                strict: bool = False, source: str = "--data") -> DataIndex:
+    """Token counts, skips and the packing of ``conversations`` into rows of ``seq_len``.
+
+    Raises:
+        ValueError: with ``strict``, for the first conversation longer than ``seq_len``;
+            without, when every conversation is too long (nothing to train on).
+    """
+    kept, lengths, skipped = [], [], []
+    for conv in conversations:
+        n = sample_length(processor, conv)
+        if n > seq_len:
+            if strict:
+                raise ValueError(f"{source}:{conv.line}: the conversation is {n} tokens, longer than "
+                                 f"--seq-len {seq_len} (drop --strict to skip such conversations)")
+            skipped.append(conv.line)
+            continue
+        kept.append(conv)
+        lengths.append(n)
+    if not kept:
+        raise ValueError(f"{source}: all {len(conversations)} conversations are longer than --seq-len "
+                         f"{seq_len}; nothing to train on")
+    return DataIndex(conversations=kept, lengths=lengths, rows=pack_first_fit(lengths, seq_len),
+                     skipped=skipped, seq_len=seq_len)
+
+
+def row_at(index: DataIndex, seed: int, step: int, dp: int, dp_rank: int) -> int:
+    """The row DP replica ``dp_rank`` trains on at ``step`` (a pure function: resumable)."""
+    g = step * dp + dp_rank
+    epoch, k = divmod(g, len(index.rows))
+    return int(np.random.default_rng([seed, epoch]).permutation(len(index.rows))[k])
+
+
+@dataclass(frozen=True, eq=False)
+class HFRow:
+    """One packed row, in the form ``vlmcp.hf.shard_inputs`` takes.
+
+    Attributes:
+        inputs: ``input_ids (1, L)``, ``attention_mask (1, L)``, the images' processor
+            outputs concatenated in row order, ``mm_token_type_ids (1, L)`` where the
+            processor makes them.
+        labels: ``LongTensor[1, L]``, unshifted, ``-100`` off the assistant tokens.
+        cu_seqlens: ``IntTensor[S+1]``; the padding sample is the last.
+        tokens: tokens of real conversations (the padding excluded).
+        index: the row's index in :attr:`DataIndex.rows`.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    labels: torch.Tensor
+    cu_seqlens: torch.Tensor
+    tokens: int
+    index: int
+
+
+def build_row(processor, index: DataIndex, row: int) -> HFRow:
+    """Decode and process row ``row``'s conversations and pack them (padding to ``seq_len``)."""
+    samples: list[EncodedSample] = []
+    for i in index.rows[row]:
+        sample = encode_conversation(processor, index.conversations[i])
+        if len(sample) != index.lengths[i]:
+            raise ValueError(f"line {index.conversations[i].line}: {len(sample)} tokens after decoding "
+                             f"its images, {index.lengths[i]} planned from their sizes")
+        samples.append(sample)
+    used = sum(len(s) for s in samples)
+    pad = index.seq_len - used
+    pad_id = processor.tokenizer.pad_token_id
+    pad_id = 0 if pad_id is None else pad_id
+    ids = [s.input_ids for s in samples] + [torch.full((pad,), pad_id, dtype=torch.long)]
+    labels = [s.labels for s in samples] + [torch.full((pad,), IGNORE_INDEX, dtype=torch.long)]
+    lens = [len(s) for s in samples] + ([pad] if pad else [])
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    input_ids = torch.cat(ids)[None]
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if samples[0].mm_token_type_ids is not None:
+        inputs["mm_token_type_ids"] = torch.cat([s.mm_token_type_ids for s in samples] +
+                                                [torch.zeros(pad, dtype=torch.long)])[None]
+    for key in dict.fromkeys(k for s in samples for k in s.pixels):
+        inputs[key] = torch.cat([s.pixels[key] for s in samples if key in s.pixels])
+    return HFRow(inputs=inputs, labels=torch.cat(labels)[None], cu_seqlens=cu, tokens=used, index=row)
+
+
+class RowLoader:
+    """Rows for steps ``start, start + 1, ...`` of one DP replica, built ``prefetch`` ahead.
+
+    A daemon thread builds the rows (see Note [vlmcp data: HF rows, epochs and who
+    decodes the images]); :meth:`next` returns them in step order. An error while
+    building is raised by the :meth:`next` that would have returned that row.
+    """
+
+    def __init__(self, processor, index: DataIndex, *, seed: int, dp: int, dp_rank: int, start: int,
+                 stop: int, prefetch: int = 2) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        self._stop = threading.Event()
+        args = (processor, index, seed, dp, dp_rank, start, stop)
+        self._thread = threading.Thread(target=self._work, args=args, daemon=True, name="vlmcp-rows")
+        self._thread.start()
+
+    def _work(self, processor, index, seed, dp, dp_rank, start, stop) -> None:
+        for step in range(start, stop):
+            try:
+                item = build_row(processor, index, row_at(index, seed, step, dp, dp_rank))
+            except Exception as err:  # handed to the training thread
+                item = err
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if self._stop.is_set() or isinstance(item, Exception):
+                return
+
+    def next(self) -> HFRow:
+        item = self._queue.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
