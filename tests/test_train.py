@@ -33,7 +33,7 @@ def losses(path):
 def test_train_learns_and_trains_the_vision_tower(tmp_path):
     # A real command line in a fresh process: the progress bar is printed by rank 0, a child
     # of this command's own fork server, so only a fresh process shows where it goes.
-    metrics = tmp_path / "m.jsonl"
+    metrics = tmp_path / "new" / "runs" / "m.jsonl"  # missing parents are created
     proc = subprocess.run([sys.executable, "-m", "vlmcp", "train", "--cp", "2", *SMALL,
                            "--metrics-jsonl", str(metrics)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -52,7 +52,7 @@ def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
     full = tmp_path / "full.jsonl"
     assert main(["train", *flags, "--metrics-jsonl", str(full)]) == 0
 
-    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    ckpt, metrics = tmp_path / "new" / "ckpt", tmp_path / "m.jsonl"  # missing parents are created
     run = ["train", *flags, "--checkpoint-every", "3", "--checkpoint-dir", str(ckpt), "--metrics-jsonl",
            str(metrics), "--timeout", "30"]
     start = time.monotonic()
@@ -146,7 +146,7 @@ def test_dp_times_cp_trains_every_replica_identically():
 
 
 def test_plan_writes_png_and_table(tmp_path, capsys):
-    out = tmp_path / "plan.png"
+    out = tmp_path / "new" / "plan.png"  # missing parents are created
     argv = ["plan", "--cp", "2", "--image-tokens", "4,0", "--text-tokens", "8,6", "--out", str(out)]
     assert main(argv) == 0
     assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
@@ -169,7 +169,7 @@ def test_plan_writes_png_and_table(tmp_path, capsys):
 
 
 def test_compare_measures_the_naive_layout(tmp_path, capsys):
-    out = tmp_path / "compare.md"
+    out = tmp_path / "new" / "compare.md"  # missing parents are created
     assert main(["compare", "--cp", "2", "--seq-len", "256", "--out", str(out)]) == 0
     lines = out.read_text().splitlines()
     rows = {line.split("|")[1].strip(): line.split("|") for line in lines[2:]}

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from vlmcp.cli.paths import check_writable_file
 
 
 def add_parser(sub) -> None:
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(cp=args.cp, seq_len=args.seq_len, seed=args.seed)
     row = pack_row(ShapesDataset(dataset_config(cfg)), cfg.seq_len, 0)
+    out = check_writable_file("--out", args.out)
     print(f"vlmcp compare: one training step at P={cfg.cp}, {args.dtype}, on a packed row of "
           f"{row.seq_len} tokens ({row.num_samples} samples, {len(row.images)} images, "
           f"{int(row.is_image.sum())} image tokens)", flush=True)
@@ -42,8 +44,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     table = markdown_table(rows)
     print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table + "\n")
     print(f"vlmcp compare: table written to {out}")
     return 0

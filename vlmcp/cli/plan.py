@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from vlmcp.cli.paths import check_writable_file
 from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
 
@@ -177,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
             image_attention=args.image_attention)
     plan = plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy, cost_model=model)
     work = attended_pairs(plan, args.image_attention)
+    if args.out:
+        check_writable_file("--out", args.out)
     print(f"vlmcp plan: {plan.num_samples} samples, L={plan.seq_len}, P={plan.cp_size}, "
           f"image_strategy={plan.image_strategy}, image_attention={args.image_attention}")
     if model is not None:

@@ -2,7 +2,7 @@
 
 Without a launcher it spawns cp x dp gloo ranks on this machine; under torchrun it
 joins the launcher's process group (NCCL when CUDA is available).
-Every flag is checked before any rank starts.
+Every flag is checked before any rank starts, the paths it writes included.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from datetime import timedelta
 from typing import get_args
 
+from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.train.config import (
     AttentionBackend,
     DType,
@@ -77,6 +78,26 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def check_outputs(cfg: TrainConfig) -> None:
+    """Check every path the run writes before any rank starts (see :mod:`vlmcp.cli.paths`).
+
+    Also refuses a fresh run in a directory that holds checkpoints: its saves would
+    replace and prune that run's checkpoints.
+    """
+    if cfg.checkpoint_dir:
+        check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
+        from vlmcp.train.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(cfg.checkpoint_dir)
+        if latest is not None and not cfg.resume:
+            raise ValueError(f"--checkpoint-dir {cfg.checkpoint_dir}: already holds checkpoints (latest "
+                             f"{latest.name}); pass --resume to continue that run, or choose another "
+                             "directory")
+    if cfg.metrics_jsonl:
+        check_writable_file("--metrics-jsonl", cfg.metrics_jsonl)
+        check_writable_file("--metrics-jsonl's loss curve", cfg.loss_curve_png)
+
+
 def _kill_at(rank: int, step: int, this_rank: int, this_step: int) -> None:
     """The hidden ``--_fault RANK STEP`` flag: that rank dies (SIGKILL) at that step."""
     if (this_rank, this_step) == (rank, step):
@@ -106,6 +127,7 @@ def _resume_preflight(cfg: TrainConfig) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    check_outputs(cfg)
     if cfg.resume and not _under_torchrun() and not _resume_preflight(cfg):
         return 0
     on_step = functools.partial(_kill_at, *args._fault) if args._fault else None

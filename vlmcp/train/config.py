@@ -7,6 +7,7 @@ flag is a one-line error before any process spawns.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 import torch
@@ -71,7 +72,8 @@ class TrainConfig:
     resume: bool = False
     """Continue from the latest checkpoint in ``checkpoint_dir``."""
     metrics_jsonl: str | None = None
-    """Append one JSON object per step here; a loss-curve PNG is written beside it."""
+    """Append one JSON object per step here; a loss-curve PNG is written beside it
+    (:attr:`loss_curve_png`)."""
     timeout: float = 120.0
     """Seconds a rank waits in one collective before the run fails (a dead peer)."""
 
@@ -98,6 +100,9 @@ class TrainConfig:
             raise ValueError("--checkpoint-every needs --checkpoint-dir")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
+        if self.metrics_jsonl is not None and self.loss_curve_png == Path(self.metrics_jsonl):
+            raise ValueError(f"--metrics-jsonl {self.metrics_jsonl}: the loss curve would be drawn over it; "
+                             "give the metrics another suffix, e.g. .jsonl")
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be > 0, got {self.timeout}")
         if self.hidden % self.heads or (self.hidden // self.heads) % 2:
@@ -114,6 +119,11 @@ class TrainConfig:
         if self.seq_len < 8 * self.cp:
             raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: each sample's "
                              f"text is cut into 2P={2 * self.cp} chunks; use at least {8 * self.cp}")
+
+    @property
+    def loss_curve_png(self) -> Path | None:
+        """The loss-curve picture beside :attr:`metrics_jsonl` (its suffix replaced by ``.png``)."""
+        return None if self.metrics_jsonl is None else Path(self.metrics_jsonl).with_suffix(".png")
 
     @property
     def world_size(self) -> int:

@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -223,7 +222,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
         metrics.close()
         from vlmcp.report import plot_loss_curve  # matplotlib only at the end, on rank 0
 
-        curve = str(plot_loss_curve(cfg.metrics_jsonl, Path(cfg.metrics_jsonl).with_suffix(".png")))
+        curve = str(plot_loss_curve(cfg.metrics_jsonl, cfg.loss_curve_png))
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     return {"start_step": start, "steps": cfg.steps, "losses": losses, "loss_curve": curve,
             "param_checksum": checksum, "image_strategies": strategies}
