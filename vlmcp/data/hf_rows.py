@@ -12,10 +12,12 @@ longest first, into rows; an image is never cut because a conversation is never 
 
 Each row is filled to ``seq_len`` with one padding sample (pad tokens, no target).
 
-*Order*: step ``s`` of DP replica ``d`` takes global row ``g = s * D + d``; epoch
-``g // rows`` uses the rows in the order of a permutation seeded with ``(seed, epoch)``.
-The row is a pure function of ``(seed, step, d)``: every rank of a CP group computes
-the same one, and a resumed run continues exactly from its step.
+*Order*: the run reads an endless sequence of rows; global row ``g`` is row
+``perm[g % rows]`` of epoch ``g // rows``, ``perm`` a permutation seeded with ``(seed, epoch)``.
+A step of D data-parallel replicas takes the next D rows (replica d the d-th), so the
+*data position* (rows consumed) is the one integer a checkpoint stores, and a run
+resumed at another DP size continues the same sequence. The row is a pure function of
+``(seed, g)``: every rank of a CP group computes the same one.
 
 *Decoding*: each rank builds its own row (PIL decode + the processor's image
 transform) in a background thread of :class:`RowLoader`, ``prefetch`` steps ahead of the
@@ -110,10 +112,9 @@ def build_index(processor, conversations: list[Conversation], seq_len: int, *,
                      skipped=skipped, seq_len=seq_len)
 
 
-def row_at(index: DataIndex, seed: int, step: int, dp: int, dp_rank: int) -> int:
-    """The row DP replica ``dp_rank`` trains on at ``step`` (a pure function: resumable)."""
-    g = step * dp + dp_rank
-    epoch, k = divmod(g, len(index.rows))
+def row_at(index: DataIndex, seed: int, position: int) -> int:
+    """Which row of :attr:`DataIndex.rows` global row ``position`` is (a pure function: resumable)."""
+    epoch, k = divmod(position, len(index.rows))
     return int(np.random.default_rng([seed, epoch]).permutation(len(index.rows))[k])
 
 
@@ -167,7 +168,9 @@ def build_row(processor, index: DataIndex, row: int) -> HFRow:
 
 
 class RowLoader:
-    """Rows for steps ``start, start + 1, ...`` of one DP replica, built ``prefetch`` ahead.
+    """The rows of DP replica ``dp_rank`` for ``steps`` steps from data position ``start``.
+
+    Step k takes global row ``start + k * dp + dp_rank``; rows are built ``prefetch`` ahead.
 
     A daemon thread builds the rows (see Note [vlmcp data: HF rows, epochs and who
     decodes the images]); :meth:`next` returns them in step order. An error while
@@ -175,17 +178,18 @@ class RowLoader:
     """
 
     def __init__(self, processor, index: DataIndex, *, seed: int, dp: int, dp_rank: int, start: int,
-                 stop: int, prefetch: int = 2) -> None:
+                 steps: int, prefetch: int = 2) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
-        args = (processor, index, seed, dp, dp_rank, start, stop)
+        positions = [start + k * dp + dp_rank for k in range(steps)]
+        args = (processor, index, seed, positions)
         self._thread = threading.Thread(target=self._work, args=args, daemon=True, name="vlmcp-rows")
         self._thread.start()
 
-    def _work(self, processor, index, seed, dp, dp_rank, start, stop) -> None:
-        for step in range(start, stop):
+    def _work(self, processor, index, seed, positions) -> None:
+        for position in positions:
             try:
-                item = build_row(processor, index, row_at(index, seed, step, dp, dp_rank))
+                item = build_row(processor, index, row_at(index, seed, position))
             except Exception as err:  # handed to the training thread
                 item = err
             while not self._stop.is_set():
