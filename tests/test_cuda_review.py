@@ -668,7 +668,8 @@ def test_single_process_cp_and_varlen_attention_on_cuda(dtype, atol):
 @pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs two or more CUDA devices")
 @pytest.mark.timeout(600)
 def test_nccl_ring_and_ulysses_parity_on_every_local_gpu(tmp_path):
-    """torchrun on all local GPUs (NCCL): ring and Ulysses, replicate and shard, every low dtype."""
+    """torchrun on all local GPUs (NCCL): ring and Ulysses, replicate and shard, every low dtype; the
+    CP error within 2x of the single-process error (see :func:`_torchrun_worker`)."""
     n = torch.cuda.device_count()
     out = tmp_path / "nccl.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
@@ -699,7 +700,12 @@ def _torchrun_worker(path: str) -> None:
     results = []
     for samples, strategy, backend, ia in cases:
         for dtype, atol in LOW:
-            errs = _cuda_parity(group, samples, strategy, backend, ia, 2, dtype, device, heads=heads)
+            args = (samples, strategy, backend, ia, 2, dtype, device)
+            cp = _cuda_parity(group, *args, heads=heads)
+            one = _cuda_parity(None, *args, heads=heads)
+            # the single-process error: dense attention in `dtype`, or the same kernels at P = 1
+            # (they round each block's dK/dV to `dtype` before the float32 sum), whichever is larger
+            errs = {name: (cp[name][0], max(cp[name][1], one[name][0])) for name in cp}
             results.append({"case": [str(samples), strategy, backend, ia, str(dtype)], "atol": atol,
                             "errs": errs})
     if dist.get_rank() == 0:
