@@ -1,4 +1,6 @@
-"""``vlmcp train``: train the reference VLM with context parallelism on the built-in data.
+"""``vlmcp train``: train the reference VLM with context parallelism on the built-in data,
+or, with ``--model DIR --data FILE.jsonl --output-dir OUT``, a Hugging Face VLM on your
+conversations (:mod:`vlmcp.cli.train_hf`).
 
 Without a launcher it spawns cp x dp gloo ranks on this machine; under torchrun it
 joins the launcher's process group (NCCL when CUDA is available).
@@ -16,6 +18,7 @@ from datetime import timedelta
 from typing import get_args
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
+from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
 from vlmcp.train.config import (
     AttentionBackend,
     DType,
@@ -33,7 +36,7 @@ _FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "image_str
 
 def add_parser(sub) -> None:
     d = TrainConfig()
-    p = sub.add_parser("train", help="train the reference VLM with CP on the built-in dataset",
+    p = sub.add_parser("train", help="train the reference VLM on the built-in data, or an HF VLM (--model)",
                        description=__doc__)
     p.add_argument("--cp", type=int, default=d.cp, help="CP group size P")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas; world size = cp x dp")
@@ -66,6 +69,7 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=d.timeout,
                    help="seconds a rank waits for a peer before the run fails")
     p.add_argument("--_fault", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
+    add_hf_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -126,6 +130,9 @@ def _resume_preflight(cfg: TrainConfig) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
+        return run_hf(args)
+    check_reference_args(args)
     cfg = config_from_args(args)
     check_outputs(cfg)
     if cfg.resume and not _under_torchrun() and not _resume_preflight(cfg):

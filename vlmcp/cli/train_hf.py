@@ -1,0 +1,191 @@
+"""``vlmcp train --model DIR --data FILE.jsonl``: train a Hugging Face VLM with CP.
+
+Before any rank starts, the launching process checks every flag and every path the
+run writes, loads the processor, reads and checks every line of the data, measures
+every conversation and plans the packed rows; all ranks then share that plan. Under
+torchrun each rank makes the same checks and the same plan itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from vlmcp.cli.paths import check_writable_dir, check_writable_file
+from vlmcp.train.config import TrainConfig
+from vlmcp.train.hf_config import HFTrainConfig
+
+__all__ = ["add_hf_arguments", "check_reference_args", "run_hf"]
+
+# flags of the built-in reference VLM that mean nothing for a model directory
+_REFERENCE_ONLY = ("hidden", "layers", "heads", "kv_heads", "image_attention", "flops_per_byte")
+
+
+def add_hf_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags ``vlmcp train`` adds for a Hugging Face model directory."""
+    g = p.add_argument_group("Hugging Face model (with --model)")
+    g.add_argument("--model", default=None, metavar="DIR",
+                   help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
+    g.add_argument("--data", default=None, metavar="FILE.jsonl",
+                   help="conversations: LLaMA-Factory/ms-swift messages+images or LLaVA conversations")
+    g.add_argument("--output-dir", default=None, metavar="OUT",
+                   help="where the trained model and processor are saved (save_pretrained)")
+    g.add_argument("--image-root", default=None, metavar="DIR",
+                   help="relative image paths start here (default: the JSONL file's directory)")
+    g.add_argument("--strict", action="store_true",
+                   help="stop on a conversation longer than --seq-len instead of skipping it")
+    g.add_argument("--fsdp", action="store_true",
+                   help="FSDP2 over the DP x CP ranks (loss scaled by P), sharded checkpoints")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each decoder block in backward")
+    g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def check_reference_args(args: argparse.Namespace) -> None:
+    """Without ``--model``, the Hugging Face flags are a mistake: say so."""
+    for flag in ("image_root", "nan_at_step"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} needs --model")
+    for flag in ("strict", "fsdp", "activation_checkpointing"):
+        if getattr(args, flag):
+            raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
+
+
+def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
+    if args.model is None or args.data is None or args.output_dir is None:
+        raise ValueError("--model, --data and --output-dir go together (a model directory, its training "
+                         "data and where the trained model goes)")
+    defaults = TrainConfig()
+    for name in _REFERENCE_ONLY:
+        if getattr(args, name) != getattr(defaults, name):
+            raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
+    if args.image_strategy != "replicate":
+        raise ValueError("--model keeps images whole on every rank: --image-strategy must be replicate")
+    fields = ("cp", "dp", "vision_mode", "attention", "steps", "seq_len", "dtype", "seed", "lr", "fsdp",
+              "activation_checkpointing", "checkpoint_dir", "checkpoint_every", "resume", "metrics_jsonl",
+              "timeout", "image_root", "strict", "nan_at_step")
+    return HFTrainConfig(model=str(args.model), data=str(args.data), output_dir=str(args.output_dir),
+                         **{f: getattr(args, f) for f in fields})
+
+
+def check_outputs(cfg: HFTrainConfig) -> None:
+    """Every path the run writes, before any rank starts (see :mod:`vlmcp.cli.paths`)."""
+    check_writable_dir("--output-dir", cfg.output_dir)
+    check_writable_dir("--checkpoint-dir" if cfg.checkpoint_dir else "--output-dir's checkpoints",
+                       cfg.checkpoints)
+    if cfg.metrics_jsonl:
+        check_writable_file("--metrics-jsonl", cfg.metrics_jsonl)
+        check_writable_file("--metrics-jsonl's loss curve", Path(cfg.metrics_jsonl).with_suffix(".png"))
+
+
+def plan_data(cfg: HFTrainConfig):
+    """Load the processor, read and check the data, plan the rows (errors name the line)."""
+    if not (Path(cfg.model) / "config.json").is_file():
+        raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
+    from vlmcp.data.conversations import read_conversations
+    from vlmcp.data.hf_rows import build_index
+    from vlmcp.data.processor import load_processor
+
+    processor = load_processor(cfg.model)
+    conversations = read_conversations(cfg.data, cfg.image_root)
+    return build_index(processor, conversations, cfg.seq_len, strict=cfg.strict, source=cfg.data)
+
+
+def _resume_preflight(cfg: HFTrainConfig) -> bool:
+    """Check ``--resume`` (or a fresh run's empty checkpoint dir); False: nothing to do."""
+    from vlmcp.train.hf_checkpoint import check_resumable, latest_step
+
+    found = latest_step(cfg.checkpoints, cfg.fsdp)
+    if not cfg.resume:
+        if found is not None:
+            raise ValueError(f"{cfg.checkpoints} already holds checkpoints (latest step {found[0]}); pass "
+                             "--resume to continue that run, or choose another --output-dir/--checkpoint-dir")
+        return True
+    if found is None:
+        print(f"vlmcp train: no checkpoint in {cfg.checkpoints}; starting from step 0", flush=True)
+        return True
+    check_resumable(found[1], cfg, found[0], cfg.checkpoints)
+    if found[0] == cfg.steps:
+        print(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps; nothing to do")
+        return False
+    print(f"vlmcp train: resuming from step {found[0]} of {cfg.steps} in {cfg.checkpoints}", flush=True)
+    return True
+
+
+def _forward_sigterm(*_) -> None:
+    """The launcher's SIGTERM goes to every rank; they finish the step, save and exit."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _report(cfg: HFTrainConfig, index, s: dict) -> int:
+    if s["message"]:
+        print(f"vlmcp train: {s['message']}", file=sys.stderr if s["stopped"] == "nonfinite" else sys.stdout)
+    losses = s["losses"]
+    rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
+    print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']} of {s['steps']}, {s['tokens']:,} tokens, "
+          f"{rate:,.0f} tokens/s" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else ""))
+    print(f"vlmcp train: {len(index.skipped)} conversation(s) longer than --seq-len {cfg.seq_len} skipped"
+          + (f" (lines {', '.join(map(str, index.skipped[:10]))}{' ...' if len(index.skipped) > 10 else ''})"
+             if index.skipped else ""))
+    if s["model_dir"]:
+        print(f"vlmcp train: model and processor saved to {s['model_dir']}")
+    if s["checkpoint"]:
+        print(f"vlmcp train: checkpoints in {cfg.checkpoints}")
+    if s["loss_curve"]:
+        print(f"vlmcp train: loss curve written to {s['loss_curve']}")
+    return 1 if s["stopped"] == "nonfinite" else 0
+
+
+def run_hf(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to download
+    from vlmcp.train.hf_loop import train_hf_rank
+
+    under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    check_outputs(cfg)
+    index = plan_data(cfg)
+    if not _resume_preflight(cfg):
+        return 0
+    if under_torchrun:
+        import torch
+        import torch.distributed as dist
+
+        if int(os.environ["WORLD_SIZE"]) != cfg.world_size:
+            raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but torchrun started "
+                             f"{os.environ['WORLD_SIZE']} ranks")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
+        try:
+            summary = train_hf_rank(dist.group.WORLD, cfg, index)
+        finally:
+            dist.destroy_process_group()
+        return _report(cfg, index, summary) if int(os.environ["RANK"]) == 0 else 0
+    from vlmcp.launch import RankFailure, spawn_ranks
+
+    threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
+    fill = index.tokens / (len(index.rows) * cfg.seq_len)
+    print(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
+          f"of {cfg.seq_len} tokens ({fill:.0%} filled); spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, "
+          f"dp={cfg.dp}{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
+    previous = signal.signal(signal.SIGTERM, _forward_sigterm)
+    try:
+        summary = spawn_ranks(train_hf_rank, cfg.world_size, cfg, index, timeout=None,
+                              threads_per_rank=threads, collective_timeout=cfg.timeout)[0]
+    except RankFailure as err:
+        print(f"vlmcp train: failed: {err}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return _report(cfg, index, summary)

@@ -1,0 +1,100 @@
+"""The configuration of ``vlmcp train --model DIR --data FILE.jsonl`` (validated up front).
+
+Everything checkable without starting a rank is checked here: a bad flag is one line
+before any process spawns. The data and the model directory are checked by the
+command line (:mod:`vlmcp.cli.train_hf`), also before any rank starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import get_args
+
+from vlmcp.train.config import AttentionBackend, DType, VisionMode
+
+__all__ = ["HFTrainConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFTrainConfig:
+    """One training run of a Hugging Face VLM with context parallelism."""
+
+    model: str
+    """The model directory (``config.json``, weights, processor)."""
+    data: str
+    """The JSONL conversations file."""
+    output_dir: str
+    """Where the trained model and processor are written with ``save_pretrained``."""
+    image_root: str | None = None
+    """Directory relative image paths start from (default: the JSONL file's)."""
+    strict: bool = False
+    """Stop on a conversation longer than ``seq_len`` instead of skipping it."""
+    cp: int = 2
+    """CP group size P."""
+    dp: int = 1
+    """Data-parallel replicas; the world size is ``cp * dp``."""
+    vision_mode: VisionMode = "replicate"
+    """How the CP group computes the image features (``vlmcp.hf.parallelize``)."""
+    attention: AttentionBackend = "ring"
+    """CP attention backend of the language model."""
+    steps: int = 100
+    """Total optimizer steps (a resumed run with the same value finishes it)."""
+    seq_len: int = 2048
+    """Tokens per packed row (one row per CP group per step)."""
+    dtype: DType = "float32"
+    """Parameter dtype; ``bfloat16`` keeps bf16 parameters, gradients are reduced in fp32."""
+    seed: int = 0
+    """Seed of the row order."""
+    lr: float = 1e-4
+    """AdamW peak learning rate (warm-up, then cosine decay to 10%)."""
+    fsdp: bool = False
+    """FSDP2 ``fully_shard`` over the DP x CP ranks (loss scaled by P), sharded checkpoints."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block in backward."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (default ``output_dir/checkpoints``)."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints (0: only at the end, and on SIGTERM)."""
+    resume: bool = False
+    """Continue from the latest checkpoint."""
+    metrics_jsonl: str | None = None
+    """One JSON object per step; a loss-curve PNG is written beside it."""
+    timeout: float = 300.0
+    """Seconds a rank waits in one collective before the run fails."""
+    nan_at_step: int | None = None
+    """Tests only: rank 1 (or 0) makes the loss of this step NaN."""
+
+    def __post_init__(self):
+        for name in ("cp", "dp", "steps", "seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend), ("dtype", DType)):
+            if getattr(self, name) not in get_args(choices):
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
+                                 f"got {getattr(self, name)!r}")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        if self.seq_len < 8 * self.cp:
+            raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: use at least "
+                             f"{8 * self.cp}")
+        if self.fsdp and self.vision_mode == "hidden_shard":
+            raise ValueError("--fsdp shards every parameter over DP x CP, but --vision-mode hidden_shard "
+                             "keeps a different projector slice on each CP rank; use another vision mode")
+
+    @property
+    def world_size(self) -> int:
+        return self.cp * self.dp
+
+    @property
+    def checkpoints(self) -> Path:
+        """The checkpoint directory in effect."""
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.output_dir) / "checkpoints"
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,232 @@
+"""``vlmcp train --model DIR --data FILE.jsonl``'s loop, run on every rank of a DP x CP world.
+
+Each step, every CP group takes one packed row (DP replicas take consecutive rows of
+the same sequence; Note [vlmcp data: HF rows, epochs and who decodes the images]),
+shards it with :func:`vlmcp.hf.shard_inputs`, and runs the model's forward and
+backward with the loss of :func:`vlmcp.cp_cross_entropy`. Gradients are made exact by
+:func:`vlmcp.reduce_gradients` (sum over CP, mean over DP; 16-bit gradients reduced in
+fp32), or with ``--fsdp`` by FSDP2 over all D*P ranks with the loss scaled by P and
+:func:`vlmcp.grads.finish_ddp_gradients` (Note [vlmcp gradient rules]).
+
+One all-reduce per step over the world carries the loss, the gradient norm's
+finiteness, the real token count and the SIGTERM flag, so every rank takes the same
+decision: a non-finite loss or gradient norm stops the run before the optimizer step
+and before any save (the last good checkpoint stays the newest); a SIGTERM on any rank
+finishes the step, saves a checkpoint, and ends the run cleanly.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vlmcp.data.hf_rows import DataIndex, RowLoader
+from vlmcp.data.processor import load_processor
+from vlmcp.grads import GradRule, finish_ddp_gradients, grad_rule, reduce_gradients
+from vlmcp.loss import cp_cross_entropy
+from vlmcp.train.config import TORCH_DTYPES
+from vlmcp.train.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
+from vlmcp.train.hf_config import HFTrainConfig
+from vlmcp.train.loop import dp_cp_groups
+from vlmcp.train.progress import MetricsWriter, ProgressBar
+
+__all__ = ["load_parallel_model", "part_of", "train_hf_rank"]
+WARMUP_STEPS = 5
+
+
+def lr_at(cfg: HFTrainConfig, step: int) -> float:
+    """Linear warm-up, then cosine decay to 10% (a pure function of the step: resumable)."""
+    if step < WARMUP_STEPS:
+        return cfg.lr * (step + 1) / WARMUP_STEPS
+    progress = (step - WARMUP_STEPS) / max(1, cfg.steps - WARMUP_STEPS)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def part_of(name: str) -> str:
+    """``vision``, ``projector`` or ``llm``: which part of a HF VLM a parameter belongs to."""
+    if "merger" in name or "multi_modal_projector" in name:
+        return "projector"
+    if "visual" in name or "vision_tower" in name:
+        return "vision"
+    return "llm"
+
+
+def _fully_shard(model: nn.Module, world: int, device: torch.device) -> None:
+    """FSDP2 over all ranks: each transformer block (``_no_split_modules``), then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # bf16 parameters, fp32 reduction
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def load_parallel_model(cfg: HFTrainConfig, cp_group, world: int, device: torch.device) -> nn.Module:
+    """The model of ``cfg.model`` in ``cfg.dtype`` on ``device``, parallelized (and FSDP-sharded)."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
+
+    import vlmcp.hf
+
+    hf_logging.disable_progress_bar()  # one progress bar per run (rank 0's), not one per rank and file
+    model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype]).to(device)
+    model.train()
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vlmcp.hf.parallelize(model, cp_group, attention=cfg.attention, vision_mode=cfg.vision_mode)
+    if cfg.fsdp:
+        _fully_shard(model, world, device)
+    return model
+
+
+def _squared_norms(model: nn.Module, fsdp: bool) -> torch.Tensor:
+    """``[vision, projector, llm]`` squared gradient norms of this rank's gradients, split
+    ``(SHARE/FULL, PARTITIONED)`` so the caller can sum them correctly over ranks."""
+    sq = torch.zeros(3, 2, dtype=torch.float64)
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.to_local() if fsdp else p.grad
+        col = int(fsdp or grad_rule(p) is GradRule.PARTITIONED)
+        sq[("vision", "projector", "llm").index(part_of(name)), col] += g.detach().double().pow(2).sum().cpu()
+    return sq
+
+
+def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex,
+                  on_finish: Callable | None = None) -> dict:
+    """Run the whole training on this rank; returns a summary.
+
+    Args:
+        group: the world (DP x CP) group; the CP and DP groups are split from it.
+        cfg: the run.
+        index: the planned dataset (:func:`vlmcp.data.hf_rows.build_index`), the same on every rank.
+        on_finish: tests: ``on_finish(model, processor, index, cp_group)`` after the last step;
+            its result is the summary's ``"probe"``.
+
+    Returns:
+        ``start_step``, ``step`` (steps done), ``losses``, ``tokens``, ``seconds``,
+        ``stopped`` (None, ``"sigterm"`` or ``"nonfinite"``), ``message``, ``checkpoint``,
+        ``model_dir``, ``loss_curve`` (rank 0), ``probe``.
+    """
+    world = dist.get_world_size(group)
+    if world != cfg.world_size:
+        raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but the group has {world} ranks")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    cp_group, dp_group = dp_cp_groups(group, cfg.cp)
+    rank, dp_rank = dist.get_rank(group), dist.get_rank(dp_group)
+    processor = load_processor(cfg.model)
+    model = load_parallel_model(cfg, cp_group, world, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    start, position = load_hf_checkpoint(cfg, model, optimizer, group, device) if cfg.resume else (0, 0)
+    metrics = None
+    if rank == 0 and cfg.metrics_jsonl:
+        metrics = MetricsWriter(cfg.metrics_jsonl, resume_step=start if cfg.resume else None)
+    bar = ProgressBar(cfg.steps, initial=start, enabled=rank == 0)
+    loader = RowLoader(processor, index, seed=cfg.seed, dp=cfg.dp, dp_rank=dp_rank, start=position,
+                       steps=cfg.steps - start)
+    term = {"flag": False}
+    previous = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__("flag", True))
+    import vlmcp.hf
+
+    losses, tokens, stopped, message, checkpoint = [], 0, None, None, None
+    saving = bool(cfg.checkpoint_dir or cfg.checkpoint_every)
+    t_start = time.perf_counter()
+    step = start
+    try:
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            row = loader.next()
+            inputs = {k: v.to(device) for k, v in row.inputs.items()}
+            for g in optimizer.param_groups:
+                g["lr"] = lr_at(cfg, step)
+            optimizer.zero_grad(set_to_none=True)
+            batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=row.labels.to(device),
+                                          cu_seqlens=row.cu_seqlens)
+            out = model(**batch.model_inputs)
+            res = cp_cross_entropy(out.logits[0], batch.labels, cp_group)
+            loss = res.loss
+            if cfg.nan_at_step == step + 1 and rank == min(1, world - 1):
+                loss = loss * float("nan")  # the test hook: one rank's loss goes bad
+            if cfg.fsdp:
+                (loss * cfg.cp).backward()
+                finish_ddp_gradients(model, cp_group, dp_group)
+            else:
+                loss.backward()
+                reduce_gradients(model, cp_group, dp_group)
+            sq = _squared_norms(model, cfg.fsdp)
+            if not cfg.fsdp:  # after the reduction: the same on every rank, or (slices) on every DP rank
+                sq[:, 0] /= cfg.cp * cfg.dp
+                sq[:, 1] /= cfg.dp
+            local_bad = float(not bool(torch.isfinite(loss.detach())))
+            stats = torch.cat([sq.flatten(), torch.tensor(
+                [float(res.mean), local_bad, row.tokens / cfg.cp, float(term["flag"])], dtype=torch.float64)])
+            stats = stats.to(device)
+            dist.all_reduce(stats, group=group)
+            stats = stats.cpu()
+            norms = stats[:6].view(3, 2).sum(1).sqrt()
+            step_loss = float(stats[6]) / world
+            bad, step_tokens, sigterm = bool(stats[7] > 0), int(round(float(stats[8]))), bool(stats[9] > 0)
+            if bad or not bool(torch.isfinite(norms).all()):
+                stopped = "nonfinite"
+                message = (f"step {step + 1}: the loss ({float('nan') if bad else step_loss:.4g}) or the "
+                           f"gradient norm ({float(norms.pow(2).sum().sqrt()):.4g}) is not finite; stopped "
+                           "before the optimizer step, nothing saved; the last good checkpoint is "
+                           f"{checkpoint or _newest(cfg)}")
+                break
+            optimizer.step()
+            done = step + 1
+            position += cfg.dp
+            losses.append(step_loss)
+            tokens += step_tokens
+            bar.update(done, loss=step_loss, tokens=step_tokens)
+            if metrics is not None:
+                metrics.write({"step": done, "loss": step_loss, "grad_norm_vision": float(norms[0]),
+                               "grad_norm_projector": float(norms[1]), "grad_norm_llm": float(norms[2]),
+                               "tokens": step_tokens, "seconds": time.perf_counter() - t0})
+            if sigterm or (saving and (done == cfg.steps or
+                                       (cfg.checkpoint_every and done % cfg.checkpoint_every == 0))):
+                checkpoint = str(save_hf_checkpoint(cfg, model, optimizer, done, position, group, cp_group))
+            step = done
+            if sigterm:
+                stopped = "sigterm"
+                message = (f"SIGTERM: stopped after step {done} of {cfg.steps}, checkpoint {checkpoint}; "
+                           "continue with --resume")
+                break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        loader.close()
+        bar.close()
+        if metrics is not None:
+            metrics.close()
+    seconds = time.perf_counter() - t_start
+    model_dir = None
+    probe = on_finish(model, processor, index, cp_group) if on_finish is not None else None
+    if stopped is None:
+        model_dir = str(save_trained_model(cfg, model, processor, group, cp_group))
+    curve = None
+    if metrics is not None and (losses or start):
+        from vlmcp.report import plot_loss_curve  # matplotlib only at the end, on rank 0
+
+        curve = str(plot_loss_curve(cfg.metrics_jsonl, Path(cfg.metrics_jsonl).with_suffix(".png")))
+    return {"start_step": start, "step": step, "steps": cfg.steps, "losses": losses, "tokens": tokens,
+            "seconds": seconds, "stopped": stopped, "message": message, "checkpoint": checkpoint,
+            "model_dir": model_dir, "loss_curve": curve, "probe": probe, "skipped": len(index.skipped)}
+
+
+def _newest(cfg: HFTrainConfig) -> str:
+    from vlmcp.train.hf_checkpoint import latest_step
+
+    found = latest_step(cfg.checkpoints, cfg.fsdp)
+    return "none" if found is None else f"step {found[0]} in {cfg.checkpoints}"
