@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vlmcp-installed
 
-.PHONY: demo test lint bench bench-plan clean
+.PHONY: demo test install-check lint bench bench-plan clean
 
 $(STAMP): pyproject.toml requirements/cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Only the install check, which `make test` runs too: a fresh venv with the pinned CPU torch
+# and vlmcp without extras must run `vlmcp train --metrics-jsonl` and `vlmcp plan --out`.
+install-check: $(STAMP)
+	$(PY) -m pytest -q -m install
 
 lint: $(STAMP)
 	$(PY) -m ruff check vlmcp tests
