@@ -1,1 +1,36 @@
-"""Hugging Face transformers VLMs under vlmcp (``pip install vlmcp[hf]``)."""
+"""Hugging Face transformers VLMs under vlmcp context parallelism (``pip install vlmcp[hf]``).
+
+Two calls put a Qwen2-VL, Qwen2.5-VL or LLaVA model on a CP group::
+
+    vlmcp.hf.parallelize(model, cp_group, attention="ring", vision_mode="replicate")
+    batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=None)
+    out = model(**batch.model_inputs)
+    loss, mean = vlmcp.cp_cross_entropy(out.logits[0], batch.labels, cp_group)
+    loss.backward()
+    vlmcp.reduce_gradients(model, cp_group)
+
+* :func:`parallelize` (:mod:`vlmcp.hf.parallel`): vlmcp's attention for the language
+  model only (:mod:`vlmcp.hf.attention`), the vision mode (:mod:`vlmcp.hf.vision`).
+* :func:`shard_inputs` (:mod:`vlmcp.hf.inputs`): labels and positions on the global row,
+  then this rank's slots.
+* :mod:`vlmcp.hf.adapters`: what each architecture needs; :func:`register_adapter` adds one.
+* :mod:`vlmcp.hf.tiny`: tiny random configs for tests; :mod:`vlmcp.hf.rows`: synthetic rows.
+"""
+
+from vlmcp.hf.adapters import (
+    HFAdapter,
+    PlaceholderAdapter,
+    adapter_for,
+    register_adapter,
+    supported_model_types,
+)
+from vlmcp.hf.attention import CPContext
+from vlmcp.hf.inputs import HFBatch, shard_inputs, shift_hf_labels
+from vlmcp.hf.parallel import HFParallel, parallel_state, parallelize
+from vlmcp.hf.tiny import TINY_ARCHS, tiny_config, tiny_model
+
+__all__ = [
+    "TINY_ARCHS", "CPContext", "HFAdapter", "HFBatch", "HFParallel", "PlaceholderAdapter", "adapter_for",
+    "parallel_state", "parallelize", "register_adapter", "shard_inputs", "shift_hf_labels",
+    "supported_model_types", "tiny_config", "tiny_model",
+]

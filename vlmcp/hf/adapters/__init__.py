@@ -1,0 +1,58 @@
+"""Per-architecture adapters: what vlmcp needs to know about each Hugging Face VLM.
+
+:func:`adapter_for` finds the adapter of a model by ``config.model_type``;
+:func:`register_adapter` adds one for a new architecture (see README "Hugging Face models").
+"""
+
+from __future__ import annotations
+
+from vlmcp.hf.adapters.base import HFAdapter, PlaceholderAdapter, submodule
+from vlmcp.hf.adapters.llava import LLAVA
+from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
+
+__all__ = ["HFAdapter", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
+           "supported_model_types"]
+
+_ADAPTERS: dict[str, HFAdapter] = {}
+
+
+def register_adapter(adapter: HFAdapter) -> None:
+    """Serve ``adapter.model_types`` with ``adapter`` (replacing an earlier one)."""
+    if not isinstance(adapter, HFAdapter):
+        raise TypeError(f"register_adapter expects an HFAdapter, got {type(adapter).__name__}")
+    for t in adapter.model_types:
+        _ADAPTERS[t] = adapter
+
+
+for _a in (QWEN2_VL, QWEN2_5_VL, LLAVA):
+    register_adapter(_a)
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """``config.model_type`` values with an adapter."""
+    return tuple(sorted(_ADAPTERS))
+
+
+def adapter_for(model) -> HFAdapter:
+    """The adapter of ``model``: registered by ``config.model_type``, else the placeholder default.
+
+    Raises:
+        ValueError: the model is not a placeholder-merge VLM (no ``text_config``, no image
+            token id or no ``get_image_features``); the message lists the supported types.
+    """
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type in _ADAPTERS:
+        return _ADAPTERS[model_type]
+    base = getattr(model, "model", None)
+    ok = (config is not None and getattr(config, "text_config", None) is not None
+          and (getattr(config, "image_token_id", None) is not None
+               or getattr(config, "image_token_index", None) is not None)
+          and hasattr(base, "get_image_features") and hasattr(base, "language_model"))
+    if not ok:
+        raise ValueError(
+            f"unsupported architecture {type(model).__name__} (model_type={model_type!r}): vlmcp.hf supports "
+            f"{', '.join(supported_model_types())}, and any VLM that merges image features at placeholder "
+            "tokens (config.image_token_id, model.model.get_image_features, model.model.language_model) "
+            "in vision_mode='replicate'; register an adapter for the others (vlmcp.hf.register_adapter)")
+    return PlaceholderAdapter(model_types=(model_type,))

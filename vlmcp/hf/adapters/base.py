@@ -1,0 +1,111 @@
+"""What vlmcp needs to know about one Hugging Face VLM architecture.
+
+An :class:`HFAdapter` names, for one family of ``config.model_type`` values:
+
+* the language model (whose attention runs under CP) and the image placeholder token;
+* the ViT call: the base model's ``get_image_features`` and which of its arguments
+  are per-image inputs, how many LLM tokens each image gives, and how to select a
+  subset of images (``scatter``) or build a one-image dummy (text-only rows);
+* the vision modules (ViT + projector) and the projector's last ``nn.Linear``
+  (``hidden_shard`` splits its output columns);
+* the position ids of one sample, computed by the model's own code on the global row.
+
+:class:`PlaceholderAdapter` is the default for a model that merges image features at
+its placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``) and uses 1-D
+positions: ``replicate`` works with it and nothing else is needed. The other vision
+modes need the names above; see ``qwen2_vl.py`` and ``llava.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["HFAdapter", "PlaceholderAdapter", "submodule"]
+
+
+def submodule(model: nn.Module, path: str) -> nn.Module:
+    """``model.get_submodule(path)`` with an error that names the architecture."""
+    try:
+        return model.get_submodule(path)
+    except AttributeError as e:
+        raise ValueError(f"{type(model).__name__} has no submodule {path!r}: not the layout this "
+                         "architecture's vlmcp adapter expects") from e
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFAdapter:
+    """Base class: the names every adapter fills in, and the placeholder-merge defaults."""
+
+    name: str
+    """Display name, e.g. ``"qwen2_vl"``."""
+    model_types: tuple[str, ...]
+    """``config.model_type`` values this adapter serves."""
+    pixel_keys: tuple[str, ...] = ("pixel_values",)
+    """Per-image inputs of ``model(**inputs)`` (and of ``get_image_features``), in order."""
+    base_model: str = "model"
+    """The base model: it owns ``get_image_features`` (the ViT call) and the merge."""
+    language_model: str = "model.language_model"
+    """The decoder whose attention runs under CP."""
+    vision_modules: tuple[str, ...] = ()
+    """ViT + projector submodules (their parameters get the vision mode's gradient rule)."""
+    projector_last: str | None = None
+    """The projector's last ``nn.Linear`` (``hidden_shard`` keeps 1/P of its output columns;
+    ``broadcast`` and ``scatter`` need it too, for the features' dtype and device)."""
+
+    @property
+    def vision_modes(self) -> tuple[str, ...]:
+        """The vision modes this adapter supports."""
+        if not self.vision_modules:
+            return ("replicate",)
+        if self.projector_last is None:
+            return ("replicate", "allreduce_hook")
+        return ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
+
+    def image_token_id(self, config) -> int:
+        """The placeholder token the merge fills with image features."""
+        tid = getattr(config, "image_token_id", None)
+        if tid is None:
+            tid = getattr(config, "image_token_index", None)
+        if tid is None:
+            raise ValueError(f"{type(config).__name__} has no image_token_id: not a placeholder-merge VLM")
+        return int(tid)
+
+    def image_tokens(self, model: nn.Module, pixels: Mapping[str, torch.Tensor]) -> list[int] | None:
+        """LLM tokens of each image, from metadata only; None when the adapter cannot tell."""
+        return None
+
+    def select_images(self, pixels: Mapping[str, torch.Tensor], index: list[int]) -> dict:
+        """The per-image inputs of images ``index`` (in that order)."""
+        raise NotImplementedError(f"the {self.name} adapter cannot split images")
+
+    def dummy_images(self, model: nn.Module) -> dict:
+        """Per-image inputs of one small blank image (for the dummy ViT pass of text-only rows)."""
+        raise NotImplementedError(f"the {self.name} adapter has no dummy image")
+
+    def position_ids(self, model: nn.Module, input_ids: torch.Tensor, token_type: torch.Tensor,
+                     pixels: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Position ids ``(R, Ls)`` of one sample ``input_ids (Ls,)`` on its own (R = 1, or 3 for M-RoPE).
+
+        Args:
+            model: the top-level model.
+            input_ids: the sample's tokens.
+            token_type: ``IntTensor[Ls]``, 0 text and 1 image (``mm_token_type_ids``).
+            pixels: the per-image inputs of the sample's images only.
+        """
+        return torch.arange(input_ids.numel(), device=input_ids.device).unsqueeze(0)
+
+    def model_position_ids(self, local: torch.Tensor) -> torch.Tensor:
+        """Sharded ids ``(R, N)`` in the shape ``model(position_ids=...)`` takes."""
+        return local  # (1, N): batch 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlaceholderAdapter(HFAdapter):
+    """Any VLM that merges at its placeholder tokens with 1-D positions: ``replicate`` only."""
+
+    name: str = "placeholder"
+    model_types: tuple[str, ...] = ()

@@ -1,0 +1,132 @@
+"""vlmcp's attention behind Hugging Face's attention interface, for the language model only.
+
+Note [vlmcp HF attention: registered for the LLM, shard passed with the inputs]
+-------------------------------------------------------------------------------
+transformers 5.x dispatches every attention module through
+``ALL_ATTENTION_FUNCTIONS[module.config._attn_implementation]``. :func:`register`
+adds the name ``"vlmcp"``; :func:`vlmcp.hf.parallelize` sets it on the *text* sub-config
+only, so the ViT's attention (Qwen2.5-VL's windowed blocks included) keeps its own
+implementation, and marks each language-model attention module, so a call from any
+other module is an error rather than a silent ring over ViT patches::
+
+    HF attention module ──(B=1, H, N, D) q, (1, Hk, N, D) k/v, GQA not expanded──>
+        vlmcp_attention_forward ──(N, H, D)──> vlmcp.cp_attention ──> (1, N, H, D) back to HF
+
+The mask comes from the plan, never from HF: ``"vlmcp"`` is deliberately absent from
+``masking_utils``' mask registry, so ``create_causal_mask`` returns ``None`` without
+looking at ``attention_mask`` or ``position_ids`` (no packed-sequence detection on
+sharded, non-monotone positions).
+
+Which tokens this rank holds travels *with the batch*: :func:`vlmcp.hf.shard_inputs`
+puts a :class:`CPContext` (shard, group, backend) into ``model_inputs["vlmcp_cp"]``,
+and HF forwards unknown keyword arguments from the top-level ``forward`` down to every
+attention call. Nothing is stored on the model between calls, so a batch can never run
+with another batch's (or another group's) layout; a model called without the context
+raises. The vision adapters strip the key before the ViT runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vlmcp.attention import cp_attention
+from vlmcp.layout import RankShard
+
+__all__ = ["ATTN_NAME", "CONTEXT_KEY", "CPContext", "mark_attention_modules", "register",
+           "vlmcp_attention_forward"]
+
+ATTN_NAME = "vlmcp"
+"""The ``_attn_implementation`` name of vlmcp's attention."""
+CONTEXT_KEY = "vlmcp_cp"
+"""The ``model(**inputs)`` keyword that carries the :class:`CPContext`."""
+_MARK = "_vlmcp_cp_attention"
+
+
+@dataclass(frozen=True, eq=False)
+class CPContext:
+    """What the attention of one forward needs besides q, k, v (built by ``shard_inputs``)."""
+
+    shard: RankShard
+    """This rank's part of the row."""
+    group: dist.ProcessGroup | None
+    """The CP group (None: one process)."""
+    backend: Literal["ring", "ulysses"]
+    """``cp_attention``'s backend, fixed by ``parallelize``."""
+    dummy_vision: bool = False
+    """The row has no image and the pixel inputs are one blank image (Note [vlmcp HF vision placement])."""
+
+    def __repr__(self) -> str:
+        return f"CPContext({self.shard!r}, backend={self.backend!r})"
+
+
+def vlmcp_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """HF attention-interface function: exact CP attention of this rank's tokens.
+
+    Args:
+        module: the calling attention module (must be marked by ``parallelize``).
+        query: ``(1, H, N, D)``, N = this rank's slots.
+        key, value: ``(1, Hk, N, D)``, ``H % Hk == 0`` (GQA, not expanded).
+        attention_mask: ignored (None for this implementation; the plan is the mask).
+        dropout: must be 0 (the parity promise has no dropout).
+        scaling: softmax scale (HF passes ``module.scaling``).
+        sliding_window: must be None (no sliding-window layers under CP).
+        **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; the rest is ignored.
+
+    Returns:
+        ``(out (1, N, H, D), None)``: HF's layout, no attention weights.
+    """
+    ctx = kwargs.get(CONTEXT_KEY)
+    if not getattr(module, _MARK, False):
+        raise RuntimeError(
+            f"vlmcp attention was called from {type(module).__name__}, which vlmcp.hf.parallelize did not "
+            "register: only the language model's attention runs under CP")
+    if not isinstance(ctx, CPContext):
+        raise RuntimeError(
+            "this model's language model uses vlmcp attention but the call carries no CP layout: call "
+            "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
+    if dropout:
+        raise ValueError(f"vlmcp attention has no dropout, got attention dropout {dropout} (set "
+                         "config.text_config.attention_dropout = 0 or call model.eval())")
+    if sliding_window is not None:
+        raise NotImplementedError(f"sliding-window attention (window {sliding_window}) is not supported "
+                                  "under vlmcp CP")
+    if query.dim() != 4 or query.shape[0] != 1:
+        raise ValueError(f"vlmcp attention takes one row (batch 1), got query of shape {tuple(query.shape)}")
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (N, heads, D)
+    out = cp_attention(q, k, v, ctx.shard, ctx.group, backend=ctx.backend, softmax_scale=scaling)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    """Register ``"vlmcp"`` in transformers' attention interface (idempotent; no mask function)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, vlmcp_attention_forward)
+
+
+def mark_attention_modules(language_model: nn.Module) -> int:
+    """Mark the language model's attention modules as vlmcp's callers; returns how many.
+
+    An attention module is one with ``q_proj``, ``k_proj`` and ``v_proj`` (every HF decoder).
+    """
+    n = 0
+    for m in language_model.modules():
+        if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj")):
+            setattr(m, _MARK, True)
+            n += 1
+    return n

@@ -1,0 +1,201 @@
+"""``vlmcp.hf.shard_inputs``: one processor row -> this rank's ``model(**...)`` inputs.
+
+Everything that depends on the whole row is computed on the global row first, then
+sharded (PITFALLS, Hugging Face section):
+
+* labels: HF's unshifted ``(1, L)`` with -100; shifted per sample here (a sample's last
+  token has no target), then ``shard.shard_labels`` (padding is no target). HF trains
+  the last image token to predict the text after it; that slot is replicated, so its
+  target is kept on rank 0 only (counted once, as in one process);
+* positions: the model's own rope index (Qwen M-RoPE ``get_rope_index``) per sample, as
+  if the sample ran alone, then sharded; padding gets position 0, never -1 (HF's
+  packed-sequence detection uses ``min()``; vlmcp's attention ignores it anyway);
+* image tokens stay whole on every rank (``image_strategy="replicate"``), so the local
+  ``input_ids`` hold every image placeholder and HF's merge fills them with all images'
+  features in order; padding slots get the pad token, never the image token.
+
+No ``attention_mask`` is passed: the plan is the mask. Every check runs on metadata
+every rank holds, before any collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vlmcp.hf.attention import CONTEXT_KEY, CPContext
+from vlmcp.hf.parallel import parallel_state
+from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
+from vlmcp.layout.validate import check_cu_seqlens
+
+__all__ = ["HFBatch", "shard_inputs", "shift_hf_labels"]
+
+_VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
+
+
+@dataclass(frozen=True, eq=False)
+class HFBatch:
+    """What :func:`shard_inputs` returns for one rank."""
+
+    model_inputs: dict[str, Any]
+    """Keyword arguments of ``model(**...)``: logits ``(1, N, vocab)`` for this rank's slots."""
+    labels: torch.Tensor
+    """``LongTensor[N]`` next-token targets, -100 where there is none (padding included)."""
+    shard: RankShard
+    """This rank's :class:`~vlmcp.RankShard`."""
+    position_ids: torch.Tensor
+    """The global row's position ids ``(R, L)`` (R = 3 for M-RoPE), before sharding."""
+
+
+def shift_hf_labels(labels: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """HF's unshifted labels ``(L,)`` -> next-token targets per sample ``(L,)`` (-100 at sample ends)."""
+    out = torch.full_like(labels, IGNORE_INDEX)
+    out[:-1] = labels[1:]
+    out[(cu[1:] - 1).to(labels.device)] = IGNORE_INDEX
+    return out
+
+
+def _row(name: str, x, length: int | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != 1:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be (1, L): one row (pack samples with cu_seqlens), got {shape}")
+    if length is not None and x.shape[1] != length:
+        raise ValueError(f"{name} has shape {tuple(x.shape)} but input_ids is (1, {length})")
+    return x[0]
+
+
+def _images_per_sample(tokens: list[int] | None, is_image: torch.Tensor, cu: torch.Tensor,
+                       n_images: int) -> list[list[int]]:
+    """Which images (in order) each sample's image tokens take; raises on any mismatch."""
+    counts = torch.zeros(cu.numel() - 1, dtype=torch.long).index_add_(
+        0, torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1]), is_image.long().cpu())
+    total = int(counts.sum())
+    if tokens is None:  # the adapter cannot tell: HF's own merge check raises on a mismatch
+        if n_images and cu.numel() > 2:
+            raise ValueError("packing samples with images needs an adapter that knows each "
+                             "image's token count")
+        return [list(range(n_images))]
+    if sum(tokens) != total:
+        raise ValueError(f"image features and image tokens do not match: the row has {total} image tokens "
+                         f"but the {len(tokens)} images give {sum(tokens)} ({tokens})")
+    out, i = [], 0
+    for s, n in enumerate(counts.tolist()):
+        first, got = i, 0
+        while got < n and i < len(tokens):
+            got, i = got + tokens[i], i + 1
+        if got != n:
+            raise ValueError(f"image features and image tokens do not match: sample {s} has {n} image tokens "
+                             f"but images {first}..{i - 1} give {got} ({tokens[first:i]})")
+        out.append(list(range(first, i)))
+    return out
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def shard_inputs(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    cp_group: dist.ProcessGroup | None,
+    labels: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> HFBatch:
+    """This rank's inputs, targets and shard for one (packed) processor row.
+
+    Args:
+        model: a model passed to :func:`vlmcp.hf.parallelize` (with this ``cp_group``).
+        inputs: the processor's output for one row, batch dimension 1: ``input_ids (1, L)``,
+            optional ``attention_mask`` of ones, ``pixel_values`` (+ ``image_grid_thw`` and
+            ``mm_token_type_ids`` for Qwen-VL); no pixel keys for a row without images.
+            A packed row concatenates its samples' inputs in order.
+        cp_group: the CP group (the one the model was parallelized for).
+        labels: HF-convention ``(1, L)``, unshifted, -100 where there is no loss; default
+            ``input_ids`` with image tokens at -100.
+        cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample. Samples
+            are independent (no attention across them, positions restart).
+
+    Returns:
+        :class:`HFBatch` with ``model_inputs``, ``labels`` and ``shard``.
+
+    Raises:
+        ValueError: bad shapes, labels not matching ``input_ids``, ``cu_seqlens`` not
+            covering the row, image tokens not matching the images, videos, or a group
+            other than the model's (all before any communication).
+    """
+    state = parallel_state(model)
+    if cp_group is not state.group:
+        raise ValueError("cp_group is not the group this model was parallelized for")
+    if not isinstance(inputs, dict) and not hasattr(inputs, "keys"):
+        raise TypeError(f"inputs must be the processor's dict, got {type(inputs).__name__}")
+    if "input_ids" not in inputs:
+        raise ValueError("inputs must hold input_ids (1, L)")
+    if any(inputs.get(k) is not None for k in _VIDEO_KEYS):
+        raise NotImplementedError("videos are not supported under vlmcp CP yet")
+    ids = _row("input_ids", inputs["input_ids"])
+    L = ids.numel()
+    if L == 0:
+        raise ValueError("input_ids is empty")
+    mask = inputs.get("attention_mask")
+    if mask is not None and not bool((_row("attention_mask", mask, L) == 1).all()):
+        raise ValueError("attention_mask must be all ones: no padding inside a row (pack samples with "
+                         "cu_seqlens instead)")
+    if labels is not None:
+        _row("labels", labels, L)
+    cu = check_cu_seqlens(cu_seqlens, L)
+    adapter, config = state.adapter, model.config
+    image_id = adapter.image_token_id(config)
+    is_image = (ids == image_id).cpu()
+    pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
+    has_pixels = bool(pixels) and (adapter.pixel_keys[0] in pixels)
+    if not has_pixels and bool(is_image.any()):
+        raise ValueError(f"image features and image tokens do not match: the row has {int(is_image.sum())} "
+                         "image tokens but no pixel_values")
+    tokens = adapter.image_tokens(model, pixels) if has_pixels else []
+    n_images = len(tokens) if tokens is not None else 1
+    groups = _images_per_sample(tokens, is_image, cu, n_images if has_pixels else 0)
+    token_type = inputs.get("mm_token_type_ids")
+    token_type = is_image.int() if token_type is None else _row("mm_token_type_ids", token_type, L).cpu()
+
+    cp_size = state.cp_size
+    rank = 0 if cp_group is None else dist.get_rank(cp_group)
+    plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate")
+    shard = plan.for_rank(rank)
+
+    ids_cpu = ids.cpu()
+    parts = []
+    for s in range(cu.numel() - 1):
+        a, b = int(cu[s]), int(cu[s + 1])
+        sub = adapter.select_images(pixels, groups[s]) if has_pixels and tokens is not None else pixels
+        parts.append(adapter.position_ids(model, ids_cpu[a:b], token_type[a:b], sub).cpu())
+    positions = torch.cat(parts, dim=-1)  # (R, L)
+
+    targets = labels[0] if labels is not None else torch.where(is_image.to(ids.device), IGNORE_INDEX, ids)
+    targets = shift_hf_labels(targets.long(), cu.to(targets.device))
+    pad_id = getattr(config.text_config, "pad_token_id", None)
+    if pad_id is None or pad_id == image_id:  # a padding slot must never look like an image token
+        pad_id = 1 if image_id == 0 else 0
+    device = ids.device
+    model_inputs: dict[str, Any] = {
+        "input_ids": shard.shard(ids, fill=pad_id).unsqueeze(0),
+        "position_ids": adapter.model_position_ids(shard.shard(positions, dim=-1, fill=0)).to(device),
+        "use_cache": False,
+    }
+    dummy = False
+    if has_pixels:
+        model_inputs.update(pixels)
+    elif adapter.vision_modules and (state.dummy_vision or (state.dummy_vision is None and _is_fsdp(model))):
+        model_inputs.update(adapter.dummy_images(model))
+        dummy = True
+    ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy)
+    model_inputs[CONTEXT_KEY] = ctx
+    local_targets = shard.shard_labels(targets)
+    if rank > 0:  # a replicated slot's target (the last image token predicts the text after it) counts once
+        local_targets = local_targets.masked_fill(shard.replicated.to(local_targets.device), IGNORE_INDEX)
+    return HFBatch(model_inputs=model_inputs, labels=local_targets, shard=shard, position_ids=positions)

@@ -1,0 +1,133 @@
+"""``vlmcp.hf.parallelize``: put a Hugging Face VLM on a CP group, in place, once.
+
+It sets vlmcp's attention on the language model only (Note [vlmcp HF attention:
+registered for the LLM, shard passed with the inputs]), installs the vision mode
+(Note [vlmcp HF vision placement]) and records both on the model for
+:func:`vlmcp.hf.shard_inputs`. Every check runs before anything is changed and
+before any communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch.distributed as dist
+from torch import nn
+
+from vlmcp.hf import attention as hf_attention
+from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
+from vlmcp.hf.vision import place_hf_vision
+from vlmcp.vision.placement import VisionMode
+
+__all__ = ["HFParallel", "parallelize", "parallel_state"]
+
+_ATTR = "_vlmcp_hf"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class HFParallel:
+    """What :func:`parallelize` fixed for a model (read by :func:`vlmcp.hf.shard_inputs`)."""
+
+    group: dist.ProcessGroup | None
+    """The CP group (None: one process)."""
+    cp_size: int
+    """P."""
+    attention: Literal["ring", "ulysses"]
+    """``cp_attention``'s backend."""
+    vision_mode: VisionMode
+    """How image features are computed (Note [vlmcp HF vision placement])."""
+    adapter: HFAdapter
+    """The architecture's adapter."""
+    dummy_vision: bool | None
+    """Run the ViT on a blank image for rows without images: True, False, or None = when FSDP-sharded."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def parallel_state(model: nn.Module) -> HFParallel:
+    """The model's :class:`HFParallel`; raises if :func:`parallelize` was not called."""
+    state = getattr(model, _ATTR, None)
+    if state is None:
+        raise ValueError(f"{type(model).__name__} is not parallelized: call "
+                         "vlmcp.hf.parallelize(model, cp_group, ...) once, before the optimizer")
+    return state
+
+
+def parallelize(
+    model: nn.Module,
+    cp_group: dist.ProcessGroup | None,
+    attention: Literal["ring", "ulysses"] = "ring",
+    vision_mode: VisionMode = "replicate",
+    *,
+    src: int = 0,
+    dummy_vision: bool | None = None,
+) -> nn.Module:
+    """Run ``model``'s language model under context parallelism over ``cp_group`` (in place).
+
+    Call it once on every rank, after loading identical weights and before building the
+    optimizer (``hidden_shard`` replaces the projector's last Linear by this rank's slice)
+    and before ``fully_shard``/DDP. Then feed ``model(**vlmcp.hf.shard_inputs(...).model_inputs)``.
+
+    Args:
+        model: a ``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``,
+            ``LlavaForConditionalGeneration``, or another placeholder-merge VLM (``replicate``).
+        cp_group: the CP process group (explicit, never the global one), or None for one process.
+        attention: ``"ring"`` or ``"ulysses"`` (needs attention heads divisible by P).
+        vision_mode: ``replicate``, ``allreduce_hook``, ``broadcast``, ``scatter`` or
+            ``hidden_shard`` (the last three need the architecture's adapter).
+        src: ``broadcast``'s source rank within ``cp_group``.
+        dummy_vision: on rows without an image, run the ViT on one blank image so every
+            vision parameter gets a (zero) gradient, which FSDP/DDP over DP x CP need; None
+            (default) does so when the model is FSDP-sharded at ``shard_inputs`` time.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: unsupported architecture, unknown attention or vision mode, a mode
+            without an adapter, heads not divisible by P for Ulysses, a projector width not
+            divisible by P for ``hidden_shard``, dropout or sliding windows in the LLM, or a
+            model parallelized already.
+    """
+    if attention not in ("ring", "ulysses"):
+        raise ValueError(f"attention must be 'ring' or 'ulysses', got {attention!r}")
+    if vision_mode not in get_args(VisionMode):
+        raise ValueError(f"vision_mode must be one of {get_args(VisionMode)}, got {vision_mode!r}")
+    if getattr(model, _ATTR, None) is not None:
+        raise ValueError("this model is parallelized already (call parallelize once)")
+    adapter = adapter_for(model)  # unsupported architectures raise here
+    if vision_mode not in adapter.vision_modes:
+        raise ValueError(
+            f"vision_mode={vision_mode!r} needs a vlmcp adapter that names the ViT call and the projector's "
+            f"last Linear; {type(model).__name__} (model_type={model.config.model_type!r}) supports "
+            f"{adapter.vision_modes}")
+    if cp_group is not None and not isinstance(cp_group, dist.ProcessGroup):
+        raise TypeError(f"cp_group must be a ProcessGroup or None, got {type(cp_group).__name__}")
+    world = 1 if cp_group is None else dist.get_world_size(cp_group)
+    if not (isinstance(src, int) and not isinstance(src, bool) and 0 <= src < world):
+        raise ValueError(f"src must be a rank of the CP group, an int in [0, {world}), got {src!r}")
+    text = model.config.text_config
+    if attention == "ulysses" and text.num_attention_heads % world:
+        raise ValueError(f"ulysses needs attention heads divisible by the CP size: "
+                         f"num_attention_heads={text.num_attention_heads}, P={world}")
+    if getattr(text, "attention_dropout", 0.0):
+        raise ValueError(f"vlmcp attention has no dropout; set text_config.attention_dropout=0 "
+                         f"(got {text.attention_dropout})")
+    if getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True):
+        raise ValueError(f"sliding-window attention (window {text.sliding_window}) is not supported under CP")
+    if vision_mode == "hidden_shard" and world > 1:
+        out = submodule(model, adapter.projector_last).out_features
+        if out % world:
+            raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
+                             f"but {out} is not divisible by P={world}")
+    language_model = submodule(model, adapter.language_model)
+    if hf_attention.mark_attention_modules(language_model) == 0:
+        raise ValueError(f"found no attention module (q_proj/k_proj/v_proj) in {adapter.language_model}")
+    hf_attention.register()
+    model.set_attn_implementation({"text_config": hf_attention.ATTN_NAME})
+    place_hf_vision(model, adapter, vision_mode, cp_group, src)
+    setattr(model, _ATTR, HFParallel(group=cp_group, cp_size=world, attention=attention,
+                                     vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision))
+    return model

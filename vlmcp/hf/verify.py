@@ -1,0 +1,200 @@
+"""Gradient parity of a Hugging Face VLM: CP on P ranks against the unmodified model.
+
+The reference is the model exactly as HF ships it, run on one process *per sample*
+(each sample of a packed row alone, HF computing its own positions and merge); its
+loss is the sum of the samples' token losses over the row's target count. The CP
+side is the two-call integration (:func:`vlmcp.hf.parallelize`,
+:func:`vlmcp.hf.shard_inputs`), :func:`vlmcp.cp_cross_entropy` and
+:func:`vlmcp.reduce_gradients`. ``vlmcp verify --model`` and the tests run
+:func:`hf_parity` on every rank of a spawned group.
+
+Gradient error of a parameter: ``|g_cp - g| / max(|g|, 1e-3 * max_q |g_q|)`` (Frobenius
+norms), so a parameter whose true gradient is about 0 (a key bias, which softmax
+ignores) is judged against the model's gradient scale, not its own rounding noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+import vlmcp
+from vlmcp.grads import local_part
+from vlmcp.hf.adapters import adapter_for
+from vlmcp.hf.inputs import _images_per_sample, shard_inputs, shift_hf_labels
+from vlmcp.hf.parallel import parallelize
+from vlmcp.layout.validate import check_cu_seqlens
+
+__all__ = ["DEFAULT_SAMPLES", "HFParityCase", "compare_gradients", "cp_step", "hf_parity", "reference_step"]
+
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+DEFAULT_SAMPLES = (
+    (5, (1, 4, 4), 9),                 # prompt text before the image
+    (12,),                             # text only
+    (3, (1, 4, 8), 4, (1, 4, 4), 7),   # two images in one sample, text between
+)
+"""The verification row: 3 packed samples (Qwen grids; LLaVA images are fixed-size)."""
+
+
+def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
+    adapter = adapter_for(model)
+    ids = inputs["input_ids"][0]
+    is_image = (ids == adapter.image_token_id(model.config)).cpu()
+    pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
+    tokens = adapter.image_tokens(model, pixels) if pixels else []
+    groups = _images_per_sample(tokens, is_image, cu, len(tokens))
+    out = []
+    for s in range(cu.numel() - 1):
+        a, b = int(cu[s]), int(cu[s + 1])
+        sample = {k: v[:, a:b] for k, v in inputs.items()
+                  if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        if groups[s]:
+            sample.update(adapter.select_images(pixels, groups[s]))
+        out.append(sample)
+    return out
+
+
+def reference_step(model: nn.Module, inputs: dict, labels: torch.Tensor,
+                   cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """Forward + backward of the unmodified ``model``, each sample alone; returns the row's mean loss."""
+    cu = check_cu_seqlens(cu_seqlens, inputs["input_ids"].shape[1])
+    losses, count = [], 0
+    for s, sample in enumerate(_sample_inputs(model, inputs, cu)):
+        a, b = int(cu[s]), int(cu[s + 1])
+        tgt = shift_hf_labels(labels[0, a:b], torch.tensor([0, b - a]))
+        logits = model(**sample).logits[0]
+        losses.append(F.cross_entropy(logits, tgt, ignore_index=-100, reduction="sum"))
+        count += int((tgt != -100).sum())
+    loss = torch.stack(losses).sum() / max(count, 1)
+    loss.backward()
+    return loss.detach()
+
+
+def cp_step(model: nn.Module, inputs: dict, labels: torch.Tensor, cu_seqlens: torch.Tensor | None,
+            group: dist.ProcessGroup | None, loss_scale: float = 1.0, reduce: bool = True) -> torch.Tensor:
+    """One CP forward + backward (+ ``reduce_gradients``); returns the group's mean loss."""
+    batch = shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu_seqlens)
+    out = model(**batch.model_inputs)
+    loss, mean = vlmcp.cp_cross_entropy(out.logits[0], batch.labels, group)
+    (loss * loss_scale).backward()
+    if reduce:
+        vlmcp.reduce_gradients(model, group)
+    return mean
+
+
+def _full(g: torch.Tensor) -> torch.Tensor:
+    return g.full_tensor() if hasattr(g, "full_tensor") else g
+
+
+def compare_gradients(model: nn.Module, ref: nn.Module, group: dist.ProcessGroup | None) -> tuple[float, str]:
+    """Worst gradient error over parameters and ranks (see the module docstring) and its parameter."""
+    ref_params = dict(ref.named_parameters())
+    names, diffs, norms = [], [], []
+    for n, p in model.named_parameters():
+        name = n.replace("_checkpoint_wrapped_module.", "")
+        r = ref_params[name].grad
+        r = torch.zeros_like(ref_params[name]) if r is None else r
+        g = torch.zeros_like(r) if p.grad is None else _full(p.grad)
+        r = local_part(p, r) if g.shape != r.shape else r
+        names.append(name)
+        diffs.append(float((g.double() - r.double()).norm()))
+        norms.append(float(r.double().norm()))
+    scale = 1e-3 * max(norms)
+    err = torch.tensor([d / max(nm, scale, 1e-300) for d, nm in zip(diffs, norms, strict=True)],
+                       dtype=torch.float64)
+    if group is not None:
+        dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
+    i = int(err.argmax())
+    return float(err[i]), names[i]
+
+
+@dataclass(frozen=True)
+class HFParityCase:
+    """One CP-vs-unmodified-model comparison."""
+
+    model: str = "hf:qwen2_vl"
+    """``hf:ARCH`` (a tiny random model, :mod:`vlmcp.hf.tiny`) or a local model directory."""
+    attention: str = "ring"
+    vision_mode: str = "replicate"
+    dtype: str = "float64"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    samples: tuple = field(default=DEFAULT_SAMPLES)
+    markers: bool = True
+    """Qwen-VL: wrap images in vision start/end tokens (text before every image)."""
+
+
+def _rms_norm_in_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def float64_norms(model: nn.Module) -> int:
+    """Make HF's RMSNorms compute in their input dtype (in place); returns how many.
+
+    HF's ``*RMSNorm`` computes in float32 whatever the dtype, so in a float64 model the
+    gradient through every norm is rounded to float32. A replicated image token's
+    gradient arrives in P shares, each rounded on its own, so CP and one process then
+    differ by ~6e-8 relative in the vision gradients: float32 noise, not a CP error.
+    float64 parity therefore runs both models with this (otherwise identical) norm.
+    """
+    n = 0
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
+            m.forward = types.MethodType(_rms_norm_in_dtype, m)
+            n += 1
+    return n
+
+
+def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    """``hf:ARCH`` -> :func:`vlmcp.hf.tiny.tiny_model`; a directory -> ``from_pretrained`` (offline)."""
+    if spec.startswith("hf:"):
+        from vlmcp.hf.tiny import tiny_model
+
+        return tiny_model(spec[3:], dtype, seed=seed)
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(spec, dtype=dtype, local_files_only=True,
+                                                        attn_implementation="sdpa")
+    return model.eval()
+
+
+def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase) -> dict[str, Any]:
+    """Run ``case`` on this rank; the comparison dict (identical on every rank)."""
+    dtype = DTYPES[case.dtype]
+    ref = load_model(case.model, dtype, case.seed)
+    if dtype == torch.float64:
+        float64_norms(ref)
+    model = copy.deepcopy(ref)
+    inputs, labels, cu = _row(ref, case)
+    ref_loss = reference_step(ref, inputs, labels, cu)
+    if case.gradient_checkpointing:
+        model.train()
+        model.gradient_checkpointing_enable()
+    parallelize(model, group, attention=case.attention, vision_mode=case.vision_mode)
+    loss = cp_step(model, inputs, labels, cu, group)
+    err, worst = compare_gradients(model, ref, group)
+    loss_err = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-300)
+    tol = TOLERANCE[case.dtype]
+    vision = [p for n, p in ref.named_parameters() if "visual" in n or "vision" in n or "projector" in n]
+    return {**asdict(case), "samples": [list(s) for s in case.samples],
+            "cp": 1 if group is None else dist.get_world_size(group), "loss": float(loss),
+            "ref_loss": float(ref_loss), "loss_rel_error": loss_err, "max_rel_grad_error": err,
+            "worst_param": worst, "params_checked": sum(1 for _ in model.parameters()),
+            "vision_params_with_grad": sum(p.grad is not None for p in vision),
+            "tolerance": tol, "passed": bool(err <= tol and loss_err <= tol)}
+
+
+def _row(model, case: HFParityCase):
+    from vlmcp.hf.rows import synthetic_row
+
+    return synthetic_row(model, case.samples, seed=case.seed, markers=case.markers)
