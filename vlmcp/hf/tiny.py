@@ -1,7 +1,7 @@
 """Tiny random Hugging Face VLM configs, built in code (no hub download).
 
 For tests, ``vlmcp verify --model hf:ARCH`` and ``vlmcp init-model``: a couple of
-decoder layers, a small hidden size, GQA in the LLM (2 K/V heads for 4 query heads)
+decoder layers, a small hidden size, GQA in the LLM (2 K/V heads for 6 query heads)
 and a small ViT, so a float64 training step runs in milliseconds on a CPU.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
@@ -24,8 +24,9 @@ _IMAGE_TOKEN = 120  # Qwen: image, video, vision start/end are 120..123; LLaVA: 
 
 
 def _text(**overrides: Any) -> dict[str, Any]:
-    text = dict(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    # 6 query heads over 2 K/V heads (GQA): Ulysses and hidden_shard work at P = 2 and 3
+    text = dict(vocab_size=_VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
                 rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     text.update(overrides)
     return text
