@@ -116,6 +116,23 @@ def _resume_preflight(cfg: HFTrainConfig) -> bool:
     return True
 
 
+def preload_model_code(model_dir: str) -> None:
+    """Import transformers and the model's code in the fork server, once, not in every rank.
+
+    ``vlmcp.launch`` starts ranks from a fork server (forkserver context, the same object
+    for every caller); modules it imported before forking cost a rank nothing.
+    """
+    import json
+    import multiprocessing
+
+    model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", "")
+    modules = ["torch", "torch.distributed", "vlmcp", "vlmcp.hf", "transformers",
+               "transformers.models.auto.modeling_auto"]
+    if model_type.isidentifier():
+        modules.append(f"transformers.models.{model_type}.modeling_{model_type}")
+    multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
+
+
 def _forward_sigterm(*_) -> None:
     """The launcher's SIGTERM goes to every rank; they finish the step, save and exit."""
     import multiprocessing
@@ -179,6 +196,7 @@ def run_hf(args: argparse.Namespace) -> int:
     print(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
           f"of {cfg.seq_len} tokens ({fill:.0%} filled); spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, "
           f"dp={cfg.dp}{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
+    preload_model_code(cfg.model)
     previous = signal.signal(signal.SIGTERM, _forward_sigterm)
     try:
         summary = spawn_ranks(train_hf_rank, cfg.world_size, cfg, index, timeout=None,

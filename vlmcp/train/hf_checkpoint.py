@@ -131,13 +131,18 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
         load_full_state(model, optimizer, ckpt.state)
         return ckpt.step, int(ckpt.state["data_position"])
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(directory) / f"step_{found[0]:08d}"
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=path, process_group=world)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
+    # a parameter that never had a gradient (a ViT layer the model does not use) has no
+    # AdamW state in the checkpoint; the fresh state get_state_dict made for it stays
+    optim = {"optimizer": optim_state}
+    partial = DefaultLoadPlanner(allow_partial_load=True)
+    dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim["optimizer"])
     meta = torch.load(path / _META, weights_only=True)
     return int(meta["step"]), int(meta["data_position"])
 

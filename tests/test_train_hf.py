@@ -1,0 +1,238 @@
+"""``vlmcp train --model DIR --data FILE.jsonl`` end to end (issue 11), on tiny generated models.
+
+Spawning ranks is the expensive part, so each run checks several things, and the
+uninterrupted LLaVA run doubles as the reference of the SIGTERM test.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from vlmcp.cli import main  # noqa: E402
+from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
+from vlmcp.data.export import export_shapes  # noqa: E402
+from vlmcp.data.hf_encode import encode_conversation  # noqa: E402
+from vlmcp.data.hf_rows import build_row  # noqa: E402
+from vlmcp.hf.init_model import init_model  # noqa: E402
+from vlmcp.launch import spawn_ranks  # noqa: E402
+from vlmcp.train.hf_config import HFTrainConfig  # noqa: E402
+from vlmcp.train.hf_loop import train_hf_rank  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+STEPS, SEQ = 6, 128
+
+
+def _ready() -> str | None:
+    """Why end-to-end HF training cannot run on this tree yet (issues 9 and 10), or None."""
+    import vlmcp.hf
+
+    if not hasattr(vlmcp.hf, "shard_inputs"):
+        return "vlmcp.hf.shard_inputs (issue 10) is not here yet"
+    from vlmcp.layout import plan_cp
+
+    try:  # real chat templates put text before the image
+        plan_cp(torch.tensor([False, True, True, False]), 2)
+    except NotImplementedError:
+        return "the planner does not take text before an image yet (issue 9)"
+    return None
+
+
+needs_hf_cp = pytest.mark.skipif(_ready() is not None, reason=str(_ready()))
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return export_shapes(tmp_path_factory.mktemp("shapes"), 24)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {arch: init_model(arch, root / arch) for arch in ("qwen2_vl", "qwen2_5_vl", "llava")}
+
+
+def _config(model, data, out, **kw):
+    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), steps=STEPS, seq_len=SEQ,
+                         lr=3e-3, timeout=120.0, **kw)
+
+
+def _probe(model, processor, index, cp_group):
+    """The trained in-memory model's logits on training row 0, gathered over the CP group."""
+    import vlmcp
+    import vlmcp.hf
+
+    row = build_row(processor, index, 0)
+    batch = vlmcp.hf.shard_inputs(model, row.inputs, cp_group, labels=row.labels, cu_seqlens=row.cu_seqlens)
+    with torch.no_grad():
+        logits = model(**batch.model_inputs).logits[0]
+    return {"logits": vlmcp.unshard(logits, batch.shard, cp_group), "cu_seqlens": row.cu_seqlens,
+            "samples": index.rows[0]}
+
+
+def _run(cfg, world, probe=None):
+    preload_model_code(cfg.model)
+    index = plan_data(cfg)
+    return spawn_ranks(train_hf_rank, world, cfg, index, probe, timeout=200, threads_per_rank=1)[0], index
+
+
+@pytest.fixture(scope="module")
+def llava_run(models, data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("llava_out")
+    cfg = _config(models["llava"], data, out, cp=2, metrics_jsonl=str(out / "m.jsonl"))
+    return _run(cfg, 2, _probe) + (cfg,)
+
+
+def _check_trained(summary, index, cfg):
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.data.processor import load_processor
+
+    losses = summary["losses"]
+    assert len(losses) == STEPS and losses[-1] < losses[0] - 0.1, losses
+    loaded = AutoModelForImageTextToText.from_pretrained(cfg.output_dir, dtype=torch.float32).eval()
+    processor = load_processor(cfg.output_dir)
+    probe, cu = summary["probe"], summary["probe"]["cu_seqlens"]
+    for k, i in enumerate(probe["samples"]):  # each sample alone, in one process, plain transformers
+        inputs = encode_conversation(processor, index.conversations[i])
+        batch = {"input_ids": inputs.input_ids[None], **inputs.pixels}
+        if inputs.mm_token_type_ids is not None:
+            batch["mm_token_type_ids"] = inputs.mm_token_type_ids[None]
+        with torch.no_grad():
+            want = loaded(**batch).logits[0]
+        got = probe["logits"][int(cu[k]):int(cu[k + 1])]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_hf_cp
+def test_llava_cp2_learns_and_saves_what_it_trained(llava_run):
+    summary, index, cfg = llava_run
+    _check_trained(summary, index, cfg)
+    assert summary["loss_curve"] and os.path.getsize(summary["loss_curve"]) > 0
+    assert summary["tokens"] == sum(json.loads(line)["tokens"] for line in open(cfg.metrics_jsonl))
+
+
+@needs_hf_cp
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])
+def test_qwen_cp2_learns_and_saves_what_it_trained(models, data, tmp_path, arch):
+    cfg = _config(models[arch], data, tmp_path, cp=2)
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)
+
+
+def _cli(*args, **kw):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "vlmcp", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def _args(model, data, out, *extra):
+    return ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--cp", "2",
+            "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "3e-3", "--timeout", "120",
+            "--metrics-jsonl", str(out / "m.jsonl"), *extra]
+
+
+def _losses(path):
+    return [json.loads(line)["loss"] for line in open(path)]
+
+
+@needs_hf_cp
+def test_sigterm_saves_and_resume_continues_exactly(llava_run, models, data, tmp_path):
+    proc = _cli(*_args(models["llava"], data, tmp_path))
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (tmp_path / "m.jsonl").exists() and len(_losses(tmp_path / "m.jsonl")) >= 1:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    done = len(_losses(tmp_path / "m.jsonl"))
+    assert 1 <= done < STEPS and f"SIGTERM: stopped after step {done}" in out
+    assert not (tmp_path / "model.safetensors").exists()  # an unfinished run saves no model
+    resumed = _cli(*_args(models["llava"], data, tmp_path, "--resume"))
+    out, err = resumed.communicate(timeout=150)
+    assert resumed.returncode == 0, err
+    assert f"resuming from step {done}" in out and "model and processor saved" in out
+    reference = llava_run[0]["losses"]
+    assert _losses(tmp_path / "m.jsonl") == reference  # bit-exact on CPU
+
+
+@needs_hf_cp
+def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, tmp_path):
+    proc = _cli(*_args(models["llava"], data, tmp_path, "--checkpoint-every", "2", "--_nan-at-step", "3"))
+    out, err = proc.communicate(timeout=150)
+    assert proc.returncode == 1, (out, err)
+    lines = [line for line in err.splitlines() if "not finite" in line]
+    assert len(lines) == 1 and lines[0].startswith("vlmcp train: step 3: the loss (nan)"), err
+    assert "Traceback" not in err
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["step_00000002.pt"]
+    assert len(_losses(tmp_path / "m.jsonl")) == 2
+
+
+@needs_hf_cp
+def test_fsdp_dp2_cp2_trains_and_resumes_at_another_size(models, data, tmp_path):
+    cfg = _config(models["llava"], data, tmp_path, cp=2, dp=2, fsdp=True, checkpoint_every=3)
+    summary, _ = _run(cfg, 4)
+    assert len(summary["losses"]) == STEPS and summary["losses"][-1] < summary["losses"][0]
+    assert sorted(p.name for p in cfg.checkpoints.iterdir()) == ["step_00000003", "step_00000006"]
+    import shutil
+
+    shutil.rmtree(cfg.checkpoints / "step_00000006")
+    again = _config(models["llava"], data, tmp_path, cp=2, dp=1, fsdp=True, resume=True)
+    summary2, _ = _run(again, 2)
+    assert summary2["start_step"] == 3 and len(summary2["losses"]) == STEPS - 3
+    from transformers import AutoModelForImageTextToText
+
+    AutoModelForImageTextToText.from_pretrained(tmp_path)
+
+
+def _error(capsys, argv):
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, capsys):
+    model = models["llava"]
+    base = lambda d, out=tmp_path / "out": ["--model", str(model), "--data", str(d), "--output-dir", str(out)]
+    bad = tmp_path / "bad.jsonl"
+    good = data.read_text().splitlines()[0].replace('"images/', f'"{data.parent}/images/')
+    cases = [
+        ("{oops", r"bad.jsonl:2: not valid JSON"),
+        (json.dumps({"messages": [{"role": "user", "content": "<image>hi"},
+                                  {"role": "assistant", "content": "a"}], "images": ["gone.png"]}),
+         r"bad.jsonl:2: image file .*gone.png does not exist"),
+        (json.dumps({"messages": [{"role": "user", "content": "<image><image>hi"},
+                                  {"role": "assistant", "content": "a"}], "images": ["x.png"]}),
+         r"bad.jsonl:2: 2 <image> placeholder\(s\) but 1 image\(s\)"),
+    ]
+    import re
+
+    for line, pattern in cases:
+        bad.write_text(good + "\n" + line + "\n")
+        assert re.search(pattern, _error(capsys, base(bad)))
+    bad.write_text("\n")
+    assert "holds no conversation" in _error(capsys, base(bad))
+    assert "longer than --seq-len 16" in _error(capsys, base(data) + ["--seq-len", "16", "--strict"])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert _error(capsys, base(data, blocker / "out")).startswith("vlmcp train: error: --output-dir ")
+    assert "--model" in _error(capsys, ["--data", str(data)])
+    assert "needs --model" in _error(capsys, ["--fsdp"])
+    assert "not a model directory" in _error(capsys, ["--model", str(tmp_path), "--data", str(data),
+                                                      "--output-dir", str(tmp_path / "o")])
