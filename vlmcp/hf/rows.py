@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from vlmcp.hf.adapters import adapter_for
+from vlmcp.hf.adapters.llava import LLAVA
 
 __all__ = ["synthetic_row"]
 
@@ -74,7 +75,7 @@ def synthetic_row(
             else:
                 vc = config.vision_config
                 blank = torch.zeros(1, vc.num_channels, vc.image_size, vc.image_size)
-                k = adapter.image_tokens(model, {"pixel_values": blank})[0]
+                k = LLAVA.image_tokens(model, {"pixel_values": blank})[0]  # LLaVA-style configs
                 pixels.append(torch.randn(1, vc.num_channels, vc.image_size, vc.image_size, generator=g,
                                           dtype=torch.float64))
                 pre, post = [], []

@@ -32,7 +32,8 @@ from vlmcp.hf.inputs import _images_per_sample, shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
 from vlmcp.layout.validate import check_cu_seqlens
 
-__all__ = ["DEFAULT_SAMPLES", "HFParityCase", "compare_gradients", "cp_step", "hf_parity", "reference_step"]
+__all__ = ["DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step", "float64_norms",
+           "hf_parity", "load_model", "reference_for", "reference_step"]
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -51,21 +52,26 @@ def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     is_image = (ids == adapter.image_token_id(model.config)).cpu()
     pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
     tokens = adapter.image_tokens(model, pixels) if pixels else []
-    groups = _images_per_sample(tokens, is_image, cu, len(tokens))
+    n_images = len(tokens) if tokens is not None else pixels[adapter.pixel_keys[0]].shape[0]
+    groups = _images_per_sample(tokens, is_image, cu, n_images)
     out = []
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
         sample = {k: v[:, a:b] for k, v in inputs.items()
                   if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
         if groups[s]:
-            sample.update(adapter.select_images(pixels, groups[s]))
+            one = cu.numel() == 2  # a single sample takes every image, as is
+            sample.update(pixels if one else adapter.select_images(pixels, groups[s]))
         out.append(sample)
     return out
 
 
 def reference_step(model: nn.Module, inputs: dict, labels: torch.Tensor,
-                   cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-    """Forward + backward of the unmodified ``model``, each sample alone; returns the row's mean loss."""
+                   cu_seqlens: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """Forward + backward of the unmodified ``model``, each sample alone; returns the row's mean loss.
+
+    ``scale`` multiplies the loss before backward (a DP mean over rows: 1/D each).
+    """
     cu = check_cu_seqlens(cu_seqlens, inputs["input_ids"].shape[1])
     losses, count = [], 0
     for s, sample in enumerate(_sample_inputs(model, inputs, cu)):
@@ -75,7 +81,7 @@ def reference_step(model: nn.Module, inputs: dict, labels: torch.Tensor,
         losses.append(F.cross_entropy(logits, tgt, ignore_index=-100, reduction="sum"))
         count += int((tgt != -100).sum())
     loss = torch.stack(losses).sum() / max(count, 1)
-    loss.backward()
+    (loss * scale).backward()
     return loss.detach()
 
 
@@ -168,27 +174,51 @@ def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:
     return model.eval()
 
 
-def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase) -> dict[str, Any]:
-    """Run ``case`` on this rank; the comparison dict (identical on every rank)."""
+@dataclass(frozen=True, eq=False)
+class Reference:
+    """The unmodified model after its step on the case's row (shared by cases that differ only in CP)."""
+
+    model: nn.Module
+    loss: torch.Tensor
+    row: tuple
+
+
+def reference_for(case: HFParityCase) -> Reference:
+    """Build the case's model and row and run the unmodified model's step."""
     dtype = DTYPES[case.dtype]
     ref = load_model(case.model, dtype, case.seed)
     if dtype == torch.float64:
         float64_norms(ref)
+    row = _row(ref, case)
+    return Reference(model=ref, loss=reference_step(ref, *row), row=row)
+
+
+def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
+              reference: Reference | None = None) -> dict[str, Any]:
+    """Run ``case`` on this rank; the comparison dict (identical on every rank).
+
+    ``reference`` (from :func:`reference_for` of a case with the same model, dtype, seed
+    and row) saves recomputing the single-process step.
+    """
+    reference = reference if reference is not None else reference_for(case)
+    ref = reference.model
     model = copy.deepcopy(ref)
-    inputs, labels, cu = _row(ref, case)
-    ref_loss = reference_step(ref, inputs, labels, cu)
+    for p in model.parameters():
+        p.grad = None
+    inputs, labels, cu = reference.row
     if case.gradient_checkpointing:
         model.train()
         model.gradient_checkpointing_enable()
     parallelize(model, group, attention=case.attention, vision_mode=case.vision_mode)
     loss = cp_step(model, inputs, labels, cu, group)
     err, worst = compare_gradients(model, ref, group)
-    loss_err = abs(float(loss) - float(ref_loss)) / max(abs(float(ref_loss)), 1e-300)
+    ref_loss = float(reference.loss)
+    loss_err = abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-300)
     tol = TOLERANCE[case.dtype]
-    vision = [p for n, p in ref.named_parameters() if "visual" in n or "vision" in n or "projector" in n]
+    vision = [p for n, p in model.named_parameters() if "visual" in n or "vision" in n or "projector" in n]
     return {**asdict(case), "samples": [list(s) for s in case.samples],
             "cp": 1 if group is None else dist.get_world_size(group), "loss": float(loss),
-            "ref_loss": float(ref_loss), "loss_rel_error": loss_err, "max_rel_grad_error": err,
+            "ref_loss": ref_loss, "loss_rel_error": loss_err, "max_rel_grad_error": err,
             "worst_param": worst, "params_checked": sum(1 for _ in model.parameters()),
             "vision_params_with_grad": sum(p.grad is not None for p in vision),
             "tolerance": tol, "passed": bool(err <= tol and loss_err <= tol)}

@@ -1,0 +1,172 @@
+"""Rank functions for the Hugging Face tests (importable by name from spawned ranks).
+
+Each function runs a whole grid inside one spawned group (spawning costs seconds).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+import vlmcp
+import vlmcp.hf
+from vlmcp.grads import finish_ddp_gradients
+from vlmcp.hf.rows import synthetic_row
+from vlmcp.hf.tiny import tiny_model
+from vlmcp.hf.verify import (
+    HFParityCase,
+    compare_gradients,
+    cp_step,
+    float64_norms,
+    hf_parity,
+    reference_for,
+    reference_step,
+)
+from vlmcp.train.loop import dp_cp_groups
+
+
+def planner_handles_interleaved() -> bool:
+    """Whether ``plan_cp`` takes text before an image (issue 9); until then rows use image prefixes."""
+    try:
+        vlmcp.plan_cp(torch.tensor([False, True, False]), 2)
+    except NotImplementedError:
+        return False
+    return True
+
+
+INTERLEAVED = planner_handles_interleaved()
+"""Qwen rows carry vision start/end markers (text before every image) only when True."""
+
+# The issue's rows: prompt text before the image; two images in one sample with text
+# between; a packed row of three samples, one of them text-only (Qwen grids; LLaVA
+# images are fixed-size whatever the tuple says).
+if INTERLEAVED:
+    PROMPT_FIRST = ((5, (1, 4, 4), 9),)
+    TWO_IMAGES = ((3, (1, 4, 8), 4, (1, 4, 4), 7),)
+    PACKED = ((5, (1, 4, 4), 9), (12,), (3, (1, 4, 8), 4, (1, 4, 4), 7))
+else:  # the planner before issue 9: each sample's images must be its prefix
+    PROMPT_FIRST = (((1, 4, 4), 9),)
+    TWO_IMAGES = (((1, 4, 8), (1, 4, 4), 7),)  # LLaVA only: Qwen needs a marker between images
+    PACKED = (((1, 4, 4), 9), (12,), ((1, 4, 8), 11))
+ROWS = {"prompt_first": PROMPT_FIRST, "two_images": TWO_IMAGES, "packed": PACKED}
+
+
+def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
+    """``hf_parity`` of every case, in order (rank 0's dicts equal every rank's)."""
+    refs = {}
+    out = []
+    for c in cases:  # one single-process step per (model, dtype, row): the CP settings vary
+        key = (c.model, c.dtype, c.seed, c.samples, c.markers)
+        if key not in refs:
+            refs[key] = reference_for(c)
+        out.append(hf_parity(group, c, refs[key]))
+    return out
+
+
+def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> dict:
+    """The P=2 group's whole job: the parity grid, the bad-input errors, the adapter-less VLM."""
+    return {"parity": parity_grid(group, cases), "bad_inputs": bad_inputs(group),
+            "placeholder": placeholder_parity(group, PROMPT_FIRST)}
+
+
+def fsdp_grid(group: dist.ProcessGroup, cases: list[tuple[str, str, str]]) -> list[dict]:
+    """FSDP2 over DP=2 x CP=2 with the loss scaled by P, against the unmodified model.
+
+    Each case is ``(arch, attention, vision_mode)``. DP replica 0 trains on the packed
+    row, replica 1 on a text-only row (its ViT gets no real gradient: the dummy pass
+    keeps FSDP's gradient collectives matched). The reference is the DP mean of the two
+    rows' single-process losses.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    cp_group, dp_group = dp_cp_groups(group, 2)
+    dp_rank = dist.get_rank(dp_group)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(group),))
+    out = []
+    for arch, attention, mode in cases:
+        ref = tiny_model(arch, torch.float64)
+        float64_norms(ref)
+        model = copy.deepcopy(ref)
+        rows = [synthetic_row(ref, PACKED, seed=1, markers=INTERLEAVED),
+                synthetic_row(ref, ((17,), (6,)), seed=2)]
+        ref_losses = [reference_step(ref, *row, scale=0.5) for row in rows]
+        vlmcp.hf.parallelize(model, cp_group, attention=attention, vision_mode=mode)
+        blocks = set(model._no_split_modules)
+        for m in model.modules():
+            if type(m).__name__ in blocks:
+                fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        inputs, labels, cu = rows[dp_rank]
+        loss = cp_step(model, inputs, labels, cu, cp_group, loss_scale=2.0, reduce=False)
+        finish_ddp_gradients(model, cp_group, dp_group)
+        mean = loss.clone()
+        dist.all_reduce(mean, group=dp_group)
+        err, worst = compare_gradients(model, ref, group)
+        truth = sum(float(x) for x in ref_losses) / 2
+        vision_grads = [p.grad is not None for n, p in model.named_parameters()
+                        if "vision" in n or "visual" in n]
+        out.append({"case": (arch, attention, mode), "loss_rel_error": abs(float(mean) / 2 - truth) / truth,
+                    "max_rel_grad_error": err, "worst_param": worst, "vision_grads": sum(vision_grads)})
+    return out
+
+
+def _raises(fn, *words) -> str:
+    try:
+        fn()
+    except (ValueError, TypeError, NotImplementedError) as e:
+        msg = str(e)
+        missing = [w for w in words if w not in msg]
+        return f"message lacks {missing}: {msg}" if missing else "ok"
+    return "no error"
+
+
+def bad_inputs(group: dist.ProcessGroup) -> dict[str, str]:
+    """Each bad input raises its clear error on every rank, before any collective."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = tiny_model("qwen2_vl", torch.float32)
+    vlmcp.hf.parallelize(model, group)
+    inputs, labels, cu = synthetic_row(model, PACKED, markers=INTERLEAVED)
+    res = {}
+    short = dict(inputs, input_ids=inputs["input_ids"].masked_fill(
+        torch.arange(inputs["input_ids"].shape[1]) == int((inputs["input_ids"][0] == 120).nonzero()[0]), 7))
+    res["image tokens"] = _raises(lambda: vlmcp.hf.shard_inputs(model, short, group, labels=labels,
+                                                                cu_seqlens=cu),
+                                  "image features and image tokens do not match")
+    res["labels"] = _raises(lambda: vlmcp.hf.shard_inputs(model, inputs, group, labels=labels[:, :-1],
+                                                          cu_seqlens=cu), "labels", "input_ids")
+    bad_cu = cu.clone()
+    bad_cu[-1] -= 1
+    res["cu_seqlens"] = _raises(lambda: vlmcp.hf.shard_inputs(model, inputs, group, labels=labels,
+                                                              cu_seqlens=bad_cu), "cu_seqlens must end at")
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    res["architecture"] = _raises(lambda: vlmcp.hf.parallelize(llama, group), "unsupported architecture",
+                                  "llava", "qwen2_5_vl", "qwen2_vl")
+    other = tiny_model("llava", torch.float32)
+    other.config.model_type = "my_vlm"  # an unregistered placeholder-merge VLM
+    res["no adapter"] = _raises(lambda: vlmcp.hf.parallelize(other, group, vision_mode="scatter"),
+                                "vision_mode='scatter' needs a vlmcp adapter")
+    res["group"] = _raises(lambda: vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu),
+                           "not the group")
+    fresh = tiny_model("llava", torch.float32)
+    res["not parallelized"] = _raises(lambda: vlmcp.hf.shard_inputs(fresh, inputs, group), "parallelize")
+    return res
+
+
+def placeholder_parity(group: dist.ProcessGroup, samples) -> tuple[float, float]:
+    """A VLM without an adapter (LLaVA under another model_type) in ``replicate``: (loss, grad) errors."""
+    ref = tiny_model("llava", torch.float64)
+    ref.config.model_type = "my_vlm"
+    float64_norms(ref)
+    model = copy.deepcopy(ref)
+    row = synthetic_row(ref, samples, markers=INTERLEAVED)
+    ref_loss = reference_step(ref, *row)
+    vlmcp.hf.parallelize(model, group)
+    assert type(vlmcp.hf.parallel_state(model).adapter) is vlmcp.hf.PlaceholderAdapter
+    loss = cp_step(model, *row, group)
+    err, _ = compare_gradients(model, ref, group)
+    return abs(float(loss) - float(ref_loss)) / float(ref_loss), err

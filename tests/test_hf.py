@@ -1,0 +1,144 @@
+"""Hugging Face VLMs (Qwen2-VL, Qwen2.5-VL, LLaVA) under vlmcp: exact against the unmodified model.
+
+Tiny random models built in code (no hub download). One spawned group per world size
+runs a whole grid (tests/hf_cases.py); the tests below read its results.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import vlmcp  # noqa: E402
+import vlmcp.hf  # noqa: E402
+from tests import hf_cases  # noqa: E402
+from vlmcp.hf.rows import synthetic_row  # noqa: E402
+from vlmcp.hf.tiny import TINY_ARCHS, tiny_model  # noqa: E402
+from vlmcp.hf.verify import HFParityCase  # noqa: E402
+from vlmcp.testing import run_on_ranks  # noqa: E402
+
+MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
+BACKENDS = ("ring", "ulysses")
+
+
+def _case(arch, attention="ring", mode="replicate", dtype="float64", rows="packed", gc=False):
+    return HFParityCase(model=f"hf:{arch}", attention=attention, vision_mode=mode, dtype=dtype,
+                        gradient_checkpointing=gc, samples=hf_cases.ROWS[rows], markers=hf_cases.INTERLEAVED)
+
+
+def _failures(results: list[dict]) -> list[str]:
+    return [f"{r['model']} {r['attention']} {r['vision_mode']} {r['dtype']} gc={r['gradient_checkpointing']} "
+            f"samples={r['samples']}: loss {r['loss_rel_error']:.1e}, grad {r['max_rel_grad_error']:.1e} "
+            f"({r['worst_param']})" for r in results if not r["passed"]]
+
+
+P2_CASES = (
+    [_case(a, b, m) for a in TINY_ARCHS for b in BACKENDS for m in MODES]
+    + [_case(a, rows=r) for a in TINY_ARCHS for r in ("prompt_first", "two_images")
+       if hf_cases.INTERLEAVED or a == "llava" or r != "two_images"]
+    + [_case(a, "ulysses", "scatter", dtype="float32") for a in TINY_ARCHS]
+    + [_case(a, "ring", "replicate", dtype="float32") for a in TINY_ARCHS]
+    + [_case(a, "ring", m, gc=True) for a in TINY_ARCHS for m in ("replicate", "hidden_shard")]
+)
+P3_CASES = [_case(a, b, m) for a in TINY_ARCHS for b in BACKENDS for m in MODES] + [
+    _case("qwen2_5_vl", "ulysses", "broadcast", gc=True)]
+
+
+@pytest.fixture(scope="module")
+def p2():
+    return run_on_ranks(hf_cases.suite, 2, P2_CASES, timeout=240)[0]
+
+
+@pytest.fixture(scope="module")
+def p3():
+    return run_on_ranks(hf_cases.parity_grid, 3, P3_CASES, timeout=240)[0]
+
+
+def test_parity_p2_every_arch_backend_mode_dtype_row_and_checkpointing(p2):
+    results = p2["parity"]
+    assert len(results) == len(P2_CASES)
+    assert not _failures(results), "\n".join(_failures(results))
+    for r in results:  # the vision tower was trained, not skipped
+        assert r["vision_params_with_grad"] > 0, r
+
+
+def test_parity_p3_every_arch_backend_mode(p3):
+    assert len(p3) == len(P3_CASES)
+    assert not _failures(p3), "\n".join(_failures(p3))
+
+
+def test_tolerances_are_the_issues(p2):
+    by_dtype = {r["dtype"]: r["tolerance"] for r in p2["parity"]}
+    assert by_dtype == {"float64": 1e-9, "float32": 1e-5}
+
+
+def test_bad_input_errors_before_any_collective(p2):
+    assert p2["bad_inputs"] == {k: "ok" for k in p2["bad_inputs"]}
+    assert set(p2["bad_inputs"]) >= {"image tokens", "labels", "cu_seqlens", "architecture", "no adapter"}
+
+
+def test_placeholder_vlm_without_adapter_is_exact_in_replicate(p2):
+    loss_err, grad_err = p2["placeholder"]
+    assert loss_err <= 1e-9 and grad_err <= 1e-9, p2["placeholder"]
+
+
+def test_fsdp2_dp2_cp2_loss_scaled_by_p():
+    cases = [("qwen2_vl", "ring", "replicate"), ("llava", "ulysses", "allreduce_hook"),
+             ("qwen2_5_vl", "ring", "replicate")]
+    results = run_on_ranks(hf_cases.fsdp_grid, 4, cases, timeout=240)[0]
+    for r in results:
+        assert r["loss_rel_error"] <= 1e-9 and r["max_rel_grad_error"] <= 1e-9, r
+        assert r["vision_grads"] > 0, r
+
+
+# --- one process: integration details ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_vit_keeps_its_own_attention(arch):
+    model = tiny_model(arch, torch.float32)
+    vlmcp.hf.parallelize(model, None)
+    assert model.config.text_config._attn_implementation == "vlmcp"
+    assert model.config.vision_config._attn_implementation == "sdpa"
+    marked = [n for n, m in model.named_modules() if getattr(m, "_vlmcp_cp_attention", False)]
+    assert marked and all(n.startswith("model.language_model.") for n in marked)
+    inputs, _, _ = synthetic_row(model, ((5, (1, 4, 4), 3),))  # no plan: text before the image is fine
+    # the ViT alone, outside any CP call: it would raise if it went through vlmcp attention
+    feats = model.model.get_image_features(**{k: inputs[k] for k in ("pixel_values", "image_grid_thw")
+                                              if k in inputs})
+    assert sum(f.shape[0] for f in feats.pooler_output) == int((inputs["input_ids"] == 120).sum())
+
+
+def test_model_called_without_the_layout_raises():
+    model = tiny_model("qwen2_vl", torch.float32)
+    vlmcp.hf.parallelize(model, None)
+    with pytest.raises(RuntimeError, match="shard_inputs"):
+        model(input_ids=torch.tensor([[5, 6, 7, 8]]))
+
+
+def test_shard_inputs_contract_one_process():
+    model = tiny_model("qwen2_vl", torch.float64)
+    vlmcp.hf.parallelize(model, None)
+    inputs, labels, cu = synthetic_row(model, hf_cases.ROWS["packed"], markers=hf_cases.INTERLEAVED)
+    batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+    n = batch.shard.num_tokens
+    assert batch.labels.shape == (n,) and batch.model_inputs["input_ids"].shape == (1, n)
+    assert batch.model_inputs["position_ids"].shape == (3, 1, n)
+    assert int(batch.model_inputs["position_ids"].min()) >= 0  # never -1 into HF code
+    assert "attention_mask" not in batch.model_inputs
+    out = model(**batch.model_inputs)
+    assert out.logits.shape == (1, n, model.config.text_config.vocab_size)
+
+
+def test_shift_hf_labels_per_sample():
+    labels = torch.tensor([10, 11, -100, 13, 20, 21, 22])
+    cu = torch.tensor([0, 4, 7])
+    assert vlmcp.hf.shift_hf_labels(labels, cu).tolist() == [11, -100, 13, -100, 21, 22, -100]
+
+
+def test_parallelize_twice_raises():
+    model = tiny_model("llava", torch.float32)
+    with pytest.raises(ValueError, match="parallelized already"):
+        vlmcp.hf.parallelize(vlmcp.hf.parallelize(model, None), None)
