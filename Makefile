@@ -41,5 +41,14 @@ bench: $(STAMP)
 	$(PY) -m vlmcp bench all
 	$(PY) -m vlmcp compare --out runs/compare.md
 
+# On a machine with CUDA (minutes): the GPU-marked tests (every CUDA kernel against the math
+# kernel, NCCL ring/Ulysses parity through torchrun on all local GPUs) and the attention
+# benchmark on CUDA, then a short report. Runs GPU_PYTHON, an environment with a CUDA build
+# of torch and `pip install -e '.[test]'` (not .venv, which holds the CPU wheel).
+GPU_PYTHON ?= python3
+.PHONY: gpu-check
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info
