@@ -6,6 +6,7 @@ Each function runs a whole grid inside one spawned group (spawning costs seconds
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,20 +22,11 @@ from vlmcp.hf.verify import (
     cp_step,
     float64_norms,
     hf_parity,
+    planner_handles_interleaved,
     reference_for,
     reference_step,
 )
 from vlmcp.train.loop import dp_cp_groups
-
-
-def planner_handles_interleaved() -> bool:
-    """Whether ``plan_cp`` takes text before an image (issue 9); until then rows use image prefixes."""
-    try:
-        vlmcp.plan_cp(torch.tensor([False, True, False]), 2)
-    except NotImplementedError:
-        return False
-    return True
-
 
 INTERLEAVED = planner_handles_interleaved()
 """Qwen rows carry vision start/end markers (text before every image) only when True."""
@@ -108,7 +100,15 @@ def fsdp_grid(group: dist.ProcessGroup, cases: list[tuple[str, str, str]]) -> li
         truth = sum(float(x) for x in ref_losses) / 2
         vision_grads = [p.grad is not None for n, p in model.named_parameters()
                         if "vision" in n or "visual" in n]
-        out.append({"case": (arch, attention, mode), "loss_rel_error": abs(float(mean) / 2 - truth) / truth,
+        refused = ""
+        if mode == "replicate":  # the modes where some rank skips the ViT are refused under FSDP
+            state = vlmcp.hf.parallel_state(model)
+            object.__setattr__(state, "vision_mode", "scatter")
+            refused = _raises(partial(vlmcp.hf.shard_inputs, model, inputs, cp_group, labels=labels,
+                                      cu_seqlens=cu), "does not work under FSDP")
+            object.__setattr__(state, "vision_mode", mode)
+        out.append({"case": (arch, attention, mode), "refused": refused,
+                    "loss_rel_error": abs(float(mean) / 2 - truth) / truth,
                     "max_rel_grad_error": err, "worst_param": worst, "vision_grads": sum(vision_grads)})
     return out
 

@@ -91,6 +91,8 @@ def test_fsdp2_dp2_cp2_loss_scaled_by_p():
     for r in results:
         assert r["loss_rel_error"] <= 1e-9 and r["max_rel_grad_error"] <= 1e-9, r
         assert r["vision_grads"] > 0, r
+        assert r["refused"] in ("", "ok"), r
+    assert any(r["refused"] == "ok" for r in results)
 
 
 # --- one process: integration details ---------------------------------------------------------
@@ -142,3 +144,24 @@ def test_parallelize_twice_raises():
     model = tiny_model("llava", torch.float32)
     with pytest.raises(ValueError, match="parallelized already"):
         vlmcp.hf.parallelize(vlmcp.hf.parallelize(model, None), None)
+
+
+def test_cli_verify_model_dir(tmp_path, capsys):
+    import json
+
+    from vlmcp.cli import main
+
+    tiny_model("qwen2_vl", torch.float64).save_pretrained(tmp_path / "m")
+    assert main(["verify", "--model", str(tmp_path / "m"), "--cp", "2", "--vision-mode", "broadcast",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] and result["max_rel_grad_error"] <= 1e-9 and result["cp"] == 2
+
+
+def test_cli_verify_model_errors(capsys):
+    from vlmcp.cli import main
+
+    assert main(["verify", "--model", "hf:gemma"]) != 0
+    assert "hf:qwen2_vl" in capsys.readouterr().err
+    assert main(["verify", "--model", "hf:llava", "--dtype", "bfloat16"]) != 0
+    assert "float64 or float32" in capsys.readouterr().err

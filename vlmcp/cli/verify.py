@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
+                   help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava "
+                        "(a tiny random model) or a local model directory, against the unmodified model "
+                        "(float64 or float32; --image-strategy replicate, --image-attention causal)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cp < 1:
         raise ValueError(f"--cp must be >= 1, got {args.cp}")
+    if args.model is not None:
+        return _run_hf(args)
     llm = verify_model_config().llm
     if args.attention == "ulysses" and llm.heads % args.cp:
         raise ValueError(f"--attention ulysses needs the verification model's {llm.heads} heads "
@@ -64,4 +70,54 @@ def run(args: argparse.Namespace) -> int:
               f"{result['params_checked']} parameters (tolerance: {tol}), "
               f"vision grad norm {result['vision_grad_norm']:.4f} (single process "
               f"{result['ref_vision_grad_norm']:.4f}): {'PASSED' if result['passed'] else 'FAILED'}")
+    return 0 if result["passed"] else 1
+
+
+def _run_hf(args: argparse.Namespace) -> int:
+    """``--model``: :func:`vlmcp.hf.verify.hf_parity` on P spawned ranks."""
+    from vlmcp.launch import RankFailure, spawn_ranks
+
+    if args.dtype not in ("float64", "float32"):
+        raise ValueError(f"--model checks float64 or float32, got --dtype {args.dtype}")
+    if args.image_strategy != "replicate" or args.image_attention != "causal":
+        raise ValueError("--model keeps every image token on every rank (--image-strategy replicate) and "
+                         "the model's own causal attention (--image-attention causal)")
+    try:
+        from vlmcp.hf.tiny import TINY_ARCHS, tiny_config
+        from vlmcp.hf.verify import default_case, hf_parity
+    except ImportError as err:
+        raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
+    if args.model.startswith("hf:"):
+        if args.model[3:] not in TINY_ARCHS:
+            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(TINY_ARCHS)} or a directory")
+        config = tiny_config(args.model[3:])
+    else:
+        import os
+
+        if not os.path.isdir(args.model):
+            raise ValueError(f"--model {args.model!r} is neither hf:ARCH nor a local model directory")
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(args.model, local_files_only=True)
+    heads = getattr(getattr(config, "text_config", None), "num_attention_heads", None)
+    if args.attention == "ulysses" and heads and heads % args.cp:
+        raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
+                         f"--cp {args.cp}")
+    case = default_case(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
+                        dtype=args.dtype, seed=args.seed)
+    try:
+        result = spawn_ranks(hf_parity, args.cp, case, timeout=args.timeout)[0]
+    except RankFailure as err:
+        print(f"vlmcp verify: failed: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(f"vlmcp verify: {args.model} P={result['cp']} vision_mode={case.vision_mode} "
+              f"attention={case.attention} dtype={case.dtype}: loss {result['loss']:.6f} (relative error "
+              f"{result['loss_rel_error']:.2e}), max relative gradient error "
+              f"{result['max_rel_grad_error']:.2e} "
+              f"over {result['params_checked']} parameters, worst {result['worst_param']} (tolerance "
+              f"{result['tolerance']:.0e}), against the unmodified model: "
+              f"{'PASSED' if result['passed'] else 'FAILED'}")
     return 0 if result["passed"] else 1

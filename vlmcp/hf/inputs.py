@@ -163,6 +163,12 @@ def shard_inputs(
     token_type = inputs.get("mm_token_type_ids")
     token_type = is_image.int() if token_type is None else _row("mm_token_type_ids", token_type, L).cpu()
 
+    fsdp = _is_fsdp(model)
+    if fsdp and state.vision_mode in ("broadcast", "scatter", "hidden_shard"):
+        raise ValueError(
+            f"vision_mode={state.vision_mode!r} does not work under FSDP: some CP ranks skip (part of) the "
+            "ViT, so FSDP's collectives no longer match across ranks (hidden_shard's slices also differ per "
+            "rank); use 'replicate' or 'allreduce_hook' with FSDP, or vlmcp.reduce_gradients without it")
     cp_size = state.cp_size
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
     plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate")
@@ -190,7 +196,7 @@ def shard_inputs(
     dummy = False
     if has_pixels:
         model_inputs.update(pixels)
-    elif adapter.vision_modules and (state.dummy_vision or (state.dummy_vision is None and _is_fsdp(model))):
+    elif adapter.vision_modules and (state.dummy_vision or (state.dummy_vision is None and fsdp)):
         model_inputs.update(adapter.dummy_images(model))
         dummy = True
     ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy)
