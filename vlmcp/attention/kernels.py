@@ -105,6 +105,15 @@ def _backward_rows(dout, lse):
     return dout.masked_fill(dead.unsqueeze(-1), 0), lse.masked_fill(dead, float("inf"))
 
 
+def _expand_heads(x: torch.Tensor, g: int) -> torch.Tensor:
+    """``(Hk, L, D)`` -> ``(Hk * g, L, D)``, head h of the result is head ``h // g`` (GQA).
+
+    ``expand`` + ``reshape`` (one copy): ``repeat_interleave(int)`` builds an index tensor
+    on the device and gathers with it.
+    """
+    return x if g == 1 else x[:, None].expand(x.shape[0], g, *x.shape[1:]).reshape(-1, *x.shape[1:])
+
+
 def _rows_major(x: torch.Tensor) -> torch.Tensor:
     """``(H, L, D)`` with ``(L, H, D)``-contiguous memory (no copy when it already is)."""
     return x.transpose(0, 1).contiguous().transpose(0, 1)
@@ -221,7 +230,7 @@ class CudaSdpaKernel(AttentionKernel):
         g = q.shape[0] // k.shape[0]
         bias, dead = self._bias(block, q, k.shape[1])
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q[None], k.repeat_interleave(g, 0)[None], v.repeat_interleave(g, 0)[None], bias, True,
+            q[None], _expand_heads(k, g)[None], _expand_heads(v, g)[None], bias, True,
             0.0, block.kind is MaskKind.CAUSAL, scale=scale)
         out, lse = out[0], lse[0, :, : q.shape[1]].to(accumulator_dtype(q.dtype))
         if dead is not None:
@@ -238,8 +247,8 @@ class CudaSdpaKernel(AttentionKernel):
         padded[:, :lq] = lse
         zero = torch.zeros((), dtype=torch.int64, device=q.device)
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            _rows_major(dout)[None], q[None], k.repeat_interleave(g, 0)[None],
-            v.repeat_interleave(g, 0)[None], bias, _rows_major(out)[None], padded[None], zero, zero, 0.0,
+            _rows_major(dout)[None], q[None], _expand_heads(k, g)[None], _expand_heads(v, g)[None], bias,
+            _rows_major(out)[None], padded[None], zero, zero, 0.0,
             [True, True, True, False], block.kind is MaskKind.CAUSAL, scale=scale)
         if g > 1:  # one rounding of the group's sum, not one per partial sum
             dk = dk[0].unflatten(0, (hk, g)).sum(1, dtype=torch.float32)
