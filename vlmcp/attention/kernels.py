@@ -363,20 +363,21 @@ class FlashAttnKernel(AttentionKernel):
         return version is not None and version >= FLASH_ATTN_MIN_VERSION
 
     def _fallback(self, q) -> AttentionKernel | None:
-        """None when flash-attn takes this call, else the kernel that does."""
+        """For a full or square causal block: None when flash-attn supports q, else who does."""
         if q.dtype == torch.float64:
             return self._math
         return None if flash_attn_supports(q.dtype, q.shape[-1], _capability(q.device), self._version) \
             else self._sdpa
 
-    def _ours(self, q, k, block) -> AttentionKernel | None:
+    def _delegate(self, q, k, block) -> AttentionKernel | None:
+        """None when flash-attn computes this block, else the kernel that does."""
         square = block.kind is MaskKind.CAUSAL and q.shape[1] == k.shape[1]
         if block.kind is not MaskKind.FULL and not square:
             return self._math if q.dtype == torch.float64 else self._sdpa
         return self._fallback(q)
 
     def forward(self, q, k, v, block, scale):
-        other = self._ours(q, k, block)
+        other = self._delegate(q, k, block)
         if other is not None:
             return other.forward(q, k, v, block, scale)
         lq, lk = q.shape[1], k.shape[1]
@@ -386,7 +387,7 @@ class FlashAttnKernel(AttentionKernel):
         return out.transpose(0, 1), lse.float()
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
-        other = self._ours(q, k, block)
+        other = self._delegate(q, k, block)
         if other is not None:
             return other.backward(dout, q, k, v, out, lse, block, scale)
         dout, lse = _backward_rows(dout, lse)
