@@ -70,7 +70,8 @@ def environment() -> list[str]:
     n = torch.cuda.device_count()
     gpus = ", ".join(sorted({f"{torch.cuda.get_device_name(i)} (sm{''.join(map(str, K._capability_of(i)))})"
                              for i in range(n)}))
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if dist.is_nccl_available() else "unavailable"
+    nccl = torch.cuda.nccl.version() if dist.is_nccl_available() else "unavailable"
+    nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)  # an int before torch 2.1
     fa = K.flash_attn_version()
     lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {nccl}; {n} x {gpus}",
              f"flash-attn: {'.'.join(map(str, fa)) if fa else 'not installed'}"
