@@ -117,6 +117,8 @@ def bench_single(repeats: int) -> list[str]:
         parts = []
         for name in kernels:
             def step(x=x, cu=cu, dout=dout, name=name):
+                for t in x:
+                    t.grad = None
                 out = varlen_attention(*x, cu, torch.tensor([1024]), kernel=name)[0]
                 (out * dout).sum().backward()
 
