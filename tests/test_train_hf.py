@@ -154,7 +154,7 @@ def test_sigterm_saves_and_resume_continues_exactly(llava_run, models, data, tmp
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None:
         if (tmp_path / "m.jsonl").exists() and len(_losses(tmp_path / "m.jsonl")) >= 1:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
             break
         time.sleep(0.05)
     out, err = proc.communicate(timeout=120)
@@ -162,37 +162,41 @@ def test_sigterm_saves_and_resume_continues_exactly(llava_run, models, data, tmp
     done = len(_losses(tmp_path / "m.jsonl"))
     assert 1 <= done < STEPS and f"SIGTERM: stopped after step {done}" in out
     assert not (tmp_path / "model.safetensors").exists()  # an unfinished run saves no model
-    resumed = _cli(*_args(models["llava"], data, tmp_path, "--resume"))
-    out, err = resumed.communicate(timeout=150)
-    assert resumed.returncode == 0, err
-    assert f"resuming from step {done}" in out and "model and processor saved" in out
-    reference = llava_run[0]["losses"]
-    assert _losses(tmp_path / "m.jsonl") == reference  # bit-exact on CPU
+    cfg = _config(models["llava"], data, tmp_path, cp=2, resume=True, metrics_jsonl=str(tmp_path / "m.jsonl"))
+    summary, _ = _run(cfg, 2)
+    assert summary["start_step"] == done and summary["model_dir"] == str(tmp_path)
+    assert _losses(tmp_path / "m.jsonl") == llava_run[0]["losses"]  # bit-exact on CPU
 
 
 @needs_hf_cp
-def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, tmp_path):
-    proc = _cli(*_args(models["llava"], data, tmp_path, "--checkpoint-every", "2", "--_nan-at-step", "3"))
-    out, err = proc.communicate(timeout=150)
-    assert proc.returncode == 1, (out, err)
-    lines = [line for line in err.splitlines() if "not finite" in line]
-    assert len(lines) == 1 and lines[0].startswith("vlmcp train: step 3: the loss (nan)"), err
-    assert "Traceback" not in err
-    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert ckpts == ["step_00000002.pt"]
+def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, tmp_path, capsys):
+    from vlmcp.cli.train_hf import _report
+
+    cfg = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2, nan_at_step=3,
+                  metrics_jsonl=str(tmp_path / "m.jsonl"))
+    summary, index = _run(cfg, 2)
+    assert summary["stopped"] == "nonfinite" and summary["model_dir"] is None
+    capsys.readouterr()
+    assert _report(cfg, index, summary) == 1  # the command's exit code
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("vlmcp train: step 3: the loss (nan)"), err
+    assert f"the last good checkpoint is {tmp_path}/checkpoints/step_00000002.pt" in err[0]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002.pt"]
     assert len(_losses(tmp_path / "m.jsonl")) == 2
 
 
 @needs_hf_cp
 def test_fsdp_dp2_cp2_trains_and_resumes_at_another_size(models, data, tmp_path):
-    cfg = _config(models["llava"], data, tmp_path, cp=2, dp=2, fsdp=True, checkpoint_every=3)
+    # bf16 parameters (fp32 gradient reduction) and activation checkpointing ride along
+    bf16 = dict(dtype="bfloat16", activation_checkpointing=True)
+    cfg = _config(models["llava"], data, tmp_path, cp=2, dp=2, fsdp=True, checkpoint_every=3, **bf16)
     summary, _ = _run(cfg, 4)
     assert len(summary["losses"]) == STEPS and summary["losses"][-1] < summary["losses"][0]
     assert sorted(p.name for p in cfg.checkpoints.iterdir()) == ["step_00000003", "step_00000006"]
     import shutil
 
     shutil.rmtree(cfg.checkpoints / "step_00000006")
-    again = _config(models["llava"], data, tmp_path, cp=2, dp=1, fsdp=True, resume=True)
+    again = _config(models["llava"], data, tmp_path, cp=2, dp=1, fsdp=True, resume=True, **bf16)
     summary2, _ = _run(again, 2)
     assert summary2["start_step"] == 3 and len(summary2["losses"]) == STEPS - 3
     from transformers import AutoModelForImageTextToText

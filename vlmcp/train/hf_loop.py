@@ -229,4 +229,6 @@ def _newest(cfg: HFTrainConfig) -> str:
     from vlmcp.train.hf_checkpoint import latest_step
 
     found = latest_step(cfg.checkpoints, cfg.fsdp)
-    return "none" if found is None else f"step {found[0]} in {cfg.checkpoints}"
+    if found is None:
+        return "none"
+    return str(cfg.checkpoints / (f"step_{found[0]:08d}" + ("" if cfg.fsdp else ".pt")))
