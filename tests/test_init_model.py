@@ -104,3 +104,15 @@ def test_data_shapes_writes_messages_and_pngs(tmp_path, capsys):
             assert Image.open(tmp_path / name).size[0] >= 16
     assert sum(not r["images"] for r in lines) == 2  # every 4th sample is text only
     assert "wrote 8 conversations" in capsys.readouterr().out
+
+
+def test_unwritable_out_is_one_line_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for argv in (["init-model", "--arch", "llava", "--out", str(blocker / "m")],
+                 ["data", "shapes", "--out", str(blocker / "d"), "--samples", "2"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--out" in err[0] and "is a file, not a directory" in err[0], err
+    assert main(["data", "shapes", "--out", str(tmp_path / "d"), "--samples", "0"]) == 2
+    assert "--samples must be" in capsys.readouterr().err

@@ -21,7 +21,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vlmcp.cli.paths import check_writable_dir
     from vlmcp.data.export import export_shapes
+
+    if args.samples < 1:
+        raise ValueError(f"--samples must be an integer >= 1, got {args.samples}")
+    check_writable_dir("--out", args.out)
 
     path = export_shapes(args.out, args.samples, seed=args.seed)
     print(f"vlmcp data shapes: wrote {args.samples} conversations to {path}")

@@ -25,7 +25,10 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub
+    from vlmcp.cli.paths import check_writable_dir
     from vlmcp.hf.init_model import init_model
+
+    check_writable_dir("--out", args.out)
 
     out = init_model(args.arch, args.out, seed=args.seed)
     print(f"vlmcp init-model: wrote a random {args.arch} model to {out}")
