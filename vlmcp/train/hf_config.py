@@ -83,9 +83,10 @@ class HFTrainConfig:
         if self.seq_len < 8 * self.cp:
             raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: use at least "
                              f"{8 * self.cp}")
-        if self.fsdp and self.vision_mode == "hidden_shard":
-            raise ValueError("--fsdp shards every parameter over DP x CP, but --vision-mode hidden_shard "
-                             "keeps a different projector slice on each CP rank; use another vision mode")
+        if self.fsdp and self.vision_mode not in ("replicate", "allreduce_hook"):
+            # some rank skips (part of) the ViT, so FSDP's collectives would stop matching
+            raise ValueError(f"--fsdp takes --vision-mode replicate or allreduce_hook, got "
+                             f"{self.vision_mode!r} (it runs the ViT on some ranks only)")
 
     @property
     def world_size(self) -> int:
