@@ -20,6 +20,7 @@ from vlmcp.hf.verify import (
     HFParityCase,
     compare_gradients,
     cp_step,
+    float64_exact,
     float64_norms,
     hf_parity,
     planner_handles_interleaved,
@@ -84,7 +85,8 @@ def fsdp_grid(group: dist.ProcessGroup, cases: list[tuple[str, str, str]]) -> li
         model = copy.deepcopy(ref)
         rows = [synthetic_row(ref, PACKED, seed=1, markers=INTERLEAVED),
                 synthetic_row(ref, ((17,), (6,)), seed=2)]
-        ref_losses = [reference_step(ref, *row, scale=0.5) for row in rows]
+        with float64_exact(torch.float64):
+            ref_losses = [reference_step(ref, *row, scale=0.5) for row in rows]
         vlmcp.hf.parallelize(model, cp_group, attention=attention, vision_mode=mode)
         blocks = set(model._no_split_modules)
         for m in model.modules():
@@ -92,7 +94,8 @@ def fsdp_grid(group: dist.ProcessGroup, cases: list[tuple[str, str, str]]) -> li
                 fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         inputs, labels, cu = rows[dp_rank]
-        loss = cp_step(model, inputs, labels, cu, cp_group, loss_scale=2.0, reduce=False)
+        with float64_exact(torch.float64):
+            loss = cp_step(model, inputs, labels, cu, cp_group, loss_scale=2.0, reduce=False)
         finish_ddp_gradients(model, cp_group, dp_group)
         mean = loss.clone()
         dist.all_reduce(mean, group=dp_group)

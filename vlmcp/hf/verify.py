@@ -15,6 +15,7 @@ ignores) is judged against the model's gradient scale, not its own rounding nois
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 from dataclasses import asdict, dataclass, field
@@ -32,9 +33,11 @@ from vlmcp.hf.inputs import _images_per_sample, shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
 from vlmcp.layout.validate import check_cu_seqlens
 
-__all__ = ["DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step", "float64_norms",
-           "default_case", "hf_parity", "load_model", "planner_handles_interleaved", "reference_for",
-           "reference_step"]
+__all__ = [
+    "DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step", "default_case",
+    "float64_exact", "float64_norms", "hf_parity", "load_model", "planner_handles_interleaved",
+    "reference_for", "reference_step",
+]
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -160,7 +163,8 @@ def float64_norms(model: nn.Module) -> int:
     """Make HF's RMSNorms compute in their input dtype (in place); returns how many.
 
     HF's ``*RMSNorm`` computes in float32 whatever the dtype, so in a float64 model the
-    gradient through every norm is rounded to float32. A replicated image token's
+    gradient through every norm is rounded to float32 (likewise Qwen-VL's ViT rotary:
+    :func:`float64_vision_rotary`). A replicated image token's
     gradient arrives in P shares, each rounded on its own, so CP and one process then
     differ by ~6e-8 relative in the vision gradients: float32 noise, not a CP error.
     float64 parity therefore runs both models with this (otherwise identical) norm.
@@ -171,6 +175,40 @@ def float64_norms(model: nn.Module) -> int:
             m.forward = types.MethodType(_rms_norm_in_dtype, m)
             n += 1
     return n
+
+
+def _rotary_vision_in_dtype(q, k, cos, sin):
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import rotate_half
+
+    cos, sin = cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+@contextlib.contextmanager
+def float64_vision_rotary():
+    """While active, Qwen-VL's ViT rotary embedding keeps the input dtype (see :func:`float64_norms`).
+
+    Qwen2-VL's and Qwen2.5-VL's ``apply_rotary_pos_emb_vision`` compute in float32; the
+    ViT's gradient shares (``replicate``, ``hidden_shard``) are then rounded to float32 on
+    their own, ~6e-10 relative in float64. Patched module-wide for the duration only.
+    """
+    import importlib
+
+    mods = [importlib.import_module(f"transformers.models.{m}.modeling_{m}")
+            for m in ("qwen2_vl", "qwen2_5_vl")]
+    saved = [m.apply_rotary_pos_emb_vision for m in mods]
+    try:
+        for m in mods:
+            m.apply_rotary_pos_emb_vision = _rotary_vision_in_dtype
+        yield
+    finally:
+        for m, f in zip(mods, saved, strict=True):
+            m.apply_rotary_pos_emb_vision = f
+
+
+def float64_exact(dtype: torch.dtype):
+    """:func:`float64_vision_rotary` for float64, else nothing."""
+    return float64_vision_rotary() if dtype == torch.float64 else contextlib.nullcontext()
 
 
 def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:
@@ -202,7 +240,9 @@ def reference_for(case: HFParityCase) -> Reference:
     if dtype == torch.float64:
         float64_norms(ref)
     row = _row(ref, case)
-    return Reference(model=ref, loss=reference_step(ref, *row), row=row)
+    with float64_exact(dtype):
+        loss = reference_step(ref, *row)
+    return Reference(model=ref, loss=loss, row=row)
 
 
 def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
@@ -222,7 +262,8 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
         model.train()
         model.gradient_checkpointing_enable()
     parallelize(model, group, attention=case.attention, vision_mode=case.vision_mode)
-    loss = cp_step(model, inputs, labels, cu, group)
+    with float64_exact(DTYPES[case.dtype]):
+        loss = cp_step(model, inputs, labels, cu, group)
     err, worst = compare_gradients(model, ref, group)
     ref_loss = float(reference.loss)
     loss_err = abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-300)
