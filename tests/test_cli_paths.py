@@ -1,5 +1,8 @@
 """Every path the command line writes is checked before any rank starts (issue 8).
 
+Also the other flag errors a new user met (a picture without a suffix, a zero width or
+timeout): one line, exit code 2, before any work.
+
 No test here starts a rank: ``spawn_ranks`` is replaced by a function that fails the
 test. That a creatable missing parent works end to end is covered by the runs of
 ``tests/test_train.py``, whose output paths lie under directories that do not exist yet.
@@ -174,3 +177,39 @@ def test_other_flag_errors_come_first_and_create_nothing(tmp_path, no_ranks, cap
     assert main([*TINY_TRAIN, "--checkpoint-dir", str(ckpt), "--lr", "0"]) == 2
     assert "--lr must be > 0" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+EMPTY = {
+    "train --checkpoint-dir": [*TINY_TRAIN, "--checkpoint-dir", ""],
+    "train --metrics-jsonl": [*TINY_TRAIN, "--metrics-jsonl", ""],
+    "plan --out": ["plan", "--out", ""],
+    "compare --out": ["compare", "--out", ""],
+}
+
+
+@pytest.mark.parametrize("flag", EMPTY)
+def test_an_empty_path_is_an_error_not_the_current_directory(flag, no_ranks, capsys):
+    # e.g. --checkpoint-dir "$DIR" with DIR unset: no silent run without checkpoints
+    assert main(EMPTY[flag]) == 2
+    command, option = flag.split()
+    assert capsys.readouterr().err == f"vlmcp {command}: error: {option} needs a path, got ''\n"
+
+
+@pytest.mark.parametrize("name", ["plan", "plan.txt"])
+def test_the_plan_picture_needs_a_suffix_matplotlib_writes(name, tmp_path, capsys):
+    # without one, matplotlib would write plan.png while the command reported "plan"
+    assert main(["plan", "--out", str(tmp_path / name)]) == 2
+    assert "needs a picture suffix, one of " in _one_line_error(capsys, "plan", "--out", tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["plan", "--width", "0"], "--width must be >= 1, got 0"),
+    (["plan", "--kv-heads", "0"], "--kv-heads must be >= 1, got 0"),
+    (["plan", "--head-dim", "-1"], "--head-dim must be >= 1, got -1"),
+    (["verify", "--timeout", "0"], "--timeout must be > 0, got 0.0"),
+])
+def test_other_flag_errors_found_by_a_new_user(argv, match, no_ranks, capsys):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"vlmcp {argv[0]}: error: {match}\n"

@@ -17,11 +17,11 @@ from vlmcp.cli.paths import check_writable_file
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="measure a naive CP layout against vlmcp's (the seed's table)",
                        description=__doc__)
-    p.add_argument("--cp", type=int, default=2, help="CP group size (default 2)")
-    p.add_argument("--seq-len", type=int, default=1024, help="tokens of the packed row (default 1024)")
+    p.add_argument("--cp", type=int, default=2, help="CP group size")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens of the packed row")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     p.add_argument("--seed", type=int, default=0, help="dataset seed")
-    p.add_argument("--out", default="compare.md", help="markdown file to write (default compare.md)")
+    p.add_argument("--out", default="compare.md", help="markdown file to write")
 
 
 def run(args: argparse.Namespace) -> int:

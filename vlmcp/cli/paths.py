@@ -32,6 +32,7 @@ def check_writable_dir(flag: str, path: str | os.PathLike) -> Path:
     Raises:
         ValueError: ``"{flag} {path}: {reason}"`` when it cannot be created or written.
     """
+    _check_not_empty(flag, path)
     directory = Path(path)
     problem = _unwritable_dir(directory, target=directory)
     if problem:
@@ -55,6 +56,7 @@ def check_writable_file(flag: str, path: str | os.PathLike) -> Path:
     Raises:
         ValueError: ``"{flag} {path}: {reason}"`` when it cannot be written.
     """
+    _check_not_empty(flag, path)
     file = Path(path)
     if file.is_dir():
         raise ValueError(f"{flag} {path}: is a directory, not a file")
@@ -68,6 +70,12 @@ def check_writable_file(flag: str, path: str | os.PathLike) -> Path:
     if problem:
         raise ValueError(f"{flag} {path}: {problem}")
     return file
+
+
+def _check_not_empty(flag: str, path: str | os.PathLike) -> None:
+    # Path("") is ".": an empty shell variable would quietly mean the current directory.
+    if os.fspath(path) == "":
+        raise ValueError(f"{flag} needs a path, got ''")
 
 
 def _unwritable_dir(directory: Path, target: Path) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -18,29 +19,30 @@ DEFAULT_TEXT_TOKENS = "120,77,201"
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="print the per-rank layout and work of a packed row",
                        description=__doc__)
-    p.add_argument("--cp", type=int, default=4, help="CP group size P (default 4)")
+    p.add_argument("--cp", type=int, default=4, help="CP group size P")
     p.add_argument("--image-tokens", default=DEFAULT_IMAGE_TOKENS,
-                   help=f"image tokens per sample, comma-separated (default {DEFAULT_IMAGE_TOKENS})")
+                   help="image tokens per sample, comma-separated")
     p.add_argument("--text-tokens", default=DEFAULT_TEXT_TOKENS,
-                   help=f"text tokens per sample, comma-separated (default {DEFAULT_TEXT_TOKENS})")
+                   help="text tokens per sample, comma-separated")
     p.add_argument("--image-strategy", choices=["replicate", "shard", "auto"], default="replicate",
                    help="where image tokens live; 'auto' prices both layouts with the cost model "
-                        "and prints the estimates (default replicate)")
+                        "and prints the estimates")
     p.add_argument("--image-attention", choices=["causal", "bidirectional"], default="causal")
     p.add_argument("--width", type=int, default=96, help="characters of the row picture")
-    p.add_argument("--kv-heads", type=int, default=8, help="K/V heads, for the bytes column (default 8)")
-    p.add_argument("--head-dim", type=int, default=128, help="head size, for the bytes column (default 128)")
+    p.add_argument("--kv-heads", type=int, default=8, help="K/V heads, for the bytes column")
+    p.add_argument("--head-dim", type=int, default=128, help="head size, for the bytes column")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float64"], default="bfloat16",
-                   help="activation dtype, for the bytes column (default bfloat16)")
+                   help="activation dtype, for the bytes column")
     p.add_argument("--hidden-size", type=int, default=DEFAULT_HIDDEN_SIZE,
-                   help=f"LLM width, for the 'auto' cost model (default {DEFAULT_HIDDEN_SIZE})")
+                   help="LLM width, for the 'auto' cost model")
     p.add_argument("--mlp-ratio", type=float, default=DEFAULT_MLP_RATIO,
-                   help=f"SwiGLU intermediate size / hidden size, for 'auto' (default {DEFAULT_MLP_RATIO})")
+                   help="SwiGLU intermediate size / hidden size, for 'auto'")
     p.add_argument("--flops-per-byte", type=float, default=DEFAULT_FLOPS_PER_BYTE,
                    help="FLOPs a rank could do in the time it sends one byte (achieved FLOP/s over "
-                        f"link bytes/s), for 'auto' (default {DEFAULT_FLOPS_PER_BYTE:g})")
+                        "link bytes/s), for 'auto'")
     p.add_argument("--out", metavar="FILE.png", default=None,
-                   help="also draw the layout and the attention mask split between ranks to a PNG")
+                   help="also draw the layout and the attention mask split between ranks to a PNG "
+                        "(or another format matplotlib writes: .svg, .pdf, ...)")
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -51,6 +53,17 @@ def _int_list(text: str, flag: str) -> list[int]:
     if any(v < 0 for v in values):
         raise ValueError(f"{flag} must be >= 0, got {text!r}")
     return values
+
+
+def _check_picture(path: str) -> None:
+    """``--out`` names a writable file whose suffix matplotlib writes (it would add .png to none)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    check_writable_file("--out", path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(path).suffix[1:].lower() not in formats:
+        raise ValueError(f"--out {path}: needs a picture suffix, one of "
+                         + ", ".join("." + f for f in sorted(formats)))
 
 
 def build_row(image_tokens: list[int], text_tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,6 +181,10 @@ def _flops(x: float) -> str:
 def run(args: argparse.Namespace) -> int:
     image = _int_list(args.image_tokens, "--image-tokens")
     text = _int_list(args.text_tokens, "--text-tokens")
+    for flag, value in (("--width", args.width), ("--kv-heads", args.kv_heads),
+                        ("--head-dim", args.head_dim)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     is_image, cu = build_row(image, text)
     itemsize = {"bfloat16": 2, "float32": 4, "float64": 8}[args.dtype]
     model = None
@@ -178,8 +195,8 @@ def run(args: argparse.Namespace) -> int:
             image_attention=args.image_attention)
     plan = plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy, cost_model=model)
     work = attended_pairs(plan, args.image_attention)
-    if args.out:
-        check_writable_file("--out", args.out)
+    if args.out is not None:
+        _check_picture(args.out)
     print(f"vlmcp plan: {plan.num_samples} samples, L={plan.seq_len}, P={plan.cp_size}, "
           f"image_strategy={plan.image_strategy}, image_attention={args.image_attention}")
     if model is not None:

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cp < 1:
         raise ValueError(f"--cp must be >= 1, got {args.cp}")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0, got {args.timeout}")
     if args.model is not None:
         return _run_hf(args)
     llm = verify_model_config().llm

@@ -100,6 +100,9 @@ class TrainConfig:
             raise ValueError("--checkpoint-every needs --checkpoint-dir")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
+        for name in ("checkpoint_dir", "metrics_jsonl"):
+            if getattr(self, name) == "":  # an empty shell variable: no silent "no checkpoints"
+                raise ValueError(f"--{name.replace('_', '-')} needs a path, got ''")
         if self.metrics_jsonl is not None and self.loss_curve_png == Path(self.metrics_jsonl):
             raise ValueError(f"--metrics-jsonl {self.metrics_jsonl}: the loss curve would be drawn over it; "
                              "give the metrics another suffix, e.g. .jsonl")
