@@ -103,6 +103,74 @@ def _squared_norms(model: nn.Module, fsdp: bool) -> torch.Tensor:
     return sq
 
 
+class _Run:
+    """What the step loop carries: the model, its groups and the run's running totals."""
+
+    def __init__(self, cfg: HFTrainConfig, group: dist.ProcessGroup, index: DataIndex) -> None:
+        self.cfg, self.group, self.index = cfg, group, index
+        self.world = dist.get_world_size(group)
+        if self.world != cfg.world_size:
+            raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but the group has "
+                             f"{self.world} ranks")
+        self.device = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        self.cp_group, self.dp_group = dp_cp_groups(group, cfg.cp)
+        self.rank, self.dp_rank = dist.get_rank(group), dist.get_rank(self.dp_group)
+        self.processor = load_processor(cfg.model)
+        self.model = load_parallel_model(cfg, self.cp_group, self.world, self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.start, self.position = (load_hf_checkpoint(cfg, self.model, self.optimizer, group, self.device)
+                                     if cfg.resume else (0, 0))
+        self.losses: list[float] = []
+        self.tokens = 0
+        self.checkpoint: str | None = None
+
+    def step(self, row, step: int, term: dict) -> tuple[torch.Tensor, dict]:
+        """Forward, backward and exact gradients of one row; one all-reduce of the step's stats.
+
+        Returns:
+            ``(norms of vision/projector/llm, stats)`` with the DP-mean ``loss``, ``bad``
+            (some rank's loss was not finite), ``tokens`` and ``sigterm`` (some rank got one
+            by now: ``term["flag"]`` is read just before the all-reduce).
+        """
+        import vlmcp.hf
+
+        cfg, model = self.cfg, self.model
+        inputs = {k: v.to(self.device) for k, v in row.inputs.items()}
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        batch = vlmcp.hf.shard_inputs(model, inputs, self.cp_group, labels=row.labels.to(self.device),
+                                      cu_seqlens=row.cu_seqlens)
+        res = cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, self.cp_group)
+        loss = res.loss
+        if cfg.nan_at_step == step + 1 and self.rank == min(1, self.world - 1):
+            loss = loss * float("nan")  # the test hook: one rank's loss goes bad
+        if cfg.fsdp:
+            (loss * cfg.cp).backward()
+            finish_ddp_gradients(model, self.cp_group, self.dp_group)
+        else:
+            loss.backward()
+            reduce_gradients(model, self.cp_group, self.dp_group)
+        sq = _squared_norms(model, cfg.fsdp)
+        if not cfg.fsdp:  # after the reduction: the same on every rank, or (slices) on every DP rank
+            sq[:, 0] /= cfg.cp * cfg.dp
+            sq[:, 1] /= cfg.dp
+        local_bad = float(not bool(torch.isfinite(loss.detach())))
+        stats = torch.cat([sq.flatten(), torch.tensor(
+            [float(res.mean), local_bad, row.tokens / cfg.cp, float(term["flag"])], dtype=torch.float64)])
+        stats = stats.to(self.device)
+        dist.all_reduce(stats, group=self.group)
+        stats = stats.cpu()
+        norms = stats[:6].view(3, 2).sum(1).sqrt()
+        return norms, {"loss": float(stats[6]) / self.world, "bad": bool(stats[7] > 0),
+                       "tokens": int(round(float(stats[8]))), "sigterm": bool(stats[9] > 0)}
+
+    def save(self, done: int) -> None:
+        self.checkpoint = str(save_hf_checkpoint(self.cfg, self.model, self.optimizer, done, self.position,
+                                                 self.group, self.cp_group))
+
+
 def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex,
                   on_finish: Callable | None = None) -> dict:
     """Run the whole training on this rank; returns a summary.
@@ -119,110 +187,74 @@ def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex
         ``stopped`` (None, ``"sigterm"`` or ``"nonfinite"``), ``message``, ``checkpoint``,
         ``model_dir``, ``loss_curve`` (rank 0), ``probe``.
     """
-    world = dist.get_world_size(group)
-    if world != cfg.world_size:
-        raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but the group has {world} ranks")
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
-        else torch.device("cpu")
-    cp_group, dp_group = dp_cp_groups(group, cfg.cp)
-    rank, dp_rank = dist.get_rank(group), dist.get_rank(dp_group)
-    processor = load_processor(cfg.model)
-    model = load_parallel_model(cfg, cp_group, world, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    start, position = load_hf_checkpoint(cfg, model, optimizer, group, device) if cfg.resume else (0, 0)
-    metrics = None
-    if rank == 0 and cfg.metrics_jsonl:
-        metrics = MetricsWriter(cfg.metrics_jsonl, resume_step=start if cfg.resume else None)
-    bar = ProgressBar(cfg.steps, initial=start, enabled=rank == 0)
-    loader = RowLoader(processor, index, seed=cfg.seed, dp=cfg.dp, dp_rank=dp_rank, start=position,
-                       steps=cfg.steps - start)
-    term = {"flag": False}
+    term = {"flag": False}  # from the start: a SIGTERM while loading still ends with a checkpoint
     previous = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__("flag", True))
-    import vlmcp.hf
-
-    losses, tokens, stopped, message, checkpoint = [], 0, None, None, None
-    saving = bool(cfg.checkpoint_dir or cfg.checkpoint_every)
-    t_start = time.perf_counter()
-    step = start
     try:
-        for step in range(start, cfg.steps):
+        return _train(_Run(cfg, group, index), term, on_finish)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
+    cfg = run.cfg
+    metrics = None
+    if run.rank == 0 and cfg.metrics_jsonl:
+        metrics = MetricsWriter(cfg.metrics_jsonl, resume_step=run.start if cfg.resume else None)
+    bar = ProgressBar(cfg.steps, initial=run.start, enabled=run.rank == 0)
+    loader = RowLoader(run.processor, run.index, seed=cfg.seed, dp=cfg.dp, dp_rank=run.dp_rank,
+                       start=run.position, steps=cfg.steps - run.start)
+    saving = bool(cfg.checkpoint_dir or cfg.checkpoint_every)
+    stopped = message = None
+    done = run.start
+    t_start = time.perf_counter()
+    try:
+        for step in range(run.start, cfg.steps):
             t0 = time.perf_counter()
-            row = loader.next()
-            inputs = {k: v.to(device) for k, v in row.inputs.items()}
-            for g in optimizer.param_groups:
-                g["lr"] = lr_at(cfg, step)
-            optimizer.zero_grad(set_to_none=True)
-            batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=row.labels.to(device),
-                                          cu_seqlens=row.cu_seqlens)
-            out = model(**batch.model_inputs)
-            res = cp_cross_entropy(out.logits[0], batch.labels, cp_group)
-            loss = res.loss
-            if cfg.nan_at_step == step + 1 and rank == min(1, world - 1):
-                loss = loss * float("nan")  # the test hook: one rank's loss goes bad
-            if cfg.fsdp:
-                (loss * cfg.cp).backward()
-                finish_ddp_gradients(model, cp_group, dp_group)
-            else:
-                loss.backward()
-                reduce_gradients(model, cp_group, dp_group)
-            sq = _squared_norms(model, cfg.fsdp)
-            if not cfg.fsdp:  # after the reduction: the same on every rank, or (slices) on every DP rank
-                sq[:, 0] /= cfg.cp * cfg.dp
-                sq[:, 1] /= cfg.dp
-            local_bad = float(not bool(torch.isfinite(loss.detach())))
-            stats = torch.cat([sq.flatten(), torch.tensor(
-                [float(res.mean), local_bad, row.tokens / cfg.cp, float(term["flag"])], dtype=torch.float64)])
-            stats = stats.to(device)
-            dist.all_reduce(stats, group=group)
-            stats = stats.cpu()
-            norms = stats[:6].view(3, 2).sum(1).sqrt()
-            step_loss = float(stats[6]) / world
-            bad, step_tokens, sigterm = bool(stats[7] > 0), int(round(float(stats[8]))), bool(stats[9] > 0)
-            if bad or not bool(torch.isfinite(norms).all()):
+            norms, st = run.step(loader.next(), step, term)
+            if st["bad"] or not bool(torch.isfinite(norms).all()):
                 stopped = "nonfinite"
-                message = (f"step {step + 1}: the loss ({float('nan') if bad else step_loss:.4g}) or the "
-                           f"gradient norm ({float(norms.pow(2).sum().sqrt()):.4g}) is not finite; stopped "
-                           "before the optimizer step, nothing saved; the last good checkpoint is "
-                           f"{checkpoint or _newest(cfg)}")
+                message = (f"step {step + 1}: the loss ({float('nan') if st['bad'] else st['loss']:.4g}) or "
+                           f"the gradient norm ({float(norms.pow(2).sum().sqrt()):.4g}) is not finite; "
+                           "stopped before the optimizer step, nothing saved; the last good checkpoint is "
+                           f"{run.checkpoint or _newest(cfg)}")
                 break
-            optimizer.step()
+            run.optimizer.step()
             done = step + 1
-            position += cfg.dp
-            losses.append(step_loss)
-            tokens += step_tokens
-            bar.update(done, loss=step_loss, tokens=step_tokens)
+            run.position += cfg.dp
+            run.losses.append(st["loss"])
+            run.tokens += st["tokens"]
+            bar.update(done, loss=st["loss"], tokens=st["tokens"])
             if metrics is not None:
-                metrics.write({"step": done, "loss": step_loss, "grad_norm_vision": float(norms[0]),
+                metrics.write({"step": done, "loss": st["loss"], "grad_norm_vision": float(norms[0]),
                                "grad_norm_projector": float(norms[1]), "grad_norm_llm": float(norms[2]),
-                               "tokens": step_tokens, "seconds": time.perf_counter() - t0})
-            if sigterm or (saving and (done == cfg.steps or
-                                       (cfg.checkpoint_every and done % cfg.checkpoint_every == 0))):
-                checkpoint = str(save_hf_checkpoint(cfg, model, optimizer, done, position, group, cp_group))
-            step = done
-            if sigterm:
+                               "tokens": st["tokens"], "seconds": time.perf_counter() - t0})
+            if st["sigterm"] or (saving and (done == cfg.steps or
+                                             (cfg.checkpoint_every and done % cfg.checkpoint_every == 0))):
+                run.save(done)
+            if st["sigterm"]:
                 stopped = "sigterm"
-                message = (f"SIGTERM: stopped after step {done} of {cfg.steps}, checkpoint {checkpoint}; "
+                message = (f"SIGTERM: stopped after step {done} of {cfg.steps}, checkpoint {run.checkpoint}; "
                            "continue with --resume")
                 break
     finally:
-        signal.signal(signal.SIGTERM, previous)
         loader.close()
         bar.close()
         if metrics is not None:
             metrics.close()
     seconds = time.perf_counter() - t_start
+    probe = on_finish(run.model, run.processor, run.index, run.cp_group) if on_finish is not None else None
     model_dir = None
-    probe = on_finish(model, processor, index, cp_group) if on_finish is not None else None
     if stopped is None:
-        model_dir = str(save_trained_model(cfg, model, processor, group, cp_group))
+        model_dir = str(save_trained_model(cfg, run.model, run.processor, run.group, run.cp_group))
     curve = None
-    if metrics is not None and (losses or start):
+    if metrics is not None and (run.losses or run.start):
         from vlmcp.report import plot_loss_curve  # matplotlib only at the end, on rank 0
 
         curve = str(plot_loss_curve(cfg.metrics_jsonl, Path(cfg.metrics_jsonl).with_suffix(".png")))
-    return {"start_step": start, "step": step, "steps": cfg.steps, "losses": losses, "tokens": tokens,
-            "seconds": seconds, "stopped": stopped, "message": message, "checkpoint": checkpoint,
-            "model_dir": model_dir, "loss_curve": curve, "probe": probe, "skipped": len(index.skipped)}
+    return {"start_step": run.start, "step": done, "steps": cfg.steps, "losses": run.losses,
+            "tokens": run.tokens, "seconds": seconds, "stopped": stopped, "message": message,
+            "checkpoint": run.checkpoint, "model_dir": model_dir, "loss_curve": curve, "probe": probe,
+            "skipped": len(run.index.skipped)}
 
 
 def _newest(cfg: HFTrainConfig) -> str:
