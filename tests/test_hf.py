@@ -165,3 +165,11 @@ def test_cli_verify_model_errors(capsys):
     assert "hf:qwen2_vl" in capsys.readouterr().err
     assert main(["verify", "--model", "hf:llava", "--dtype", "bfloat16"]) != 0
     assert "float64 or float32" in capsys.readouterr().err
+
+
+def test_rows_put_text_before_images_once_the_planner_allows():
+    if not hf_cases.INTERLEAVED:
+        pytest.skip("plan_cp takes images only as sample prefixes (issue 9 not merged): rows use prefixes")
+    inputs, _, _ = synthetic_row(tiny_model("qwen2_vl"), hf_cases.PACKED)
+    ids = inputs["input_ids"][0]
+    assert int(ids[0]) != 120 and int((ids == 120).nonzero()[0]) > 0  # the prompt comes first
