@@ -4,9 +4,9 @@ A run that finds out only when it saves that it cannot write its checkpoint, met
 or picture has lost all its work, so every flag that names something to write is
 checked first, before any rank starts (under torchrun: in every rank, before the
 process group forms): the directory is created (as the writer would create it later)
-and a temporary file is made and removed in it. A path that cannot be written is a :class:`ValueError` naming the flag, the path
-and the operating system's reason; the command line prints it as one line and exits
-with code 2, like every other flag error.
+and a temporary file is made and removed in it. A path that cannot be written is a
+:class:`ValueError` naming the flag, the path and the operating system's reason; the
+command line prints it as one line and exits with code 2, like every other flag error.
 """
 
 from __future__ import annotations
