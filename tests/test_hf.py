@@ -173,3 +173,23 @@ def test_rows_put_text_before_images_once_the_planner_allows():
     inputs, _, _ = synthetic_row(tiny_model("qwen2_vl"), hf_cases.PACKED)
     ids = inputs["input_ids"][0]
     assert int(ids[0]) != 120 and int((ids == 120).nonzero()[0]) > 0  # the prompt comes first
+
+
+def test_dummy_vision_pass_gives_zero_vision_grads_and_the_same_loss():
+    import copy
+
+    base = tiny_model("qwen2_5_vl", torch.float64)
+    plain, dummy = copy.deepcopy(base), copy.deepcopy(base)
+    vlmcp.hf.parallelize(plain, None)
+    vlmcp.hf.parallelize(dummy, None, dummy_vision=True)
+    inputs, labels, cu = synthetic_row(base, ((9,), (14,)))  # no image anywhere
+    losses = []
+    for m in (plain, dummy):
+        batch = vlmcp.hf.shard_inputs(m, inputs, None, labels=labels, cu_seqlens=cu)
+        assert ("pixel_values" in batch.model_inputs) == (m is dummy)
+        loss, _ = vlmcp.cp_cross_entropy(m(**batch.model_inputs).logits[0], batch.labels, None)
+        loss.backward()
+        losses.append(float(loss))
+    assert losses[0] == losses[1]
+    assert all(p.grad is None for p in plain.model.visual.parameters())
+    assert all(p.grad is not None and not p.grad.any() for p in dummy.model.visual.parameters())
