@@ -27,7 +27,10 @@ _REFERENCE_ONLY = ("hidden", "layers", "heads", "kv_heads", "image_attention", "
 
 def add_hf_arguments(p: argparse.ArgumentParser) -> None:
     """The flags ``vlmcp train`` adds for a Hugging Face model directory."""
-    g = p.add_argument_group("Hugging Face model (with --model)")
+    g = p.add_argument_group(
+        "Hugging Face model (with --model)",
+        "The shared flags above apply too. Checkpoints go to --checkpoint-dir, or OUT/checkpoints when a "
+        "SIGTERM stops the run; --image-strategy stays replicate (images whole on every rank).")
     g.add_argument("--model", default=None, metavar="DIR",
                    help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
     g.add_argument("--data", default=None, metavar="FILE.jsonl",
@@ -35,7 +38,7 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--output-dir", default=None, metavar="OUT",
                    help="where the trained model and processor are saved (save_pretrained)")
     g.add_argument("--image-root", default=None, metavar="DIR",
-                   help="relative image paths start here (default: the JSONL file's directory)")
+                   help="relative image paths start here; none: the JSONL file's directory")
     g.add_argument("--strict", action="store_true",
                    help="stop on a conversation longer than --seq-len instead of skipping it")
     g.add_argument("--fsdp", action="store_true",
