@@ -29,8 +29,9 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
     """The flags ``vlmcp train`` adds for a Hugging Face model directory."""
     g = p.add_argument_group(
         "Hugging Face model (with --model)",
-        "The shared flags above apply too. Checkpoints go to --checkpoint-dir, or OUT/checkpoints when a "
-        "SIGTERM stops the run; --image-strategy stays replicate (images whole on every rank).")
+        "The shared flags above apply too. Checkpoints go to --checkpoint-dir (default OUT/checkpoints): "
+        "every --checkpoint-every steps and at the end when either flag is given, and always when a SIGTERM "
+        "stops the run. --image-strategy stays replicate (images whole on every rank).")
     g.add_argument("--model", default=None, metavar="DIR",
                    help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
     g.add_argument("--data", default=None, metavar="FILE.jsonl",
