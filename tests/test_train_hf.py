@@ -125,9 +125,12 @@ def test_llava_cp2_learns_and_saves_what_it_trained(llava_run):
 
 
 @needs_hf_cp
-@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])
-def test_qwen_cp2_learns_and_saves_what_it_trained(models, data, tmp_path, arch):
-    cfg = _config(models[arch], data, tmp_path, cp=2)
+@pytest.mark.parametrize("arch, options", [
+    ("qwen2_vl", {}),
+    ("qwen2_5_vl", dict(attention="ulysses", vision_mode="allreduce_hook", activation_checkpointing=True)),
+])
+def test_qwen_cp2_learns_and_saves_what_it_trained(models, data, tmp_path, arch, options):
+    cfg = _config(models[arch], data, tmp_path, cp=2, **options)
     summary, index = _run(cfg, 2, _probe)
     _check_trained(summary, index, cfg)
 
