@@ -88,11 +88,13 @@ def fsdp_grid(group: dist.ProcessGroup, cases: list[tuple[str, str, str]]) -> li
         with float64_exact(torch.float64):
             ref_losses = [reference_step(ref, *row, scale=0.5) for row in rows]
         vlmcp.hf.parallelize(model, cp_group, attention=attention, vision_mode=mode)
+        names = set(vlmcp.ddp_ignored_params(model))  # hidden_shard's slice stays out of FSDP
+        ignored = {p for n, p in model.named_parameters() if n in names}
         blocks = set(model._no_split_modules)
         for m in model.modules():
             if type(m).__name__ in blocks:
                 fully_shard(m, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        fully_shard(model, mesh=mesh, ignored_params=ignored or None)
         inputs, labels, cu = rows[dp_rank]
         with float64_exact(torch.float64):
             loss = cp_step(model, inputs, labels, cu, cp_group, loss_scale=2.0, reduce=False)

@@ -100,6 +100,15 @@ def _is_fsdp(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def _sharded_partitions(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    from vlmcp.grads import GradRule, grad_rule, restore_grad_tags
+
+    restore_grad_tags(model)
+    return any(isinstance(p, DTensor) for p in model.parameters() if grad_rule(p) is GradRule.PARTITIONED)
+
+
 def shard_inputs(
     model: nn.Module,
     inputs: dict[str, Any],
@@ -164,11 +173,16 @@ def shard_inputs(
     token_type = is_image.int() if token_type is None else _row("mm_token_type_ids", token_type, L).cpu()
 
     fsdp = _is_fsdp(model)
-    if fsdp and state.vision_mode in ("broadcast", "scatter", "hidden_shard"):
+    if fsdp and state.vision_mode in ("broadcast", "scatter"):
         raise ValueError(
             f"vision_mode={state.vision_mode!r} does not work under FSDP: some CP ranks skip (part of) the "
-            "ViT, so FSDP's collectives no longer match across ranks (hidden_shard's slices also differ per "
-            "rank); use 'replicate' or 'allreduce_hook' with FSDP, or vlmcp.reduce_gradients without it")
+            "ViT, so FSDP's collectives no longer match across ranks; use 'replicate', 'allreduce_hook' or "
+            "'hidden_shard' with FSDP, or vlmcp.reduce_gradients without it")
+    if fsdp and state.vision_mode == "hidden_shard" and _sharded_partitions(model):
+        raise ValueError(
+            "hidden_shard under FSDP: the projector slice differs per CP rank and must stay out of FSDP; "
+            "pass fully_shard(..., ignored_params={p for n, p in model.named_parameters() if n in "
+            "vlmcp.ddp_ignored_params(model)}) and call vlmcp.finish_ddp_gradients after backward")
     cp_size = state.cp_size
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
     plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate")
