@@ -46,9 +46,10 @@ def local_only_attention(q, k, v, shard: RankShard, group, image_attention: str)
     Local sample segments are in global order with padding last, so causal attention on
     the local order is the true mask restricted to local keys.
     """
-    image_lens = (shard.is_image.long().new_zeros(shard.cu_seqlens.numel() - 1)
-                  .index_add_(0, shard.sample_ids, shard.is_image.long()))
-    out, _ = varlen_attention(q, k, v, shard.cu_seqlens.long(), image_lens, image_attention)
+    ids, img = shard.image_index, shard.is_image
+    local_ids = torch.full_like(ids, -1)
+    local_ids[img] = torch.unique(ids[img], return_inverse=True)[1]  # renumbered 0.. in local order
+    out, _ = varlen_attention(q, k, v, shard.cu_seqlens.long(), img, image_attention, image_ids=local_ids)
     return out * (~shard.is_pad).to(out.dtype)[:, None, None]
 
 
