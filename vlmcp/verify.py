@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
 from vlmcp.grads import grad_norms, local_part, reduce_gradients
-from vlmcp.layout import plan_cp
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.config import TORCH_DTYPES
 from vlmcp.train.step import forward_backward
@@ -38,8 +37,9 @@ def verify_model_config(patch_size: int = 8) -> VLMConfig:
 
 
 def builtin_row(seed: int = 0, patch_size: int = 8) -> PackedRow:
-    """3 packed samples: image (2x3 patches) + 13 text, text-only 9, image (3x3) + 21 text."""
-    samples = [([(16, 24)], 13), ([], 9), ([(24, 24)], 21)]
+    """3 packed samples, chat-like: a prompt, an image (2x3 patches) and 13 text; 9 text only;
+    2 text, an image (3x3), 6 text, two images back to back (2x2, 1x2) and 11 text."""
+    samples = [[4, (16, 24), 13], [9], [2, (24, 24), 6, (16, 16), (8, 16), 11]]
     return random_row(samples, patch_size, torch.Generator().manual_seed(seed))
 
 
@@ -62,7 +62,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _single_process(model: VLM, row: PackedRow, case: ParityCase):
-    plan = plan_cp(row.is_image, 1, row.cu_seqlens, image_strategy=case.image_strategy)
+    plan = row.plan(1, image_strategy=case.image_strategy)
     return forward_backward(model, row, plan.for_rank(0), None, backend=case.attention,
                             image_attention=case.image_attention)
 
@@ -95,7 +95,7 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
 
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     place_vision(model.vision, mode=case.vision_mode, group=group)
-    plan = plan_cp(row.is_image, P, row.cu_seqlens, image_strategy=case.image_strategy)
+    plan = row.plan(P, image_strategy=case.image_strategy)
     out = forward_backward(model, row, plan.for_rank(rank), group, backend=case.attention,
                            image_attention=case.image_attention)
     reduce_gradients(model, group)

@@ -43,7 +43,6 @@ and every layer reuses it.
 
 from __future__ import annotations
 
-import itertools
 import math
 import weakref
 from dataclasses import dataclass
@@ -150,7 +149,9 @@ def ulysses_schedule(shard: RankShard, image_attention: str,
     computed[late_pos] = True
     starts = plan.cu_seqlens[:-1].tolist()
     lens = (plan.cu_seqlens[1:] - plan.cu_seqlens[:-1]).tolist()
-    spans = [(int(images.samples[i]), a, b) for i, (a, b) in enumerate(images.spans.tolist())] if bidir else []
+    spans = []
+    if bidir:
+        spans = [(int(images.samples[i]), a, b) for i, (a, b) in enumerate(images.spans.tolist())]
     row_blocks = self_blocks(_segments(S, starts, lens, spans, _ranges(computed, images.sample_ids)))
     # the leading image runs, compact: the first tokens of each sample's replicated tokens
     lead_index = rep[lead[rep_pos]]

@@ -13,8 +13,8 @@ tokens] in :mod:`vlmcp.layout.cost`.
 from vlmcp.layout.choose import choose_image_strategy, choose_plan, plan_cp
 from vlmcp.layout.cost import CostEstimate, CostModel, estimate_cost
 from vlmcp.layout.gather import unshard
-from vlmcp.layout.labels import IGNORE_INDEX, shift_labels
 from vlmcp.layout.images import RowImages
+from vlmcp.layout.labels import IGNORE_INDEX, shift_labels
 from vlmcp.layout.plan import CPPlan, ImageStrategy, RankShard, TokenKind
 from vlmcp.layout.positions import mrope_position_ids, position_ids
 from vlmcp.layout.work import ImageAttention, WorkReport, attended_pairs, keys_per_query
