@@ -15,7 +15,7 @@ def pieces(sample):
 
 
 def make_row(samples):
-    """``[sample, ...]`` -> ``(is_image BoolTensor[L], cu_seqlens LongTensor[S+1], image_ids LongTensor[L])``."""
+    """``[sample, ...]`` -> ``(is_image BoolTensor[L], cu_seqlens LongTensor[S+1], image_ids)``."""
     ids, lens, n_img = [], [], 0
     for sample in samples:
         n = 0

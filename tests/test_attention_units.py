@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vlmcp
+from tests.rows import make_row
 from vlmcp.attention import (
     MaskKind,
     block_kind,
@@ -22,7 +23,6 @@ from vlmcp.attention.masks import Block, Run, Segment, cross_blocks, dense_mask,
 from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.attention.ring import ring_schedule
 from vlmcp.attention.ulysses import ulysses_schedule
-from tests.rows import make_row
 
 # ---------------------------------------------------------------- block_kind
 

@@ -59,7 +59,7 @@ def test_loss_curve_without_records_is_an_error(tmp_path):
                                                      (3, "shard", "bidirectional")])
 def test_plan_png(tmp_path, cp, strategy, attention):
     row = pack_row(ShapesDataset(), 160, 0)
-    plan = vlmcp.plan_cp(row.is_image, cp, row.cu_seqlens, image_strategy=strategy)
+    plan = row.plan(cp, image_strategy=strategy)
     out = draw_plan(plan, tmp_path / "plan.png", image_attention=attention)
     pixels = read_png(out)
     assert pixels.shape == (round(100 * (0.45 * (cp + 1) + 7)), 1000, 3)
@@ -71,7 +71,7 @@ def test_plan_png(tmp_path, cp, strategy, attention):
 
 def test_plan_png_is_fast_for_long_rows(tmp_path):
     row = pack_row(ShapesDataset(), 4096, 0)
-    plan = vlmcp.plan_cp(row.is_image, 4, row.cu_seqlens)
+    plan = row.plan(4)
     start = time.perf_counter()
     read_png(draw_plan(plan, tmp_path / "big.png", max_mask_pixels=512))
     assert time.perf_counter() - start < 10

@@ -124,13 +124,17 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
     }
     if truth is not ref:
         # bfloat16, per parameter: CP within twice the bf16 single process's error against
-        # float64 (flash-attention's rule), plus a floor for parameters it gets exactly
+        # float64 (flash-attention's rule), plus a floor of half a bf16 rounding step (2^-9)
+        # for parameters it gets (nearly) exactly: a CP gradient sums P bf16-computed shares
         ref_params = dict(ref.named_parameters())
         single = torch.tensor([_rel(ref_params[n].grad, truth_params[n].grad) for n in names],
                               dtype=torch.float64)
         result["single_process_rel_grad_error"] = float(single.max())
-        result["tolerance"] = "2 x the bf16 single process's error per parameter, + 1e-3"
-        grads_ok = bool((errors <= 2 * single + 1e-3).all())
+        result["tolerance"] = "2 x the bf16 single process's error per parameter, + 2^-9"
+        bad = errors > 2 * single + 2.0 ** -9
+        grads_ok = not bool(bad.any())
+        result["failing_params"] = {names[i]: (float(errors[i]), float(single[i]))
+                                    for i in torch.nonzero(bad).flatten().tolist()}
         single_loss = abs(float(ref_out.mean) - float(truth_out.mean))
         loss_ok = result["loss_abs_error"] <= 2 * single_loss + 1e-3 * abs(float(truth_out.mean))
     else:

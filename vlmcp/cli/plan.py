@@ -9,7 +9,8 @@ import torch
 from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
 
-# The built-in example: 3 packed samples, one of them without an image.
+# The built-in example: 3 packed chat-like samples (a prompt, an image, the answer), one text only.
+DEFAULT_PROMPT_TOKENS = "12,0,20"
 DEFAULT_IMAGE_TOKENS = "64,0,48"
 DEFAULT_TEXT_TOKENS = "120,77,201"
 
@@ -18,10 +19,14 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="print the per-rank layout and work of a packed row",
                        description=__doc__)
     p.add_argument("--cp", type=int, default=4, help="CP group size P (default 4)")
+    p.add_argument("--prompt-tokens", default=DEFAULT_PROMPT_TOKENS,
+                   help="text tokens before each sample's image, comma-separated "
+                        f"(default {DEFAULT_PROMPT_TOKENS})")
     p.add_argument("--image-tokens", default=DEFAULT_IMAGE_TOKENS,
                    help=f"image tokens per sample, comma-separated (default {DEFAULT_IMAGE_TOKENS})")
     p.add_argument("--text-tokens", default=DEFAULT_TEXT_TOKENS,
-                   help=f"text tokens per sample, comma-separated (default {DEFAULT_TEXT_TOKENS})")
+                   help="text tokens after each sample's image, comma-separated "
+                        f"(default {DEFAULT_TEXT_TOKENS})")
     p.add_argument("--image-strategy", choices=["replicate", "shard", "auto"], default="replicate",
                    help="where image tokens live; 'auto' prices both layouts with the cost model "
                         "and prints the estimates (default replicate)")
@@ -52,13 +57,19 @@ def _int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def build_row(image_tokens: list[int], text_tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``is_image`` and ``cu_seqlens`` of a packed row of ``[image | text]`` samples."""
-    if len(image_tokens) != len(text_tokens):
-        raise ValueError(f"{len(image_tokens)} image counts for {len(text_tokens)} samples")
-    parts = [torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
-             for i, t in zip(image_tokens, text_tokens, strict=False)]
-    lens = torch.tensor([i + t for i, t in zip(image_tokens, text_tokens, strict=False)])
+def build_row(image_tokens: list[int], text_tokens: list[int],
+              prompt_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``is_image`` and ``cu_seqlens`` of a packed row of ``[prompt | image | text]`` samples."""
+    prompt_tokens = [0] * len(image_tokens) if prompt_tokens is None else prompt_tokens
+    if not len(image_tokens) == len(text_tokens) == len(prompt_tokens):
+        raise ValueError(f"{len(prompt_tokens)} prompt, {len(image_tokens)} image and {len(text_tokens)} "
+                         "text counts: give one of each per sample")
+    if any(p + i + t == 0 for p, i, t in zip(prompt_tokens, image_tokens, text_tokens, strict=True)):
+        raise ValueError("every sample needs at least one token")
+    parts = [torch.cat([torch.zeros(p, dtype=torch.bool), torch.ones(i, dtype=torch.bool),
+                        torch.zeros(t, dtype=torch.bool)])
+             for p, i, t in zip(prompt_tokens, image_tokens, text_tokens, strict=True)]
+    lens = torch.tensor([p.numel() for p in parts])
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
     return torch.cat(parts), cu
 
@@ -167,7 +178,10 @@ def _flops(x: float) -> str:
 def run(args: argparse.Namespace) -> int:
     image = _int_list(args.image_tokens, "--image-tokens")
     text = _int_list(args.text_tokens, "--text-tokens")
-    is_image, cu = build_row(image, text)
+    prompt = _int_list(args.prompt_tokens, "--prompt-tokens")
+    if len(prompt) == 1 and len(image) > 1:
+        prompt = prompt * len(image)  # one prompt length for every sample
+    is_image, cu = build_row(image, text, prompt)
     itemsize = {"bfloat16": 2, "float32": 4, "float64": 8}[args.dtype]
     model = None
     if args.image_strategy == "auto":

@@ -113,7 +113,7 @@ class ShapesDataset:
         rng = np.random.default_rng([cfg.seed, index])
         kind = self.kind(index)
         if kind == "sentence":
-            return _sample(index, sentence_words(rng), [], [], [])
+            return _sample(index, [], [], [], sentence_words(rng))
         scenes = [sample_scene(cfg, rng) for _ in range(2 if kind == "compare" else 1)]
         grid = lambda h, w: (h // cfg.patch_size, w // cfg.patch_size)
         if kind == "compare":

@@ -40,7 +40,11 @@ multiples of 2P) and causal attention, the busiest ranks differ by::
 where B = 2 * (2 d_kv itemsize) + 2 d_kv grad_itemsize is what one travelling token
 costs a rank per ring step. T cancels: the text is laid out the same way in both
 layouts. So the choice turns on the image size per sample and on the
-compute/communication ratio, not on how much text there is. (Under bidirectional image
+compute/communication ratio, not on how much text there is. With images anywhere in a
+sample, an image after text also sees that text, and under ``replicate`` every rank
+repeats those pairs too (Note [vlmcp ring attention schedule]); the estimate counts
+them exactly from the plan's per-token owners (on chat rows they are well under 1% of
+the pairs: ``vlmcp bench plan``). (Under bidirectional image
 attention an image query sees all I image keys wherever it sits, so the zigzag no
 longer balances ``shard`` exactly and T enters through that imbalance; the estimate
 counts every rank's pairs, so it prices this too.)

@@ -10,11 +10,11 @@ offset + 1, and the offset counts every token before it, images included.
 *Equal chunks* (``c = ceil(Z / 2P)``, chunk j = ``[j c, (j+1) c)``): when offsets are
 ``0 .. Z-1`` (no replicated token in the sample), query k and query Z-1-k together
 see Z + 1 keys, so chunks r and 2P-1-r hold the same work on every rank. For Z
-divisible by 2P this is exactly megatron-core's ``get_batch_on_this_cp_rank`` order.
-``"shard"`` uses it for every sample, ``"replicate"`` for text-only samples with Z
-divisible by 2P.
+divisible by 2P this is exactly megatron-core's ``get_batch_on_this_cp_rank`` order,
+and both layouts use it wherever nothing of the sample is replicated and Z divides by
+2P (a text-only sample; any sample under ``"shard"``).
 
-*Equal work* (every other ``"replicate"`` sample): a replicated image before the
+*Equal work* (every other sample): a replicated image before the
 text shifts the later text offsets up, so the prompt's few cheap queries leave the
 rank of chunk 0 idle (plain zigzag: max/mean 1.04-1.06 on chat rows). Pair query k
 with query Z-1-k (weight ``w_k + w_{Z-1-k}``) and hand out *bands* of pairs from the
@@ -30,7 +30,10 @@ total, so each rank's band is within one pair of its share. Rounding errors are
 carried from sample to sample (error diffusion over the row: a rank that got a pair
 too much in one sample is aimed a pair lower in the next), so a row of many short
 samples is balanced as well as one long sample. When offsets are ``0 .. Z-1`` every
-pair weighs Z + 1 and the bands are equal chunks again. Each rank's front and back
+pair weighs Z + 1 and the bands are equal chunks again; where Z does not divide by 2P
+they split the remainder by work instead of padding the last chunks. Work is always
+the causal count (offset + 1): under bidirectional attention with ``"shard"``, an
+image query's extra keys are not balanced (the cost model prices them). Each rank's front and back
 chunks have the same length, so token counts stay close; the per-sample slot count
 is the largest rank's, and the rest is padding (reported by ``vlmcp bench plan``).
 """

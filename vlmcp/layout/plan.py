@@ -272,12 +272,9 @@ def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_s
     zlens = torch.bincount(zsid, minlength=S)
     image_lens = torch.bincount(sid[is_image], minlength=S)
     replicated = image_lens if image_strategy == "replicate" else torch.zeros_like(image_lens)
-    # equal chunks where offsets run 0..Z-1 and Z divides by 2P (megatron-core's order), or
-    # always under "shard"; equal causal work elsewhere (Note in vlmcp.layout.cuts)
-    if image_strategy == "replicate":
-        balance = (replicated > 0) | (zlens % (2 * P) != 0)
-    else:
-        balance = torch.zeros(S, dtype=torch.bool)
+    # equal chunks where the sharded tokens' offsets run 0..Z-1 (nothing replicated) and Z
+    # divides by 2P: megatron-core's order; equal causal work elsewhere (Note in vlmcp.layout.cuts)
+    balance = (replicated > 0) | (zlens % (2 * P) != 0)
     cuts = zigzag_cuts(zlens, images.offsets[zpos] + 1, balance, P)
     chunk_lens = cuts[:, 1:] - cuts[:, :-1]
     # sharded tokens are in row order, so their chunk ids are each sample's 0..2P-1 repeated

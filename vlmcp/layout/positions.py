@@ -1,12 +1,14 @@
 """Position ids computed on the global row (before sharding).
 
 Rotary position ids restart at 0 in every packed sample. Qwen2-VL's M-RoPE gives
-each token three ids (temporal, height, width), the rule of transformers'
+each token three ids (temporal, height, width), the rule of transformers 5.x
 ``Qwen2VLModel.get_rope_index``: text tokens count up on all three axes; an image
 with an LLM token grid (t, h, w) takes ``base + (i_t, i_h, i_w)`` where ``base`` is
-one past the largest id before it, and the text after it continues from one past
-the image's largest id, ``base + max(t, h, w)``. Computing them per rank after
-sharding would lose the grids; shard them with ``shard.shard_position_ids``.
+the next id, and the text after it continues from ``base + max(h, w)``: one past the
+image's largest id for an image (t = 1); for a video grid with t > max(h, w)
+transformers 5.x advances by max(h, w) as well, and so does this function. Computing
+them per rank after sharding would lose the grids; shard them with
+``shard.shard_position_ids``.
 """
 
 from __future__ import annotations
@@ -67,10 +69,10 @@ def mrope_position_ids(
         raise ValueError(
             f"image_grid_thw[{i}]={grids[i].tolist()} has {int(grids[i].prod())} tokens but "
             f"image {i} (tokens {a}..{b - 1}) has {b - a}")
-    # how far each token moves the next free id: text 1, an image max(t, h, w) (at its end)
+    # how far each token moves the next free id: text 1, an image max(h, w) (at its end)
     advance = (~is_image).long()
     if n:
-        advance[images.spans[:, 1] - 1] = grids.max(dim=1).values
+        advance[images.spans[:, 1] - 1] = grids[:, 1:].max(dim=1).values
     before = torch.cumsum(advance, 0) - advance
     before = before - before[cu[:-1]][images.sample_ids]  # restart in every sample
     ids = before.expand(3, -1).clone()
