@@ -19,9 +19,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="print the per-rank layout and work of a packed row",
                        description=__doc__)
     p.add_argument("--cp", type=int, default=4, help="CP group size P (default 4)")
-    p.add_argument("--prompt-tokens", default=DEFAULT_PROMPT_TOKENS,
-                   help="text tokens before each sample's image, comma-separated "
-                        f"(default {DEFAULT_PROMPT_TOKENS})")
+    p.add_argument("--prompt-tokens", default=None,
+                   help="text tokens before each sample's image, comma-separated, or one count for "
+                        f"every sample (default {DEFAULT_PROMPT_TOKENS} for the built-in example, "
+                        "else 0)")
     p.add_argument("--image-tokens", default=DEFAULT_IMAGE_TOKENS,
                    help=f"image tokens per sample, comma-separated (default {DEFAULT_IMAGE_TOKENS})")
     p.add_argument("--text-tokens", default=DEFAULT_TEXT_TOKENS,
@@ -178,6 +179,9 @@ def _flops(x: float) -> str:
 def run(args: argparse.Namespace) -> int:
     image = _int_list(args.image_tokens, "--image-tokens")
     text = _int_list(args.text_tokens, "--text-tokens")
+    if args.prompt_tokens is None:
+        builtin = (args.image_tokens, args.text_tokens) == (DEFAULT_IMAGE_TOKENS, DEFAULT_TEXT_TOKENS)
+        args.prompt_tokens = DEFAULT_PROMPT_TOKENS if builtin else "0"
     prompt = _int_list(args.prompt_tokens, "--prompt-tokens")
     if len(prompt) == 1 and len(image) > 1:
         prompt = prompt * len(image)  # one prompt length for every sample
