@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import vlmcp
+from tests import rows
 from vlmcp.attention import cp_attention, reference_attention
 from vlmcp.attention.exchange import ring_bytes_sent
 
@@ -24,23 +25,21 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 
 def make_row(samples, heads, kv_heads, head_dim, seed):
-    """A packed row of ``[(image_tokens, text_tokens), ...]`` with float64 q, k, v, dout."""
-    is_image = torch.cat([torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
-                          for i, t in samples])
-    cu = torch.tensor([0] + [i + t for i, t in samples]).cumsum(0)
+    """A packed row (samples as in :mod:`tests.rows`) with image ids and float64 q, k, v, dout."""
+    is_image, cu, image_ids = rows.make_row(samples)
     L = is_image.numel()
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(L, heads, head_dim, generator=g, dtype=torch.float64)
     k = torch.randn(L, kv_heads, head_dim, generator=g, dtype=torch.float64)
     v = torch.randn(L, kv_heads, head_dim, generator=g, dtype=torch.float64)
     dout = torch.randn(L, heads, head_dim, generator=g, dtype=torch.float64)
-    return is_image, cu, q, k, v, dout
+    return is_image, cu, image_ids, q, k, v, dout
 
 
-def _reference(q, k, v, dout, is_image, cu, image_attention, dtype):
+def _reference(q, k, v, dout, is_image, cu, image_ids, image_attention, dtype):
     """(out, lse, dq, dk, dv) of dense attention on the whole row, computed in ``dtype``."""
     x = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
-    out, lse = reference_attention(*x, is_image, cu, image_attention)
+    out, lse = reference_attention(*x, is_image, cu, image_attention, image_ids=image_ids)
     grads = torch.autograd.grad((out * dout.to(dtype)).sum(), x)
     return [t.detach().double() for t in (out, lse, *grads)]
 
@@ -68,11 +67,11 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     """
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     dtype = DTYPES[dtype_name]
-    is_image, cu, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, seed)
+    is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, seed)
     if dtype != torch.float64:  # the truth is float64 on the same (rounded) inputs
         q, k, v, dout = (t.to(dtype).double() for t in (q, k, v, dout))
-    ref = _reference(q, k, v, dout, is_image, cu, image_attention, torch.float64)
-    shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy).for_rank(rank)
+    ref = _reference(q, k, v, dout, is_image, cu, ids, image_attention, torch.float64)
+    shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids).for_rank(rank)
     pos, pad, rep = shard.positions, shard.positions < 0, shard.replicated
     lq, lk, lv = (shard.shard(t).to(dtype).requires_grad_() for t in (q, k, v))
     ldout = shard.shard(dout).to(dtype)
@@ -98,7 +97,7 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     for name, mine, truth in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *summed), ref, strict=True):
         errs[name] = _max_err(mine.double()[valid], truth[pos[valid]])
     if dtype == torch.bfloat16:
-        base = _reference(q, k, v, dout, is_image, cu, image_attention, dtype)
+        base = _reference(q, k, v, dout, is_image, cu, ids, image_attention, dtype)
         errs["baseline"] = {n: _max_err(b, t) for n, b, t in
                             zip(("out", "lse", "dq", "dk", "dv"), base, ref, strict=True)}
     return errs
@@ -116,11 +115,16 @@ _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast
                 "reduce", "all_gather_object", "broadcast_object_list")
 
 
+_FLAT = {"all_gather_single": "ag", "all_gather_into_tensor": "ag", "reduce_scatter_single": "rs",
+         "reduce_scatter_tensor": "rs"}
+
+
 class CommLog:
     """Patches ``torch.distributed`` so every collective and P2P batch is recorded.
 
     ``entries``: ``("p2p", [(op, nbytes, peer, dtype), ...])`` per ``batch_isend_irecv``,
-    ``("a2a", in_numel, out_numel, dtype)`` per ``all_to_all_single``, and
+    ``("a2a", in_numel, out_numel, dtype)`` per ``all_to_all_single``, ``("ag", in_numel,
+    out_numel)`` / ``("rs", in_numel, out_numel)`` per flat all-gather / reduce-scatter, and
     ``("other", name)`` for anything else. With ``forbid=True`` every call raises.
     """
 
@@ -136,13 +140,17 @@ class CommLog:
                                               op.peer, str(op.tensor.dtype)) for op in args[0]]))
             elif name == "all_to_all_single":
                 self.entries.append(("a2a", args[1].numel(), args[0].numel(), str(args[0].dtype)))
+            elif name in _FLAT:
+                self.entries.append((_FLAT[name], args[1].numel(), args[0].numel()))
             else:
                 self.entries.append(("other", name))
             return fn(*args, **kwargs)
         return wrapper
 
     def __enter__(self):
-        for name in ("batch_isend_irecv", "all_to_all_single", *_COLLECTIVES):
+        for name in ("batch_isend_irecv", "all_to_all_single", *_COLLECTIVES, *_FLAT):
+            if not hasattr(dist, name) or name in self._saved:
+                continue
             self._saved[name] = getattr(dist, name)
             setattr(dist, name, self._wrap(name, self._saved[name]))
         return self
@@ -161,8 +169,8 @@ def comm_volume(group, cases):
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     results = []
     for samples, backend, heads, kv_heads, head_dim in cases:
-        is_image, cu, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, 0)
-        plan = vlmcp.plan_cp(is_image, P, cu)
+        is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, 0)
+        plan = vlmcp.plan_cp(is_image, P, cu, image_ids=ids)
         shard = plan.for_rank(rank)
         lq, lk, lv = (shard.shard(t).bfloat16().requires_grad_() for t in (q, k, v))
         with CommLog() as fwd:
@@ -180,7 +188,7 @@ def no_comm_at_p1(group):
 
     The loss is ``out.sum()`` (a stride-0 ``dout``); returns the max error of dk vs the reference.
     """
-    is_image, cu, q, k, v, _ = make_row([(3, 5), (0, 4)], 4, 2, 8, 0)
+    is_image, cu, _, q, k, v, _ = make_row([(3, 5), (0, 4), "t2 i3 t2"], 4, 2, 8, 0)
     shard = vlmcp.plan_cp(is_image, 1, cu).for_rank(0)
     x = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_dk = torch.autograd.grad(reference_attention(*x, is_image, cu)[0].sum(), x[1])[0]
@@ -197,7 +205,7 @@ def no_comm_at_p1(group):
 def bad_inputs(group):
     """Each bad call must raise a clear error before any communication; returns (label, type, message)."""
     rank, P = dist.get_rank(group), dist.get_world_size(group)
-    is_image, cu, q, k, v, _ = make_row([(3, 7), (0, 5)], 4, 2, 8, 0)
+    is_image, cu, _, q, k, v, _ = make_row([(3, 7), (0, 5)], 4, 2, 8, 0)
     plan = vlmcp.plan_cp(is_image, P, cu)
     shard = plan.for_rank(rank)
     lq, lk, lv = (shard.shard(t) for t in (q, k, v))

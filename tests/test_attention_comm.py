@@ -15,7 +15,10 @@ CASES = [  # (samples, backend, heads, kv_heads, head_dim)
     ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 2, D),   # kv_heads % P != 0: lcm(2, 3) = 6 = heads
     ([(5, 7), (0, 3), (9, 1)], "ulysses", 12, 2, D),      # lcm(2, 3) = 6 K/V heads travel, not 12
     ([(5, 7), (0, 3), (9, 1)], "ulysses", HEADS, 1, D),   # MQA: lcm(1, 3) = 3 K/V heads, not 6
+    (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "ring", HEADS, 2, D),     # images anywhere
+    (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "ulysses", HEADS, 3, D),  # images after text: 11 of 14
 ]
+LATE_IMAGE_TOKENS = 5 + 2 + 4  # images with text before them in their sample
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def _ring_expected(r, text, kv_heads, backward):
     return out
 
 
-@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("case", [0, 1, 6])
 def test_ring_sends_exactly_the_text_kv_once_per_step(volumes, case):
     kv_heads = CASES[case][3]
     for r, per_case in enumerate(volumes):
@@ -54,7 +57,7 @@ def test_ring_sends_exactly_the_text_kv_once_per_step(volumes, case):
         assert len(fwd) == P - 1 and len(bwd) == 2 * (P - 1)
 
 
-@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("case", [0, 1, 6])
 def test_ring_bytes_sent_formula_matches_the_messages(volumes, case):
     for per_case in volumes:
         fwd, bwd, _, (pred_fwd, pred_bwd) = per_case[case]
@@ -75,6 +78,24 @@ def test_ulysses_all_to_all_volume_is_exact(volumes, case, kv):
                        ("a2a", total * heads * D // P, T * heads * D, "torch.bfloat16")]
         assert bwd == [("a2a", T * heads * D, total * heads * D // P, "torch.bfloat16"),
                        ("a2a", total * qkv // P, T * qkv, "torch.bfloat16")]
+
+
+def test_ulysses_images_after_text_add_one_all_gather_over_heads(volumes):
+    """Images after text are computed per head slice in the gathered row and all-gathered over
+    heads (backward: the dual reduce-scatter); an image opening its sample stays local."""
+    heads, kv = CASES[7][2], CASES[7][3]
+    for r, per_case in enumerate(volumes):
+        fwd, bwd, text, _ = per_case[7]
+        T, total = text[r], sum(text)
+        qkv = (heads + 2 * kv) * D
+        gathered = LATE_IMAGE_TOKENS * heads * D
+        # (all-gather sizes are bf16 elements; the uneven all-gather pads nothing here)
+        assert fwd == [("a2a", T * qkv, total * qkv // P, "torch.bfloat16"),
+                       ("a2a", total * heads * D // P, T * heads * D, "torch.bfloat16"),
+                       ("ag", gathered // P, gathered)]
+        assert bwd[0] == ("rs", gathered, gathered // P)
+        assert bwd[1:] == [("a2a", T * heads * D, total * heads * D // P, "torch.bfloat16"),
+                           ("a2a", total * qkv // P, T * qkv, "torch.bfloat16")]
 
 
 def test_p1_communicates_nothing():

@@ -1,8 +1,9 @@
 """CP attention against single-process attention on the whole row: out, lse, dq, dk, dv.
 
 One spawned group per P runs the whole grid (rows of 1-4 packed samples, samples
-with and without images or text, odd lengths, GQA, both layouts, both backends,
-both image attentions, three dtypes); the tests below assert on its results.
+with and without images or text, images anywhere in a sample, odd lengths, GQA, both
+layouts, both backends, both image attentions, three dtypes); the tests below assert
+on its results.
 """
 
 import itertools
@@ -17,6 +18,9 @@ ROWS = [
     [(5, 7), (0, 3), (9, 1)],                 # packed: image+text, text only, one text token
     [(4, 0), (2, 9)],                         # a sample with no text at all
     [(3, 11), (0, 1), (6, 17), (2, 5)],       # four samples
+    # images anywhere: text before, between and after; back to back (image_ids); ending a sample
+    ["t3 i5 t4 i2 i3 t6", "t7", "t2 i6"],
+    ["i2 i3 t9 i4 t1", "t5 i1 t1 i7"],
 ]
 KV_HEADS = (12, 4, 3)  # heads = 12: MHA, GQA with kv_heads % P == 0, GQA needing K/V replication
 
@@ -27,7 +31,7 @@ F64 = [(rows, strategy, backend, ia, KV_HEADS[i % 3], "float64")
 F64 += [(ROWS[3], "replicate", "ulysses", "bidirectional", 2, "float64"),
         (ROWS[1], "shard", "ulysses", "causal", 1, "float64")]
 F32 = [(rows, "replicate", backend, "causal", 4, "float32", 1, 12, 16)
-       for rows, backend in itertools.product([ROWS[1], ROWS[3], [(16, 40)]], ("ring", "ulysses"))]
+       for rows, backend in itertools.product([ROWS[1], ROWS[4], [(16, 40)]], ("ring", "ulysses"))]
 F32 += [(ROWS[3], "shard", "ring", "bidirectional", 3, "float32", 2, 12, 16)]
 BF16 = [(rows, strategy, backend, "causal", 4, "bfloat16", 3, 12, 16)
         for rows, strategy, backend in [(ROWS[1], "replicate", "ring"), (ROWS[1], "replicate", "ulysses"),

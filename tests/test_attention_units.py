@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vlmcp
+from tests.rows import make_row
 from vlmcp.attention import (
     MaskKind,
     block_kind,
@@ -18,7 +19,7 @@ from vlmcp.attention import (
 )
 from vlmcp.attention.blockwise import blocks_forward
 from vlmcp.attention.kernels import CpuFlashKernel, MathKernel
-from vlmcp.attention.masks import Block, Run, cross_blocks, dense_mask, runs_of, self_blocks, split_runs
+from vlmcp.attention.masks import Block, Run, Segment, cross_blocks, dense_mask, runs_of, self_blocks
 from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.attention.ring import ring_schedule
 from vlmcp.attention.ulysses import ulysses_schedule
@@ -27,10 +28,11 @@ from vlmcp.attention.ulysses import ulysses_schedule
 
 
 def test_block_kind_agrees_with_the_dense_mask_and_is_tight():
-    for qo, ql, ko, kl, il in itertools.product(range(5), range(4), range(5), range(4), range(5)):
-        kind = block_kind(qo, ql, ko, kl, il)
-        m = dense_mask(Block(0, ql, 0, kl, MaskKind.MASKED, qo, ko, il), ql, kl)
-        case = (qo, ql, ko, kl, il, kind)
+    spans = [(0, 0), *((a, b) for a in range(6) for b in range(a + 1, 7))]
+    for qo, ql, ko, kl, span in itertools.product(range(5), range(4), range(5), range(4), spans):
+        kind = block_kind(qo, ql, ko, kl, span)
+        m = dense_mask(Block(0, ql, 0, kl, MaskKind.MASKED, qo, ko, *span), ql, kl)
+        case = (qo, ql, ko, kl, span, kind)
         if m.numel() == 0 or not m.any():
             assert kind is MaskKind.EMPTY, case
         elif m.all():
@@ -48,48 +50,51 @@ def test_zigzag_chunk_pairs_are_full_causal_or_empty():
         assert block_kind(a * c, c, b * c, c) is expect
 
 
-def test_runs_split_at_samples_gaps_and_padding():
+def test_runs_split_at_samples_gaps_padding_and_images():
     sid = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
     off = torch.tensor([0, 1, 5, 6, -1, 0, 1, -1])
     assert runs_of(sid, off) == [Run(0, 0, 0, 2), Run(0, 2, 5, 2), Run(1, 5, 0, 2)]
-    assert split_runs([Run(0, 0, 0, 5), Run(1, 5, 3, 2)], [2, 9]) == [
-        Run(0, 0, 0, 2), Run(0, 2, 2, 3), Run(1, 5, 3, 2)]
+    img = torch.tensor([-1, 0, 1, 1, -1, -1, -1, -1])
+    assert runs_of(sid, off, img) == [Run(0, 0, 0, 1), Run(0, 1, 1, 1, 0), Run(0, 2, 5, 2, 1),
+                                      Run(1, 5, 0, 2)]
 
 
-def test_self_blocks_prefix_lm_and_skipped_queries():
-    assert self_blocks([(3, 6, 0, 0)]) == [Block(3, 9, 3, 9, MaskKind.CAUSAL)]
+def test_self_blocks_images_anywhere_and_skipped_queries():
     full, causal = MaskKind.FULL, MaskKind.CAUSAL
-    assert self_blocks([(0, 6, 0, 2)]) == [Block(0, 6, 0, 2, full), Block(2, 6, 2, 6, causal)]  # prefix-LM
-    assert self_blocks([(0, 6, 2, 0)]) == [Block(2, 6, 0, 2, full), Block(2, 6, 2, 6, causal)]  # skip 2 q
-    assert self_blocks([(0, 2, 2, 2)]) == []
+    assert self_blocks([Segment(3, 6)]) == [Block(3, 9, 3, 9, causal)]
+    # prefix-LM: the image's queries and the text's see the image in full
+    assert self_blocks([Segment(0, 6, ((0, 2),))]) == [Block(0, 6, 0, 2, full), Block(2, 6, 2, 6, causal)]
+    # text, an image, text: each stretch sees everything before it in full (coalesced)
+    assert self_blocks([Segment(0, 7, ((2, 4),))]) == [
+        Block(0, 2, 0, 2, causal), Block(2, 7, 0, 4, full), Block(4, 7, 4, 7, causal)]
+    assert self_blocks([Segment(0, 6, (), ((2, 6),))]) == [Block(2, 6, 0, 2, full), Block(2, 6, 2, 6, causal)]
+    assert self_blocks([Segment(0, 2, (), ())]) == []
 
 
-def test_cross_blocks_coalesce_full_blocks():
+def test_cross_blocks_coalesce_full_blocks_and_see_one_image_both_ways():
     # queries: chunk 3 of a 4-chunk sample; keys: chunks 1 and 2 stored back to back
-    blocks = cross_blocks([Run(0, 0, 0, 2), Run(0, 2, 6, 2)], [Run(0, 0, 2, 2), Run(0, 2, 4, 2)], [0])
-    assert blocks == [Block(2, 4, 0, 4, MaskKind.FULL, 6, 2, 0)]
-    blocks = cross_blocks([Run(0, 0, 2, 2), Run(0, 2, 4, 2)], [Run(0, 0, 0, 2), Run(0, 2, 6, 2)], [0])
-    assert blocks == [Block(0, 4, 0, 2, MaskKind.FULL, 2, 0, 0)]
+    blocks = cross_blocks([Run(0, 0, 0, 2), Run(0, 2, 6, 2)], [Run(0, 0, 2, 2), Run(0, 2, 4, 2)])
+    assert blocks == [Block(2, 4, 0, 4, MaskKind.FULL, 6, 2)]
+    blocks = cross_blocks([Run(0, 0, 2, 2), Run(0, 2, 4, 2)], [Run(0, 0, 0, 2), Run(0, 2, 6, 2)])
+    assert blocks == [Block(0, 4, 0, 2, MaskKind.FULL, 2, 0)]
+    # two pieces of image 0 (offsets 2..7) see each other; a later text key stays unseen
+    blocks = cross_blocks([Run(0, 0, 2, 3, 0)], [Run(0, 0, 5, 3, 0), Run(0, 3, 8, 2)], [(2, 8)])
+    assert blocks == [Block(0, 3, 0, 3, MaskKind.FULL, 2, 5, 2, 8)]
 
 
 # ---------------------------------------------------------------- ring schedule vs the mask
 
-ROWS = [[(0, 13)], [(5, 7), (0, 3), (9, 1)], [(4, 0), (2, 9)], [(3, 11), (0, 1), (6, 17), (2, 5)], [(1, 1)]]
-
-
-def _row(samples):
-    is_image = torch.cat([torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
-                          for i, t in samples])
-    return is_image, torch.tensor([0] + [i + t for i, t in samples]).cumsum(0)
+ROWS = [[(0, 13)], [(5, 7), (0, 3), (9, 1)], [(4, 0), (2, 9)], [(3, 11), (0, 1), (6, 17), (2, 5)], [(1, 1)],
+        ["t3 i5 t4 i2 i3 t6"], ["t2 i6", "i2 i3 t9 i4", "t5 i1 t1"]]
 
 
 @pytest.mark.parametrize("P", [1, 2, 3, 4])
 def test_ring_schedule_covers_each_attended_pair_exactly_once(P):
     """Over all steps, a rank's blocks hit every (local query, key) pair of the mask once."""
     for samples, strategy, ia in itertools.product(ROWS, ("replicate", "shard"), ("causal", "bidirectional")):
-        is_image, cu = _row(samples)
-        truth = reference_mask(is_image, cu, ia)
-        plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy)
+        is_image, cu, ids = make_row(samples)
+        truth = reference_mask(is_image, cu, ia, ids)
+        plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids)
         for r in range(P):
             shard = plan.for_rank(r)
             sched = ring_schedule(shard, ia)
@@ -113,7 +118,7 @@ def test_ring_schedule_covers_each_attended_pair_exactly_once(P):
 
 def test_ring_steps_are_single_full_or_causal_calls_for_a_text_sample():
     """Zigzag: one causal call at step 0, one full call per later step (no dense masks)."""
-    is_image, cu = _row([(8, 48)])
+    is_image, cu, _ = make_row([(8, 48)])
     for P in (2, 3, 4):
         for r in range(P):
             sched = ring_schedule(vlmcp.plan_cp(is_image, P, cu).for_rank(r), "causal")
@@ -127,18 +132,22 @@ def test_ring_steps_are_single_full_or_causal_calls_for_a_text_sample():
 @pytest.mark.parametrize("P", [1, 2, 3])
 def test_ulysses_schedule_is_cached_and_orders_the_whole_row(P):
     """One schedule per shard (every layer reuses it); its gathered row sorts into global order."""
-    is_image, cu = _row(ROWS[3])
-    plan = vlmcp.plan_cp(is_image, P, cu)
-    for r in range(P):
-        shard = plan.for_rank(r)
-        sched = ulysses_schedule(shard, "bidirectional")
-        assert ulysses_schedule(shard, "bidirectional") is sched
-        assert ulysses_schedule(shard, "causal") is not sched
-        gathered = torch.cat([sched.travelling_positions, shard.positions[sched.image_index]])
-        assert torch.equal(gathered[sched.row_order], torch.arange(plan.seq_len))
-        assert list(sched.counts) == [int(plan.for_rank(p).is_text.sum()) for p in range(P)]
-        assert bool(shard.replicated[sched.image_index].all())
-        assert not bool(shard.replicated[sched.send_index].any())
+    for samples in (ROWS[3], ROWS[6]):
+        is_image, cu, ids = make_row(samples)
+        plan = vlmcp.plan_cp(is_image, P, cu, image_ids=ids)
+        for r in range(P):
+            shard = plan.for_rank(r)
+            sched = ulysses_schedule(shard, "bidirectional")
+            assert ulysses_schedule(shard, "bidirectional") is sched
+            assert ulysses_schedule(shard, "causal") is not sched
+            gathered = torch.cat([sched.travelling_positions, shard.positions[sched.image_index]])
+            assert torch.equal(gathered[sched.row_order], torch.arange(plan.seq_len))
+            assert list(sched.counts) == [int(plan.for_rank(p).is_text.sum()) for p in range(P)]
+            assert bool(shard.replicated[sched.image_index].all())
+            assert not bool(shard.replicated[sched.send_index].any())
+            # every image is computed once: locally (leading run) or in the gathered row
+            lead, late = set(sched.lead_index.tolist()), set(sched.late_slots.tolist())
+            assert not lead & late and lead | late == set(sched.image_index.tolist())
 
 
 # ---------------------------------------------------------------- merge
@@ -213,21 +222,26 @@ def test_reference_matches_torch_sdpa_on_one_causal_sample():
 
 
 def test_reference_mask_is_per_sample_with_bidirectional_images():
-    is_image, cu = _row([(2, 1), (0, 2)])
+    is_image, cu, _ = make_row([(2, 1), (0, 2)])
     m = reference_mask(is_image, cu, "bidirectional")
     assert m.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
     assert reference_mask(is_image, cu, "causal")[0, 1].item() is False
+    # two images back to back see only themselves; text between images sees both causally
+    is_image, cu, ids = make_row(["i2 i1 t1 i2"])
+    m = reference_mask(is_image, cu, "bidirectional", ids)
+    assert m.long().tolist() == [[1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                                 [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
 
 
 @pytest.mark.parametrize("image_attention", ["causal", "bidirectional"])
 def test_varlen_attention_matches_reference(image_attention):
-    is_image, cu = _row([(3, 4), (0, 5), (4, 0)])
+    is_image, cu, ids = make_row([(3, 4), (0, 5), (4, 0), "t2 i3 i2 t3 i2"])
     L = is_image.numel()
     q = torch.randn(L, 4, 8, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(L, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
     dout = torch.randn(L, 4, 8, dtype=torch.float64)
-    o1, l1 = reference_attention(q, k, v, is_image, cu, image_attention)
-    o2, l2 = varlen_attention(q, k, v, cu, torch.tensor([3, 0, 4]), image_attention)
+    o1, l1 = reference_attention(q, k, v, is_image, cu, image_attention, image_ids=ids)
+    o2, l2 = varlen_attention(q, k, v, cu, is_image, image_attention, image_ids=ids)
     assert torch.allclose(o1, o2, atol=1e-12) and torch.allclose(l1, l2, atol=1e-12)
     for a, b in zip(torch.autograd.grad(o1, (q, k, v), dout), torch.autograd.grad(o2, (q, k, v), dout),
                     strict=True):

@@ -82,8 +82,8 @@ def test_samples_are_deterministic_and_random_access():
     backward = [b[i] for i in reversed(range(12))][::-1]
     for x, y in zip(forward, backward, strict=True):
         assert torch.equal(x.input_ids, y.input_ids) and x.text == y.text
-        assert (x.image is None) == (y.image is None)
-        assert x.image is None or torch.equal(x.image, y.image)
+        assert torch.equal(x.image_ids, y.image_ids) and len(x.images) == len(y.images)
+        assert all(torch.equal(p, q) for p, q in zip(x.images, y.images, strict=True))
     other = ShapesDataset(ShapesConfig(seed=8))
     assert any(a[i].text != other[i].text for i in range(12))
     with pytest.raises(IndexError):
@@ -119,22 +119,27 @@ def test_packing_invariants(cfg, extra):
         assert row.filler_len == seq_len - expected.numel()
         assert bool((row.input_ids[expected.numel():] == PAD_ID).all())
         assert row.num_samples == len(samples) + (row.filler_len > 0)
-        # Images: a prefix of each sample, one tensor per sample with an image, sizes match.
-        with_image = [s for s in samples if s.image is not None]
-        assert len(row.images) == len(with_image) == row.image_grid_thw.shape[0]
+        # Images: every sample's, in row order, numbered 0.. across the row; sizes match.
+        images = [im for s in samples for im in s.images]
+        assert len(row.images) == len(images) == row.image_grid_thw.shape[0]
+        assert all(torch.equal(a, b) for a, b in zip(row.images, images, strict=True))
         assert int(row.is_image.sum()) == sum(s.image_tokens for s in samples)
         assert torch.equal(row.is_image, row.input_ids == IMAGE_ID)
-        for k, (image, s) in enumerate(zip(row.images, with_image, strict=True)):
+        assert torch.equal(row.is_image, row.image_ids >= 0)
+        for k, image in enumerate(row.images):
             _, h, w = image.shape
             assert image.shape[0] == 3 and image.dtype == torch.float32
             assert h % cfg.patch_size == 0 and w % cfg.patch_size == 0
             assert cfg.min_image_size <= min(h, w) and max(h, w) <= cfg.max_image_size
-            assert (h // cfg.patch_size) * (w // cfg.patch_size) == s.image_tokens
+            assert int((row.image_ids == k).sum()) == (h // cfg.patch_size) * (w // cfg.patch_size)
             assert row.image_grid_thw[k].tolist() == [1, h // cfg.patch_size, w // cfg.patch_size]
             assert 0 <= float(image.min()) and float(image.max()) <= 1
+        first = 0
         for i, s in enumerate(samples):
-            seg = row.is_image[cu[i]:cu[i + 1]]
-            assert bool(seg[:s.image_tokens].all()) and not bool(seg[s.image_tokens:].any())
+            ids = row.image_ids[cu[i]:cu[i + 1]]
+            assert torch.equal(ids, torch.where(s.is_image, s.image_ids + first, -1))
+            assert not bool(s.is_image[0])  # chat-like: a prompt (or the sentence) comes first
+            first += len(s.images)
         # Labels: next text token of the same sample, nothing on images, last tokens, filler.
         labels = torch.full((seq_len,), vlmcp.IGNORE_INDEX)
         for i in range(len(samples)):
@@ -146,10 +151,11 @@ def test_packing_invariants(cfg, extra):
         # Downstream consumers accept every row.
         for P in (1, 2, 3, 4):
             for strategy in ("replicate", "shard"):
-                plan = vlmcp.plan_cp(row.is_image, P, row.cu_seqlens, image_strategy=strategy)
+                plan = row.plan(P, image_strategy=strategy)
                 assert torch.equal(plan.image_lens[:len(samples)],
                                    torch.tensor([s.image_tokens for s in samples]))
-        mrope = vlmcp.mrope_position_ids(row.is_image, row.image_grid_thw, row.cu_seqlens)
+                assert plan.num_images == len(row.images)
+        mrope = vlmcp.mrope_position_ids(row.is_image, row.image_grid_thw, row.cu_seqlens, row.image_ids)
         assert mrope.shape == (3, seq_len)
     for a, b in zip(rows, rows[1:], strict=False):
         assert a.stop == b.start
@@ -161,10 +167,10 @@ def test_rows_mix_images_and_text_and_always_hold_an_image():
     seq_len = cfg.max_sample_len + MAX_SENTENCE_TOKENS
     rows = pack_rows(ds, seq_len, 0, 40)
     assert all(len(r.images) > 0 for r in rows)
-    kinds = {ds.is_text_only(i) for r in rows for i in range(r.start, r.stop)}
-    assert kinds == {True, False}
+    kinds = {ds.kind(i) for r in rows for i in range(r.start, r.stop)}
+    assert kinds == {"sentence", "caption", "compare", "video"}
     text_only = ds[3]
-    assert text_only.image is None and text_only.image_tokens == 0
+    assert text_only.images == () and text_only.image_tokens == 0
     assert text_only.input_ids[0] == BOS_ID and text_only.input_ids[-1] == EOS_ID
 
 
@@ -179,15 +185,17 @@ def test_resume_from_data_position_equals_continuing():
 
 def test_seq_len_too_short_is_a_clear_error():
     ds = ShapesDataset()
-    with pytest.raises(ValueError, match=r"seq_len=48 is too short for one sample.*49 tokens"):
-        pack_row(ds, 48)
-    pack_row(ds, 49)  # exactly the longest sample is enough
+    n = ds.max_sample_len  # a video of 3 frames of 6x6 patches, a prompt and a caption
+    assert n == 3 + 3 * 36 + 13
+    with pytest.raises(ValueError, match=rf"seq_len={n - 1} is too short for one sample.*{n} tokens"):
+        pack_row(ds, n - 1)
+    pack_row(ds, n)  # exactly the longest sample is enough
     with pytest.raises(ValueError, match="position"):
-        pack_row(ds, 64, -1)
+        pack_row(ds, n, -1)
     with pytest.raises(ValueError, match="num_rows"):
-        pack_rows(ds, 64, 0, 0)
+        pack_rows(ds, n, 0, 0)
     with pytest.raises(TypeError, match="ShapesDataset"):
-        pack_row(ShapesConfig(), 64)
+        pack_row(ShapesConfig(), n)
 
 
 def test_caption_describes_the_image():
@@ -196,17 +204,18 @@ def test_caption_describes_the_image():
     checked = 0
     for i in range(40):
         s = ds[i]
-        if s.image is None:
+        if ds.kind(i) != "caption":
             continue
         words = s.text.split()
         named = {}
         for j in range(0, len(words), 6):  # "a <colour> <shape> <row> <col>" [and]
             _, colour, _, row, col = words[j:j + 5]
             named[ROWS[3].index(row) * 3 + COLS[3].index(col)] = colour
-        _, h, w = s.image.shape
+        image = s.images[0]
+        _, h, w = image.shape
         for cell in range(9):
             r, c = divmod(cell, 3)
-            block = s.image[:, r * h // 3:(r + 1) * h // 3, c * w // 3:(c + 1) * w // 3].reshape(3, -1)
+            block = image[:, r * h // 3:(r + 1) * h // 3, c * w // 3:(c + 1) * w // 3].reshape(3, -1)
             if cell in named:
                 # some pixel of the cell has the named colour (up to the tint jitter)
                 base = torch.tensor(COLOUR_RGB[named[cell]]).view(3, 1)
@@ -214,7 +223,7 @@ def test_caption_describes_the_image():
             else:
                 assert float(block.max()) < 0.1, (i, cell)  # background only
         checked += 1
-    assert checked >= 25
+    assert checked >= 15
 
 
 class _CaptionModel(nn.Module):
@@ -234,15 +243,15 @@ class _CaptionModel(nn.Module):
 
 
 def _caption_batch(ds, start, n):
-    samples = [ds[i] for i in range(start, start + 2 * n) if not ds.is_text_only(i)][:n]
+    samples = [ds[i] for i in range(start, start + 3 * n) if ds.kind(i) == "caption"][:n]
     length = max(len(s) - s.image_tokens for s in samples)
     ids = torch.zeros(n, length, dtype=torch.long)
     has_target = torch.zeros(n, length - 1, dtype=torch.bool)
     for b, s in enumerate(samples):
-        text = s.input_ids[s.image_tokens:]
+        text = s.input_ids[~s.is_image]  # the prompt, then the caption
         ids[b, :len(text)] = text
         has_target[b, :len(text) - 1] = True
-    features = torch.stack([F.adaptive_avg_pool2d(s.image, (4, 4)).flatten() for s in samples])
+    features = torch.stack([F.adaptive_avg_pool2d(s.images[0], (4, 4)).flatten() for s in samples])
     return ids, has_target, features
 
 

@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import vlmcp
+from tests import rows
 from vlmcp.attention.exchange import ring_bytes_sent
 from vlmcp.cli import main
 from vlmcp.layout import CostModel, attended_pairs, choose_image_strategy, estimate_cost
@@ -22,10 +23,8 @@ NARROW = CostModel.for_transformer(hidden_size=512, mlp_ratio=4, kv_heads=8, hea
 
 
 def make_row(samples):
-    """samples: list of (image_tokens, text_tokens) -> (is_image, cu_seqlens)."""
-    is_image = torch.cat([torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
-                          for i, t in samples])
-    cu = torch.tensor([0] + [i + t for i, t in samples]).cumsum(0)
+    """samples: ``(image_tokens, text_tokens)`` pairs or spec strings -> (is_image, cu_seqlens)."""
+    is_image, cu, _ = rows.make_row(samples)
     return is_image, cu
 
 
@@ -46,6 +45,18 @@ def exact_cost(plan, model):
     return max(costs)
 
 
+@pytest.mark.parametrize("attention", ["causal", "bidirectional"])
+def test_estimate_prices_interleaved_rows_exactly(attention):
+    """Images after text: their queries' pairs with the travelling text are on every rank's bill."""
+    samples = ["t12 i40 t3 i24 t90", "t300", "t20 i64 t7"]
+    is_image, cu = make_row(samples)
+    model = dataclasses.replace(NARROW, image_attention=attention)
+    for P in (2, 3, 4):
+        for strategy in ("replicate", "shard"):
+            plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy)
+            assert estimate_cost(plan, model).cost == pytest.approx(exact_cost(plan, model), rel=1e-12)
+
+
 def test_estimate_matches_a_hand_computation():
     # One sample [I I | t t t t], P = 2; 1 pair = 1, 1 token = 10, 1 byte = 0.5; K/V of 1 x 1
     # in 1 byte: a token's K and V are 2 B, its dK and dV (float32) 8 B.
@@ -53,17 +64,18 @@ def test_estimate_matches_a_hand_computation():
     #   rank 1 offsets 3, 4 (keys 4 + 5): 12 pairs, 4 slots each. A rank sends its own 2 text
     #   tokens' K/V forward (4 B) and again backward (4 B), and the peer's dK/dV (16 B): 24 B.
     #   cost = 12 + 10 * 4 + 0.5 * 24 = 64 on both ranks.
-    # shard: 2P = 4 chunks of 2 over 6 tokens: rank 0 holds offsets 0, 1 (keys 1 + 2) and 2 pads,
-    #   rank 1 offsets 2..5 (keys 3 + 4 + 5 + 6 = 18). Rank 1 sends its 4 tokens' K/V twice
-    #   (8 + 8 B) and rank 0's dK/dV (16 B): 32 B, cost 18 + 40 + 16 = 74. Rank 0: 4 + 4 + 32 B,
-    #   cost 3 + 40 + 20 = 63.
+    # shard: 6 tokens do not divide into 2P = 4 chunks, so they are cut by work: the pairs
+    #   (0, 5), (1, 4), (2, 3) weigh 7 each; rank 0 takes one pair (offsets 0, 5: keys 1 + 6) and
+    #   2 pads, rank 1 the middle (offsets 1..4: keys 2 + 3 + 4 + 5 = 14). Rank 1 sends its 4
+    #   tokens' K/V twice (8 + 8 B) and rank 0's dK/dV (16 B): 32 B, cost 14 + 40 + 16 = 70.
+    #   Rank 0: 4 + 4 + 32 B, cost 7 + 40 + 20 = 67.
     model = CostModel(flops_per_pair=1, flops_per_token=10, flops_per_byte=0.5,
                       kv_heads=1, head_dim=1, itemsize=1)
     strategy, est = choose([(2, 4)], 2, model)
     rep, shard = est["replicate"], est["shard"]
     assert (rep.pairs, rep.local_tokens, rep.bytes_sent, rep.cost) == (12, 4, 24, 64.0)
-    assert (shard.busiest_rank, shard.pairs, shard.local_tokens, shard.bytes_sent) == (1, 18, 4, 32)
-    assert (shard.attention_flops, shard.token_flops, shard.comm_flops, shard.cost) == (18, 40, 16, 74.0)
+    assert (shard.busiest_rank, shard.pairs, shard.local_tokens, shard.bytes_sent) == (1, 14, 4, 32)
+    assert (shard.attention_flops, shard.token_flops, shard.comm_flops, shard.cost) == (14, 40, 16, 70.0)
     assert strategy == "replicate"  # padding leaves shard's rank 1 the busier
     assert model.bytes_per_ring_token == 2 * 2 + 2 * 4
 
@@ -109,10 +121,10 @@ def test_text_only_rows_tie_and_stay_replicated():
     assert est["replicate"] == dataclasses.replace(est["shard"], image_strategy="replicate")
 
 
-def test_p1_returns_replicate_even_where_shard_pads_less():
-    # [I | t] at P = 1: replicate pads the text to 2 (3 slots), shard holds 2 slots.
-    strategy, est = choose([(1, 1)], 1)
-    assert est["shard"].cost < est["replicate"].cost
+def test_p1_returns_replicate_where_both_layouts_cost_the_same():
+    # P = 1: both layouts hold every token once, unpadded, so the tie goes to replicate.
+    strategy, est = choose([(1, 1), (3, 4)], 1)
+    assert est["shard"].cost == est["replicate"].cost
     assert strategy == "replicate"
     is_image, _ = make_row([(1, 1)])
     assert vlmcp.plan_cp(is_image, 1, image_strategy="auto").image_strategy == "replicate"
@@ -188,7 +200,7 @@ def _decide_on_rank(group, samples, P):
 
 def test_decision_is_identical_on_every_rank():
     # Near the crossover, so a rank-dependent rounding would show as a different choice.
-    samples = [(6704, 200), (16, 24)]
+    samples = [(6734, 200), (16, 24)]
     _, est = choose(samples, 3, NARROW)
     assert abs(est["replicate"].cost / est["shard"].cost - 1) < 1e-4
     results = run_on_ranks(_decide_on_rank, 3, samples, 3, timeout=60)
@@ -225,8 +237,8 @@ def test_bad_cost_model_use():
         vlmcp.plan_cp(is_image, 2, image_strategy="shard", cost_model=CostModel())
     with pytest.raises(TypeError, match="cost_model must be a CostModel, got dict"):
         vlmcp.plan_cp(is_image, 2, image_strategy="auto", cost_model={"flops_per_byte": 1})
-    with pytest.raises(NotImplementedError, match="image_strategy='auto' supports images only"):
-        vlmcp.plan_cp(torch.tensor([0, 1], dtype=torch.bool), 2, image_strategy="auto")
+    # images anywhere are priced too (here an image after text)
+    assert vlmcp.plan_cp(torch.tensor([0, 1], dtype=torch.bool), 2, image_strategy="auto").cost_estimates
 
 
 def test_cli_plan_auto_prints_estimates_and_choice(capsys):

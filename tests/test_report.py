@@ -9,6 +9,7 @@ import torch
 from matplotlib.colors import to_rgb
 
 import vlmcp
+from tests import rows
 from vlmcp.data import ShapesDataset, pack_row
 from vlmcp.report import draw_plan, plot_loss_curve
 from vlmcp.report.plan_picture import (
@@ -59,7 +60,7 @@ def test_loss_curve_without_records_is_an_error(tmp_path):
                                                      (3, "shard", "bidirectional")])
 def test_plan_png(tmp_path, cp, strategy, attention):
     row = pack_row(ShapesDataset(), 160, 0)
-    plan = vlmcp.plan_cp(row.is_image, cp, row.cu_seqlens, image_strategy=strategy)
+    plan = row.plan(cp, image_strategy=strategy)
     out = draw_plan(plan, tmp_path / "plan.png", image_attention=attention)
     pixels = read_png(out)
     assert pixels.shape == (round(100 * (0.45 * (cp + 1) + 7)), 1000, 3)
@@ -71,7 +72,7 @@ def test_plan_png(tmp_path, cp, strategy, attention):
 
 def test_plan_png_is_fast_for_long_rows(tmp_path):
     row = pack_row(ShapesDataset(), 4096, 0)
-    plan = vlmcp.plan_cp(row.is_image, 4, row.cu_seqlens)
+    plan = row.plan(4)
     start = time.perf_counter()
     read_png(draw_plan(plan, tmp_path / "big.png", max_mask_pixels=512))
     assert time.perf_counter() - start < 10
@@ -88,16 +89,14 @@ def test_bad_plan_arguments(tmp_path):
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("strategy", ["replicate", "shard"])
 def test_mask_colours_match_a_brute_force_reference(strategy, bidirectional):
-    # samples (image, text): one text-only, one with padding at P=2
-    samples = [(4, 5), (0, 6), (3, 2)]
-    is_image = torch.cat([torch.arange(i + t) < i for i, t in samples])
-    cu = torch.tensor([0] + [i + t for i, t in samples]).cumsum(0)
-    plan = vlmcp.plan_cp(is_image, 2, cu, image_strategy=strategy)
+    # one text-only sample, padding at P=2, text before and between images, two images back to back
+    is_image, cu, ids = rows.make_row([(4, 5), (0, 6), (3, 2), "t2 i2 i1 t1 i2 t3"])
+    plan = vlmcp.plan_cp(is_image, 2, cu, image_strategy=strategy, image_ids=ids)
     ranks = _rank_colours(2)
     owner = _global_owner(plan)
-    img, sid = _global_is_image(plan)
+    img, sid, image_ids = _global_is_image(plan)
     colours = _token_colours(owner, img, ranks)
-    mask, res = _mask_image(plan, owner, img, sid, colours, bidirectional, max_pixels=1000)
+    mask, res = _mask_image(plan, owner, image_ids, sid, colours, bidirectional, max_pixels=1000)
     assert res == plan.seq_len
     computed_by = {}  # global query position -> set of ranks holding it
     for shard in plan.shards():
@@ -106,7 +105,8 @@ def test_mask_colours_match_a_brute_force_reference(strategy, bidirectional):
     for q in range(plan.seq_len):
         for k in range(plan.seq_len):
             same = sid[q] == sid[k]
-            visible = same and (k <= q or (bidirectional and img[q] and img[k]))
+            one_image = img[q] and img[k] and int(ids[q]) == int(ids[k])
+            visible = same and (k <= q or (bidirectional and one_image))
             if not visible:
                 assert tuple(mask[q, k]) == (1.0, 1.0, 1.0)
                 continue

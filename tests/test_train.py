@@ -14,7 +14,6 @@ import torch
 
 from vlmcp.cli import main
 from vlmcp.data import ShapesDataset, pack_rows
-from vlmcp.layout import plan_cp
 from vlmcp.loss import cp_cross_entropy
 from vlmcp.models import VLM
 from vlmcp.testing import run_on_ranks
@@ -137,7 +136,7 @@ def test_dp_times_cp_trains_every_replica_identically():
     assert not torch.equal(rows[0].input_ids, rows[1].input_ids)
     ref = []
     for row in rows:
-        shard = plan_cp(row.is_image, 1, row.cu_seqlens).for_rank(0)
+        shard = row.plan(1).for_rank(0)
         ids, labels, pos = local_inputs(row, shard)
         with torch.no_grad():
             logits = model(ids, pos, row.images, shard, None)

@@ -73,8 +73,8 @@ def test_bad_inputs_raise_the_same_error_on_every_rank_before_any_collective():
     assert "out_dim=5" in messages["hidden"] and "P=2" in messages["hidden"]
     assert "placed already" in messages["twice"]
     assert "image 1 has size 5x4" in messages["patch"]
-    assert "got 3 images but the plan's image spans take 2: images 2..2 are left over" in messages["count"]
-    assert "sample 0 has 4 image tokens in the plan, but images 0..0 give 6" in messages["tokens"]
+    assert "got 3 images but the row has 2 image spans" in messages["count"]
+    assert "image 0 gives 6 tokens" in messages["tokens"] and "has 4" in messages["tokens"]
     assert "width 12 differs from the LLM hidden size 16" in messages["width"]
     assert "CP group of 2 ranks" in messages["cp_size"]
 

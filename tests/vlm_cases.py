@@ -15,7 +15,6 @@ def double_count_trap(group):
     import torch.distributed as dist
 
     from vlmcp.grads import reduce_gradients
-    from vlmcp.layout import plan_cp
     from vlmcp.models import VLM
     from vlmcp.train.step import forward_backward
     from vlmcp.verify import builtin_row, verify_model_config
@@ -25,8 +24,8 @@ def double_count_trap(group):
     torch.manual_seed(0)
     ref = VLM(verify_model_config()).double()
     naive, exact = copy.deepcopy(ref), copy.deepcopy(ref)
-    forward_backward(ref, row, plan_cp(row.is_image, 1, row.cu_seqlens).for_rank(0), None)
-    plan = plan_cp(row.is_image, P, row.cu_seqlens)
+    forward_backward(ref, row, row.plan(1).for_rank(0), None)
+    plan = row.plan(P)
     for model in (naive, exact):
         place_vision(model.vision, mode="allreduce_hook", group=group)
     # A copy of a placed model (EMA, eval) re-creates its parameters, which drops their
@@ -54,7 +53,6 @@ def bad_image_count(group):
     import torch
     import torch.distributed as dist
 
-    from vlmcp.layout import plan_cp
     from vlmcp.models import VLM
     from vlmcp.train.step import forward_backward
     from vlmcp.verify import builtin_row, verify_model_config
@@ -64,7 +62,7 @@ def bad_image_count(group):
     torch.manual_seed(0)
     model = VLM(verify_model_config())
     place_vision(model.vision, mode="scatter", group=group)
-    plan = plan_cp(row.is_image, dist.get_world_size(group), row.cu_seqlens)
+    plan = row.plan(dist.get_world_size(group))
     broken = type(row)(**{**row.__dict__, "images": row.images[:1]})
     try:
         forward_backward(model, broken, plan.for_rank(dist.get_rank(group)), group)
@@ -91,7 +89,6 @@ def real_ddp_convention(group, modes):
     from torch.nn.parallel import DistributedDataParallel
 
     from vlmcp.grads import ddp_ignored_params, finish_ddp_gradients, local_part
-    from vlmcp.layout import plan_cp
     from vlmcp.models import VLM
     from vlmcp.train.step import forward_backward
     from vlmcp.verify import builtin_row, verify_model_config
@@ -101,8 +98,8 @@ def real_ddp_convention(group, modes):
     torch.manual_seed(0)
     ref = VLM(verify_model_config()).double()
     base = copy.deepcopy(ref)
-    forward_backward(ref, row, plan_cp(row.is_image, 1, row.cu_seqlens).for_rank(0), None)
-    plan = plan_cp(row.is_image, P, row.cu_seqlens)
+    forward_backward(ref, row, row.plan(1).for_rank(0), None)
+    plan = row.plan(P)
     # DDP gets a communicator of its own: its bucket all-reduces run during backward, in an
     # order that differs between ranks (broadcast/scatter graphs differ), while the
     # placement's dual collectives run on the CP group; sharing one would deadlock.
@@ -153,16 +150,34 @@ def copied_model_state(group):
     return same, own
 
 
-def multi_image_parity(group, modes):
-    """A sample whose image prefix holds two images: every mode exact against one process."""
+def interleaved_rows():
+    """Chat-layout rows: (0) text around and between images, two images back to back, a sample
+    that ends in an image, a text-only sample; (1) one 1-token image opening a sample."""
     import torch
 
     from vlmcp.data import random_row
+
+    rows = [[[5, (16, 16), 3, (16, 24), (8, 16), 9], [7], [2, (24, 16), 6, (16, 8)]],
+            [[(8, 8), 25], [6]]]
+    return [random_row(samples, 8, torch.Generator().manual_seed(3 + i)) for i, samples in enumerate(rows)]
+
+
+def interleaved_parity(group, modes):
+    """Every vision mode on the interleaved rows, against one process."""
     from vlmcp.verify import ParityCase, parity_case
 
-    # sample 0: images of 2x2 and 2x3 patches (10 tokens) + 11 text; sample 1: 7 text;
-    # sample 2: one 3x2-patch image + 9 text
-    samples = [([(16, 16), (16, 24)], 11), ([], 7), ([(24, 16)], 9)]
-    row = random_row(samples, 8, torch.Generator().manual_seed(3))
-    assert row.is_image.sum() == 16 and len(row.images) == 3
-    return [parity_case(group, ParityCase(vision_mode=m, dtype="float64"), row=row) for m in modes]
+    chat, single = interleaved_rows()
+    assert len(chat.images) == 5 and chat.image_ids.max() == 4
+    out = []
+    for m in modes:
+        out.append(parity_case(group, ParityCase(vision_mode=m, dtype="float64"), row=chat))
+        out.append(parity_case(group, ParityCase(vision_mode=m, attention="ulysses", dtype="float64",
+                                                 image_attention="bidirectional"), row=chat))
+        out.append(parity_case(group, ParityCase(vision_mode=m, attention="ulysses", dtype="float32",
+                                                 image_strategy="shard"), row=chat))
+    out.append(parity_case(group, ParityCase(vision_mode="scatter", dtype="float64"), row=single))
+    out.append(parity_case(group, ParityCase(vision_mode="broadcast", dtype="float64",
+                                             image_strategy="shard"), row=single))
+    out.append(parity_case(group, ParityCase(vision_mode="hidden_shard", dtype="float32",
+                                             image_attention="bidirectional"), row=single))
+    return out

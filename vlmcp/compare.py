@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from vlmcp.attention import varlen_attention
 from vlmcp.grads import grad_norms, reduce_gradients
-from vlmcp.layout import RankShard, plan_cp
+from vlmcp.layout import RankShard
 from vlmcp.memory import SavedTensorMeter
 from vlmcp.models import VLM, VLMConfig
 from vlmcp.train.step import forward_backward
@@ -46,9 +46,10 @@ def local_only_attention(q, k, v, shard: RankShard, group, image_attention: str)
     Local sample segments are in global order with padding last, so causal attention on
     the local order is the true mask restricted to local keys.
     """
-    image_lens = (shard.is_image.long().new_zeros(shard.cu_seqlens.numel() - 1)
-                  .index_add_(0, shard.sample_ids, shard.is_image.long()))
-    out, _ = varlen_attention(q, k, v, shard.cu_seqlens.long(), image_lens, image_attention)
+    ids, img = shard.image_index, shard.is_image
+    local_ids = torch.full_like(ids, -1)
+    local_ids[img] = torch.unique(ids[img], return_inverse=True)[1]  # renumbered 0.. in local order
+    out, _ = varlen_attention(q, k, v, shard.cu_seqlens.long(), img, image_attention, image_ids=local_ids)
     return out * (~shard.is_pad).to(out.dtype)[:, None, None]
 
 
@@ -69,7 +70,7 @@ def compare_rank(group: dist.ProcessGroup, cfg: VLMConfig, row, dtype: str = "fl
     torch.manual_seed(0)
     ref = VLM(cfg).to(dt)
     base = copy.deepcopy(ref)
-    ref_out, ref_bytes, _ = _step(ref, row, plan_cp(row.is_image, 1, row.cu_seqlens), None, "ring")
+    ref_out, ref_bytes, _ = _step(ref, row, row.plan(1), None, "ring")
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     parts = lambda m: {"vit": list(m.vision.tower.parameters()),  # noqa: E731
                        "projector": list(m.vision.projector.parameters())}
@@ -80,7 +81,7 @@ def compare_rank(group: dist.ProcessGroup, cfg: VLMConfig, row, dtype: str = "fl
     for name, (strategy, backend) in LAYOUTS.items():
         model = copy.deepcopy(base)
         place_vision(model.vision, mode="replicate", group=group)
-        plan = plan_cp(row.is_image, P, row.cu_seqlens, image_strategy=strategy)
+        plan = row.plan(P, image_strategy=strategy)
         out, saved, complete = _step(model, row, plan, group, backend or local_only_attention)
         err = max(float((p.grad - ref_grads[n]).double().norm() / ref_grads[n].double().norm())
                   for n, p in model.named_parameters() if ref_grads[n].norm() > 0)

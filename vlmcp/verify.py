@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
 from vlmcp.grads import grad_norms, local_part, reduce_gradients
-from vlmcp.layout import plan_cp
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.config import TORCH_DTYPES
 from vlmcp.train.step import forward_backward
@@ -38,8 +37,9 @@ def verify_model_config(patch_size: int = 8) -> VLMConfig:
 
 
 def builtin_row(seed: int = 0, patch_size: int = 8) -> PackedRow:
-    """3 packed samples: image (2x3 patches) + 13 text, text-only 9, image (3x3) + 21 text."""
-    samples = [([(16, 24)], 13), ([], 9), ([(24, 24)], 21)]
+    """3 packed samples, chat-like: a prompt, an image (2x3 patches) and 13 text; 9 text only;
+    2 text, an image (3x3), 6 text, two images back to back (2x2, 1x2) and 11 text."""
+    samples = [[4, (16, 24), 13], [9], [2, (24, 24), 6, (16, 16), (8, 16), 11]]
     return random_row(samples, patch_size, torch.Generator().manual_seed(seed))
 
 
@@ -62,7 +62,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _single_process(model: VLM, row: PackedRow, case: ParityCase):
-    plan = plan_cp(row.is_image, 1, row.cu_seqlens, image_strategy=case.image_strategy)
+    plan = row.plan(1, image_strategy=case.image_strategy)
     return forward_backward(model, row, plan.for_rank(0), None, backend=case.attention,
                             image_attention=case.image_attention)
 
@@ -95,7 +95,7 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
 
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     place_vision(model.vision, mode=case.vision_mode, group=group)
-    plan = plan_cp(row.is_image, P, row.cu_seqlens, image_strategy=case.image_strategy)
+    plan = row.plan(P, image_strategy=case.image_strategy)
     out = forward_backward(model, row, plan.for_rank(rank), group, backend=case.attention,
                            image_attention=case.image_attention)
     reduce_gradients(model, group)
@@ -124,13 +124,17 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
     }
     if truth is not ref:
         # bfloat16, per parameter: CP within twice the bf16 single process's error against
-        # float64 (flash-attention's rule), plus a floor for parameters it gets exactly
+        # float64 (flash-attention's rule), plus a floor of half a bf16 rounding step (2^-9)
+        # for parameters it gets (nearly) exactly: a CP gradient sums P bf16-computed shares
         ref_params = dict(ref.named_parameters())
         single = torch.tensor([_rel(ref_params[n].grad, truth_params[n].grad) for n in names],
                               dtype=torch.float64)
         result["single_process_rel_grad_error"] = float(single.max())
-        result["tolerance"] = "2 x the bf16 single process's error per parameter, + 1e-3"
-        grads_ok = bool((errors <= 2 * single + 1e-3).all())
+        result["tolerance"] = "2 x the bf16 single process's error per parameter, + 2^-9"
+        bad = errors > 2 * single + 2.0 ** -9
+        grads_ok = not bool(bad.any())
+        result["failing_params"] = {names[i]: (float(errors[i]), float(single[i]))
+                                    for i in torch.nonzero(bad).flatten().tolist()}
         single_loss = abs(float(ref_out.mean) - float(truth_out.mean))
         loss_ok = result["loss_abs_error"] <= 2 * single_loss + 1e-3 * abs(float(truth_out.mean))
     else:

@@ -29,8 +29,10 @@ from collections.abc import Sequence
 import torch
 
 from vlmcp.attention.kernels import AttentionKernel, select_kernel
-from vlmcp.attention.masks import Block, self_blocks
+from vlmcp.attention.masks import Block, Segment, self_blocks
 from vlmcp.attention.merge import accumulator_dtype, merge_
+from vlmcp.layout.images import row_images
+from vlmcp.layout.validate import check_cu_seqlens, check_is_image
 
 __all__ = ["blocks_backward", "blocks_forward", "blockwise_attention", "varlen_attention"]
 
@@ -125,28 +127,36 @@ def blockwise_attention(q, k, v, blocks: Sequence[Block], scale: float, kernel: 
     return _BlockwiseAttention.apply(q, k, v, list(blocks), scale, kernel)
 
 
-def varlen_attention(q, k, v, cu_seqlens, image_lens=None, image_attention: str = "causal",
-                     softmax_scale: float | None = None, kernel: str | None = None):
-    """Single-process attention over a packed row, at kernel speed (one block per sample).
+def varlen_attention(q, k, v, cu_seqlens, is_image=None, image_attention: str = "causal",
+                     softmax_scale: float | None = None, kernel: str | None = None, image_ids=None):
+    """Single-process attention over a packed row, at kernel speed (a few blocks per sample).
 
     Args:
         q: ``(L, H, D)``; k, v: ``(L, Hk, D)``.
         cu_seqlens: ``IntTensor[S+1]`` sample boundaries.
-        image_lens: ``LongTensor[S]`` image prefix length per sample (None: no images).
-        image_attention: ``"causal"`` or ``"bidirectional"``.
+        is_image: ``BoolTensor[L]``, image tokens anywhere in their samples (None: none);
+            only bidirectional image attention reads it.
+        image_attention: ``"causal"`` or ``"bidirectional"`` (the tokens of each image
+            see each other).
         softmax_scale: default ``head_dim ** -0.5``.
         kernel: force a kernel by name (see :func:`~vlmcp.attention.kernels.select_kernel`).
+        image_ids: as for :func:`vlmcp.plan_cp` (None: each image-token run is one image).
 
     Returns:
         ``out (L, H, D)`` and ``lse (L, H)``.
     """
     if image_attention not in ("causal", "bidirectional"):
         raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
-    cu = torch.as_tensor(cu_seqlens).tolist()
-    n = len(cu) - 1
-    il = [0] * n if image_lens is None else torch.as_tensor(image_lens).tolist()
-    bidir = image_attention == "bidirectional"
-    segs = [(cu[s], cu[s + 1] - cu[s], 0, il[s] if bidir else 0) for s in range(n)]
+    L = q.shape[0]
+    cu_t = check_cu_seqlens(cu_seqlens, L)
+    cu = cu_t.tolist()
+    images: list[list[tuple[int, int]]] = [[] for _ in range(len(cu) - 1)]
+    if image_attention == "bidirectional" and is_image is not None:
+        check_is_image(is_image)
+        row = row_images(is_image.detach().cpu(), cu_t, image_ids)
+        for s, (a, b) in zip(row.samples.tolist(), row.spans.tolist(), strict=True):
+            images[s].append((a, b))
+    segs = [Segment(cu[s], cu[s + 1] - cu[s], tuple(images[s])) for s in range(len(cu) - 1)]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return blockwise_attention(q, k, v, self_blocks(segs), scale,
                                select_kernel(q.device, q.dtype, kernel))

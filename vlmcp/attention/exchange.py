@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.attention.masks import Run, runs_of
 from vlmcp.layout.plan import RankShard
 
 __all__ = ["Exchange", "exchange_of", "ring_bytes_sent"]
@@ -32,8 +31,6 @@ class Exchange:
             in local order (the packed buffer this rank sends).
         counts: ``T_p`` for every rank p (tokens in p's packed buffer).
         positions: per rank p, ``LongTensor[T_p]`` global positions of p's packed buffer.
-        runs: per rank p, the runs of p's packed buffer (storage index = buffer index).
-        local_runs: runs of this rank's local slots (padding excluded).
     """
 
     rank: int
@@ -41,8 +38,6 @@ class Exchange:
     send_index: torch.Tensor
     counts: tuple[int, ...]
     positions: tuple[torch.Tensor, ...]
-    runs: tuple[tuple[Run, ...], ...]
-    local_runs: tuple[Run, ...]
 
 
 def _travelling(shard: RankShard) -> torch.Tensor:
@@ -57,17 +52,12 @@ def exchange_of(shard: RankShard) -> Exchange:
     hit = _CACHE.get(shard)
     if hit is not None:
         return hit
-    idx, pos, runs = [], [], []
-    for p in range(shard.cp_size):
-        peer = shard if p == shard.rank else shard.plan.for_rank(p)
-        i = _travelling(peer)
-        idx.append(i)
-        pos.append(peer.positions[i])
-        runs.append(tuple(runs_of(peer.sample_ids[i], peer.offsets[i])))
+    # a rank's local order is global order, so its packed buffer is its owned tokens in row
+    # order: read every peer's off the plan's owners, without building the peer's shard
+    pos = tuple(torch.nonzero(shard.plan.owner == p).flatten() for p in range(shard.cp_size))
     ex = Exchange(
-        rank=shard.rank, cp_size=shard.cp_size, send_index=idx[shard.rank],
-        counts=tuple(int(i.numel()) for i in idx), positions=tuple(pos), runs=tuple(runs),
-        local_runs=tuple(runs_of(shard.sample_ids, shard.offsets)))
+        rank=shard.rank, cp_size=shard.cp_size, send_index=_travelling(shard),
+        counts=tuple(int(x.numel()) for x in pos), positions=pos)
     _CACHE[shard] = ex
     return ex
 

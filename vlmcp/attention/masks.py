@@ -1,18 +1,19 @@
 """Mask structure of CP attention: which (query, key) blocks exist, and of what kind.
 
-The mask of a row is causal within each sample and empty across samples; with
-bidirectional image attention the image tokens of a sample (a prefix of it) also
-see each other in both directions. Attention is computed block by block: a
-:class:`Block` pairs a contiguous range of stored queries with a contiguous range
-of stored keys of the same sample, and :func:`block_kind` says whether the block
-is empty (skipped), full, causal (top-left aligned) or needs a dense mask.
+The mask of a row is causal over sample offsets within each sample and empty across
+samples; with bidirectional image attention the tokens of each image also see each
+other in both directions. Attention is computed block by block: a :class:`Block`
+pairs a contiguous range of stored queries with a contiguous range of stored keys of
+the same sample, and :func:`block_kind` says whether the block is empty (skipped),
+full, causal (top-left aligned) or needs a dense mask.
 
 Tokens are described by :class:`Run`: a stretch of stored tokens whose offsets in
-their sample are consecutive. Zigzag chunks, replicated image prefixes and the
-gathered rows of Ulysses are all runs, so the kind of every block follows from
-four integers per block and nothing is materialised as an (L, L) mask. See
-Note [vlmcp ring attention schedule] in :mod:`vlmcp.attention.ring` for why
-per-sample zigzag makes every block full, causal or empty.
+their sample are consecutive (and, under bidirectional attention, that lies inside
+one image or outside every image). Zigzag chunks, replicated images and the gathered
+rows of Ulysses are all runs, so the kind of every block follows from a few integers
+per block and nothing is materialised as an (L, L) mask. See Note [vlmcp ring
+attention schedule] in :mod:`vlmcp.attention.ring` for why the blocks of a zigzag
+plan are full, causal or empty.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Block", "MaskKind", "Run", "block_kind", "cross_blocks", "dense_mask", "runs_of",
-           "self_blocks", "split_runs"]
+__all__ = ["Block", "MaskKind", "Run", "Segment", "block_kind", "cross_blocks", "dense_mask", "runs_of",
+           "self_blocks"]
 
 
 class MaskKind(enum.Enum):
@@ -41,21 +42,27 @@ class MaskKind(enum.Enum):
 
 
 class Run(NamedTuple):
-    """Stored tokens ``start .. start+length-1`` of one sample, at offsets ``offset ..``."""
+    """Stored tokens ``start .. start+length-1`` of one sample, at offsets ``offset ..``.
+
+    ``image`` is the image (row order) every token of the run belongs to, or -1: runs
+    are split at image boundaries only where bidirectional attention needs it.
+    """
 
     sample: int
     start: int
     offset: int
     length: int
+    image: int = -1
 
 
 class Block(NamedTuple):
     """Queries ``q_start:q_end`` against keys ``k_start:k_end`` (storage indices).
 
     ``q_offset``, ``k_offset`` (offsets in the sample of the first query and key) and
-    ``image_len`` (bidirectional image span of the sample, 0 for causal image
-    attention) define the mask of a ``MASKED`` block; ``FULL`` blocks may be
-    coalesced from several runs, and then the offsets describe the first one only.
+    the bidirectional span ``[image_start, image_end)`` (sample offsets of the one image
+    whose tokens see each other here; empty under causal attention) define the mask of
+    a ``MASKED`` block; ``FULL`` blocks may be coalesced from several runs, and then
+    the offsets describe the first one only.
     """
 
     q_start: int
@@ -65,35 +72,42 @@ class Block(NamedTuple):
     kind: MaskKind
     q_offset: int = 0
     k_offset: int = 0
-    image_len: int = 0
+    image_start: int = 0
+    image_end: int = 0
 
 
-def block_kind(q_offset: int, q_len: int, k_offset: int, k_len: int, image_len: int = 0) -> MaskKind:
+def block_kind(q_offset: int, q_len: int, k_offset: int, k_len: int,
+               image_span: tuple[int, int] = (0, 0)) -> MaskKind:
     """The kind of the block between two runs of the same sample.
 
-    Query at offset ``a`` sees key at offset ``b`` iff ``b <= a``, or both are
-    below ``image_len`` (bidirectional image span; pass 0 for causal images).
+    Query at offset ``x`` sees key at offset ``y`` iff ``y <= x``, or both lie in the
+    bidirectional span ``[a, b)`` (one image's offsets; ``(0, 0)`` for none).
 
     Args:
         q_offset, q_len: offset of the first query in its sample, and query count.
         k_offset, k_len: the same for the keys.
-        image_len: bidirectional image prefix length of the sample, or 0.
+        image_span: ``(a, b)``, the image span whose tokens see each other.
 
     Returns:
         The :class:`MaskKind` of the block.
     """
     if q_len <= 0 or k_len <= 0:
         return MaskKind.EMPTY
+    a, b = image_span
     q_last, k_last = q_offset + q_len - 1, k_offset + k_len - 1
-    # every query sees an image key (image queries both ways, text ones causally)
-    if k_last <= q_offset or k_last < image_len:
+    if k_last <= q_offset:
         return MaskKind.FULL
-    no_image_pair = q_offset >= image_len or k_offset >= image_len
-    if q_last < k_offset and no_image_pair:
+    # the pairs above the diagonal (key after query) are all seen iff they all lie in the span
+    x_hi = min(q_last, k_last - 1)
+    y_lo = max(k_offset, q_offset + 1)
+    if a <= q_offset and x_hi < b and a <= y_lo and k_last < b:
+        return MaskKind.FULL
+    q_in = max(q_offset, a) <= min(q_last, b - 1)  # some query lies in the span
+    k_in = max(k_offset, a) <= min(k_last, b - 1)
+    if q_last < k_offset and not (q_in and k_in):
         return MaskKind.EMPTY
-    # Causal top-left needs the same offsets, and no image pair above the diagonal
-    # (that would need two image offsets i < j, i.e. q_offset + 1 < image_len).
-    if q_offset == k_offset and (q_offset + 1 >= image_len or k_len < 2):
+    # top-left causal: same first offset, and no seen pair above the diagonal inside the span
+    if q_offset == k_offset and not (q_in and max(q_offset, a) < min(k_last, b - 1)):
         return MaskKind.CAUSAL
     return MaskKind.MASKED
 
@@ -103,50 +117,44 @@ def dense_mask(block: Block, q_len: int, k_len: int, device=None) -> torch.Tenso
     qo = torch.arange(q_len, device=device) + block.q_offset
     ko = torch.arange(k_len, device=device) + block.k_offset
     seen = ko[None, :] <= qo[:, None]
-    if block.image_len:
-        seen |= (qo[:, None] < block.image_len) & (ko[None, :] < block.image_len)
+    if block.image_end > block.image_start:
+        a, b = block.image_start, block.image_end
+        seen |= ((qo >= a) & (qo < b))[:, None] & ((ko >= a) & (ko < b))[None, :]
     return seen
 
 
-def runs_of(sample_ids: torch.Tensor, offsets: torch.Tensor) -> list[Run]:
+def runs_of(sample_ids: torch.Tensor, offsets: torch.Tensor,
+            image_ids: torch.Tensor | None = None) -> list[Run]:
     """Split stored tokens into runs; padding (offset ``-1``) belongs to no run.
 
     Args:
         sample_ids: ``LongTensor[N]``, sample of each stored token.
         offsets: ``LongTensor[N]``, offset in the sample, ``-1`` for padding.
+        image_ids: ``LongTensor[N]`` image of each token (-1: none), to split runs at
+            image boundaries (bidirectional attention); None: don't split.
     """
     vi = torch.nonzero(offsets >= 0).flatten()
     if vi.numel() == 0:
         return []
     s, o = sample_ids[vi], offsets[vi]
+    im = image_ids[vi] if image_ids is not None else torch.full_like(vi, -1)
     brk = torch.ones(vi.numel(), dtype=torch.bool)
-    brk[1:] = (s[1:] != s[:-1]) | (o[1:] != o[:-1] + 1) | (vi[1:] != vi[:-1] + 1)
+    brk[1:] = (s[1:] != s[:-1]) | (o[1:] != o[:-1] + 1) | (vi[1:] != vi[:-1] + 1) | (im[1:] != im[:-1])
     first = torch.nonzero(brk).flatten()
     lengths = torch.diff(first, append=torch.tensor([vi.numel()]))
-    return [Run(int(s[f]), int(vi[f]), int(o[f]), int(n))
+    return [Run(int(s[f]), int(vi[f]), int(o[f]), int(n), int(im[f]))
             for f, n in zip(first.tolist(), lengths.tolist(), strict=True)]
 
 
-def split_runs(runs: Sequence[Run], image_lens: Sequence[int]) -> list[Run]:
-    """Cut runs at their sample's image boundary (for bidirectional image attention)."""
-    out = []
-    for r in runs:
-        cut = image_lens[r.sample] - r.offset
-        if 0 < cut < r.length:
-            out += [r._replace(length=cut),
-                    Run(r.sample, r.start + cut, r.offset + cut, r.length - cut)]
-        else:
-            out.append(r)
-    return out
-
-
-def cross_blocks(q_runs: Sequence[Run], k_runs: Sequence[Run], image_lens: Sequence[int]) -> list[Block]:
+def cross_blocks(q_runs: Sequence[Run], k_runs: Sequence[Run],
+                 image_spans: Sequence[tuple[int, int]] = ()) -> list[Block]:
     """Non-empty blocks between query runs and key runs, full blocks coalesced.
 
     Args:
-        q_runs, k_runs: runs of the query and key storage (split with :func:`split_runs`
-            first under bidirectional attention so that no block needs a dense mask).
-        image_lens: per sample, bidirectional image span (all zeros for causal images).
+        q_runs, k_runs: runs of the query and key storage (from :func:`runs_of`, split
+            at image boundaries under bidirectional attention).
+        image_spans: per image (row order), its ``[start, end)`` sample offsets; two runs
+            of the same image see each other both ways. Empty under causal attention.
 
     Returns:
         Blocks sorted by query start; adjacent ``FULL`` blocks sharing a query range
@@ -158,11 +166,11 @@ def cross_blocks(q_runs: Sequence[Run], k_runs: Sequence[Run], image_lens: Seque
     blocks = []
     for q in q_runs:
         for k in by_sample.get(q.sample, ()):
-            il = image_lens[q.sample]
-            kind = block_kind(q.offset, q.length, k.offset, k.length, il)
+            span = image_spans[q.image] if q.image >= 0 and q.image == k.image and image_spans else (0, 0)
+            kind = block_kind(q.offset, q.length, k.offset, k.length, span)
             if kind is not MaskKind.EMPTY:
                 blocks.append(Block(q.start, q.start + q.length, k.start, k.start + k.length,
-                                    kind, q.offset, k.offset, il))
+                                    kind, q.offset, k.offset, *span))
     return _coalesce(blocks)
 
 
@@ -182,30 +190,46 @@ def _coalesce(blocks: list[Block]) -> list[Block]:
     return sorted(full + rest, key=lambda b: (b.q_start, b.k_start))
 
 
-def self_blocks(segments: Sequence[tuple[int, int, int, int]]) -> list[Block]:
-    """Blocks of queries against their own keys, for segments stored in sample order.
+class Segment(NamedTuple):
+    """Stored tokens ``start .. start+length-1`` of one sample in increasing offset order.
+
+    ``images``: the ``(a, b)`` storage ranges of the images inside it whose tokens see
+    each other (bidirectional attention; empty under causal). ``queries``: the
+    storage ranges whose queries are computed (None: all of them).
+    """
+
+    start: int
+    length: int
+    images: tuple[tuple[int, int], ...] = ()
+    queries: tuple[tuple[int, int], ...] | None = None
+
+
+def self_blocks(segments: Sequence[Segment]) -> list[Block]:
+    """Blocks of queries against their own keys, for segments stored in offset order.
 
     Within such a segment "key offset <= query offset" is "key index <= query index",
-    so the whole segment is one causal block, whatever runs it is made of.
-
-    Args:
-        segments: ``(start, length, q_skip, prefix)`` per sample: stored tokens
-            ``start .. start+length-1`` in increasing offset order (no padding);
-            the first ``q_skip`` queries are not computed (their output comes from
-            elsewhere); the first ``prefix`` tokens see each other bidirectionally
-            (the image span under bidirectional attention, else 0).
+    so a stretch of queries ``[u, v)`` outside the images sees keys ``[start, u)`` in
+    full and itself causally, and the queries of an image ``[a, b)`` see keys
+    ``[start, b)`` in full. Under causal attention with every query computed, a
+    segment is one causal block, whatever runs it is made of.
 
     Returns:
-        At most two blocks per segment: queries against the bidirectional/skipped
-        prefix (``FULL``), and the rest (``CAUSAL``).
+        The blocks, full blocks coalesced (a prefix-LM segment gives two blocks).
     """
     blocks = []
-    for start, length, q_skip, prefix in segments:
-        if length <= q_skip:
-            continue
-        m = min(max(prefix if prefix > 1 else 0, q_skip), length)
-        if m > 0:
-            blocks.append(Block(start + q_skip, start + length, start, start + m, MaskKind.FULL))
-        if m < length:
-            blocks.append(Block(start + m, start + length, start + m, start + length, MaskKind.CAUSAL))
-    return blocks
+    for seg in segments:
+        start, end = seg.start, seg.start + seg.length
+        queries = ((start, end),) if seg.queries is None else seg.queries
+        for u, v in queries:
+            u, v = max(u, start), min(v, end)
+            # cut the query range at image boundaries: each piece is text or one image
+            cuts = sorted({u, v, *(c for a, b in seg.images for c in (a, b) if u < c < v)})
+            for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
+                image = next(((a, b) for a, b in seg.images if a <= lo < b), None)
+                if image is not None:
+                    blocks.append(Block(lo, hi, start, image[1], MaskKind.FULL))
+                    continue
+                if lo > start:
+                    blocks.append(Block(lo, hi, start, lo, MaskKind.FULL))
+                blocks.append(Block(lo, hi, lo, hi, MaskKind.CAUSAL))
+    return _coalesce(blocks)

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import torch
 
+from vlmcp.layout.images import row_images
+
 __all__ = ["reference_attention", "reference_mask"]
 
 
 def reference_mask(is_image: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                   image_attention: str = "causal") -> torch.Tensor:
+                   image_attention: str = "causal", image_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``BoolTensor[L, L]``: entry (i, j) is True iff query i attends to key j.
 
     Causal within each sample, nothing across samples; with
-    ``image_attention="bidirectional"`` image tokens of a sample also see each other.
+    ``image_attention="bidirectional"`` the tokens of each image also see each other
+    (images as for :func:`vlmcp.plan_cp`: ``image_ids``, or maximal runs per sample).
     """
     if image_attention not in ("causal", "bidirectional"):
         raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
@@ -28,30 +31,32 @@ def reference_mask(is_image: torch.Tensor, cu_seqlens: torch.Tensor | None = Non
     idx = torch.arange(L)
     mask = (sample[:, None] == sample[None, :]) & (idx[None, :] <= idx[:, None])
     if image_attention == "bidirectional":
-        img = is_image.cpu().bool()
-        mask |= (sample[:, None] == sample[None, :]) & img[:, None] & img[None, :]
+        ids = row_images(is_image.detach().cpu().bool(), cu, image_ids).image_ids
+        mask |= (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
     return mask.to(is_image.device)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_image: torch.Tensor,
                         cu_seqlens: torch.Tensor | None = None, image_attention: str = "causal",
-                        softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        softmax_scale: float | None = None,
+                        image_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the whole (packed) row in one process, in the inputs' dtype.
 
     Args:
         q: ``(L, H, D)``; k, v: ``(L, Hk, D)`` with ``H % Hk == 0`` (GQA).
-        is_image: ``BoolTensor[L]``, image tokens (a prefix of each sample).
+        is_image: ``BoolTensor[L]``, image tokens (anywhere in their samples).
         cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample.
-        image_attention: ``"causal"`` or ``"bidirectional"`` (image tokens of a sample
+        image_attention: ``"causal"`` or ``"bidirectional"`` (the tokens of each image
             see each other both ways).
         softmax_scale: default ``D ** -0.5``.
+        image_ids: as for :func:`vlmcp.plan_cp` (None: each image-token run is one image).
 
     Returns:
         ``out (L, H, D)`` and ``lse (L, H)``, both differentiable. A query that sees no
         key gets ``out = 0``, ``lse = -inf`` and zero gradients (no NaN).
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    mask = reference_mask(is_image, cu_seqlens, image_attention)
+    mask = reference_mask(is_image, cu_seqlens, image_attention, image_ids)
     g = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = torch.einsum("qhd,khd->hqk", q, kk) * scale

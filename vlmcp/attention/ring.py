@@ -2,23 +2,36 @@
 
 Note [vlmcp ring attention schedule]
 ------------------------------------
-Per sample, rank r holds the replicated image prefix I (``image_strategy="replicate"``)
-and zigzag chunks r and 2P-1-r of the rest. Only the zigzag chunks travel. P = 2::
+Per sample, rank r holds every replicated image token (``image_strategy="replicate"``)
+and zigzag chunks r and 2P-1-r of the text, all in global order. Only the zigzag
+chunks travel. P = 2, a prompt ``p`` before an image ``I`` and text after it::
 
-    rank 0: [ I | c0 | c3 ]                     rank 1: [ I | c1 | c2 ]
+    rank 0: [ p | I | c0 | c3 ]                 rank 1: [ I | c1 | c2 ]
 
-    step 0, own K/V (I included): local order is global order, so each sample
-            is ONE causal block (two with bidirectional images: prefix full + causal).
-    step 1, rank 0 holds (c1, c2):              rank 1 holds (c0, c3):
-                  k: c1     c2                               k: c0     c3
-            q: c0    empty  empty                      q: c1    full   empty
-               c3    full   full   -> 1 full call         c2    full   empty  -> 1 full call
+    step 0, own K/V (images included): local order is global order, so each sample
+            is ONE causal block (with bidirectional images: a full block per image
+            and a full + causal pair per stretch of text).
+    step 1, rank 0 holds (c1, c2):              rank 1 holds (p, c0, c3):
+                  k: c1     c2                               k: p      c0     c3
+            q: p     empty  empty                      q: I     full   empty  empty
+               I     empty  empty                         c1    full   full   empty
+               c0    empty  empty                         c2    full   full   empty
+               c3    full   full   -> 1 full call
 
-Query chunk a against key chunk b is full if a > b, causal if a == b (step 0 only),
-empty if a < b. At every step s >= 1 each rank computes exactly two c x c full
-blocks per sample (chunk 2P-1-r always sees chunk j = r-s; one more pair depending on
-j < r or j > r), so steps are balanced across ranks as well as in total. Image
-queries see no travelling key (text follows images), so their blocks are skipped.
+Travelling chunks and the rank's own tokens hold disjoint offsets, so every block
+of a step s >= 1 is full or empty (a key run entirely before or after a query run);
+under bidirectional attention runs are split at image boundaries and two pieces of
+one image (``"shard"``) see each other in full. Text queries: query chunk a against
+key chunk b is full if a > b, empty if a < b, and each rank's text work is equal by
+the choice of cut points (Note [vlmcp zigzag cut points: equal chunks or equal causal
+work]). Image queries: an image after text sees that text, most of which lives on
+other ranks. Every rank computes its (replicated) image queries against the text
+chunks as they pass by, so image queries never need a message of their own; this
+repeats ``image tokens x text before them`` pairs on each rank (exact under share
+semantics: each rank backpropagates its own share of the image outputs, and the
+dK/dV of the passing chunks ride back with the ring's dK/dV). On chat rows, where
+an image follows a prompt of ~15-40 tokens, that is a small fraction of the row's
+pairs (``vlmcp bench plan`` reports it).
 
 Timeline of rank r (P ranks; "post" = batched isend/irecv, before compute)::
 
@@ -48,9 +61,9 @@ from vlmcp.attention.blockwise import blocks_backward, blocks_forward
 from vlmcp.attention.comm import RingComm
 from vlmcp.attention.exchange import Exchange, exchange_of
 from vlmcp.attention.kernels import AttentionKernel
-from vlmcp.attention.masks import Block, cross_blocks, self_blocks, split_runs
+from vlmcp.attention.masks import Block, Segment, cross_blocks, runs_of, self_blocks
 from vlmcp.attention.merge import accumulator_dtype
-from vlmcp.layout.plan import RankShard, TokenKind
+from vlmcp.layout.plan import RankShard
 
 __all__ = ["RingSchedule", "ring_attention", "ring_schedule"]
 
@@ -73,6 +86,36 @@ class RingSchedule:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def image_offset_spans(shard: RankShard) -> list[tuple[int, int]]:
+    """Per image of the row (row order), its ``[start, end)`` sample offsets."""
+    images = shard.plan.images
+    start = images.offsets[images.spans[:, 0]]
+    return list(zip(start.tolist(), (start + images.lens).tolist(), strict=True))
+
+
+def local_segments(shard: RankShard, bidirectional: bool) -> list[Segment]:
+    """The rank's local samples as :class:`Segment` s (valid slots are each segment's prefix)."""
+    n_samples = shard.plan.num_samples
+    valid = torch.zeros(n_samples, dtype=torch.long).index_add_(
+        0, shard.sample_ids, (shard.positions >= 0).long())
+    images: list[list[tuple[int, int]]] = [[] for _ in range(n_samples)]
+    if bidirectional:
+        slots = torch.nonzero(shard.image_index >= 0).flatten()
+        ids, counts = torch.unique_consecutive(shard.image_index[slots], return_counts=True)
+        first = torch.cumsum(counts, 0) - counts
+        for i, f, c in zip(ids.tolist(), slots[first].tolist(), counts.tolist(), strict=True):
+            images[int(shard.plan.images.samples[i])].append((f, f + c))
+    starts = shard.cu_seqlens[:-1].tolist()
+    return [Segment(starts[s], int(valid[s]), tuple(images[s])) for s in range(n_samples)]
+
+
+def buffer_runs(shard: RankShard, positions: torch.Tensor, bidirectional: bool) -> list:
+    """Runs of a packed buffer of global ``positions`` (split at images when bidirectional)."""
+    images = shard.plan.images
+    return runs_of(images.sample_ids[positions], images.offsets[positions],
+                   images.image_ids[positions] if bidirectional else None)
+
+
 def ring_schedule(shard: RankShard, image_attention: str) -> RingSchedule:
     """Build (or fetch) the :class:`RingSchedule` of ``shard``. See Note [vlmcp ring attention schedule]."""
     per_shard = _CACHE.setdefault(shard, {})
@@ -80,21 +123,12 @@ def ring_schedule(shard: RankShard, image_attention: str) -> RingSchedule:
         return per_shard[image_attention]
     ex = exchange_of(shard)
     bidir = image_attention == "bidirectional"
-    image_lens = shard.image_lens.tolist() if bidir else [0] * shard.plan.num_samples
-    n_samples = shard.plan.num_samples
-    valid = torch.zeros(n_samples, dtype=torch.long).index_add_(
-        0, shard.sample_ids, (shard.positions >= 0).long())
-    images = torch.zeros(n_samples, dtype=torch.long).index_add_(
-        0, shard.sample_ids, (shard.kinds == TokenKind.IMAGE).long())
-    starts = shard.cu_seqlens[:-1].tolist()
-    local = self_blocks([(starts[s], int(valid[s]), 0, int(images[s]) if bidir else 0)
-                         for s in range(n_samples)])
-    q_runs = split_runs(ex.local_runs, image_lens) if bidir else ex.local_runs
-    steps = [tuple(local)]
+    spans = image_offset_spans(shard) if bidir else []
+    q_runs = runs_of(shard.sample_ids, shard.offsets, shard.image_index if bidir else None)
+    steps = [tuple(self_blocks(local_segments(shard, bidir)))]
     for s in range(1, shard.cp_size):
-        k_runs = ex.runs[(shard.rank - s) % shard.cp_size]
-        k_runs = split_runs(k_runs, image_lens) if bidir else k_runs
-        steps.append(tuple(cross_blocks(q_runs, k_runs, image_lens)))
+        k_runs = buffer_runs(shard, ex.positions[(shard.rank - s) % shard.cp_size], bidir)
+        steps.append(tuple(cross_blocks(q_runs, k_runs, spans)))
     sched = RingSchedule(exchange=ex, step_blocks=tuple(steps))
     per_shard[image_attention] = sched
     return sched

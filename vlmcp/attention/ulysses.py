@@ -1,19 +1,29 @@
-"""Ulysses attention: all-to-all over heads for travelling tokens, image queries local.
+"""Ulysses attention: all-to-all over heads for travelling tokens, image queries local or head-split.
 
 Rank r sends head slice p of its travelling tokens (text, under
 ``image_strategy="replicate"``) to rank p, and receives every rank's travelling
 tokens for its own slice of H/P heads. Together with its own copy of the image
 K/V (slice r, no communication) that is the whole row for H/P heads: rank r
 computes the travelling queries there and sends the outputs back by the inverse
-all-to-all. Replicated image queries see image keys only, which every rank holds
-whole, so each rank computes them for all heads locally::
+all-to-all::
 
     rank r:  q,k,v (N, H, D) -- travelling slots --> all-to-all --> (sum_p T_p, H/P, D)
-               |                                                     + image K/V[:, slice r]
+               |                                                     + image q,K,V[:, slice r]
                |                                                     = whole row, H/P heads
-               |                                                     -> attention (travelling q)
-               |  out (T_r, H, D) <-- inverse all-to-all <-----------/
-               `-- image q (all heads) x image K/V -> out of image slots (local)
+               |                                                     -> attention (travelling q,
+               |  out (T_r, H, D) <-- inverse all-to-all <-----------/   and images after text)
+               |  out of images after text (I_t, H, D) <-- all-gather over heads
+               `-- images of a sample's leading image run: q (all heads) x their K/V (local)
+
+Image queries. An image at the start of its sample (before any text) sees only
+image keys, which every rank holds whole: each rank computes it for all heads
+locally, with no communication. An image after text sees that text, which only
+the gathered row has: rank r computes it there for its head slice (from its own
+copy of the image queries) and an all-gather over heads gives every rank all
+heads (its dual, a reduce-scatter, sums the ranks' output-gradient shares, so the
+slice's dQ is whole on rank r and zero elsewhere: share semantics). That costs one
+all-gather of ``I_t x H x D`` per layer (and its reduce-scatter), only when some
+image follows text; no image K/V travels either way.
 
 Share semantics: the image K/V gradient on rank r holds every text query's
 contribution for head slice r plus rank r's image queries' contribution; the sum
@@ -33,7 +43,6 @@ and every layer reuses it.
 
 from __future__ import annotations
 
-import itertools
 import math
 import weakref
 from dataclasses import dataclass
@@ -44,7 +53,8 @@ import torch.distributed as dist
 from vlmcp.attention.blockwise import blockwise_attention
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.kernels import AttentionKernel
-from vlmcp.attention.masks import Block, self_blocks
+from vlmcp.attention.masks import Block, Segment, self_blocks
+from vlmcp.comm import all_gather
 from vlmcp.layout.plan import RankShard
 
 __all__ = ["UlyssesSchedule", "ulysses_attention", "ulysses_schedule"]
@@ -55,7 +65,7 @@ class UlyssesSchedule:
     """Rank r's Ulysses metadata (pure metadata, cached per shard; index tensors on one device).
 
     The gathered row is ``[travelling tokens of rank 0 | ... of rank P-1 | rank r's
-    image tokens]``; ``row_order`` sorts it into the global row.
+    replicated tokens]``; ``row_order`` sorts it into the global row.
 
     Attributes:
         counts: ``T_p`` for every rank p (travelling tokens, the all-to-all split sizes).
@@ -64,9 +74,13 @@ class UlyssesSchedule:
         row_order: ``LongTensor[L]``, gathered-row index of each global position.
         travelling_positions: ``LongTensor[sum_p T_p]``, global positions of the
             travelling tokens of every rank, in rank order (the outputs sent back).
-        row_blocks: blocks of the travelling queries over the whole row (global indices).
-        image_blocks: blocks of the image queries over the image keys (indices into
-            ``image_index``).
+        row_blocks: blocks of the queries computed in the gathered row (travelling
+            tokens and images after text) over the whole row (global indices).
+        late_slots, late_positions: local slots and global positions of the replicated
+            images after text (computed in the row for the head slice, then gathered).
+        lead_index: ``LongTensor[I_l]``, local slots of the images of each sample's
+            leading image run (computed locally for all heads).
+        lead_blocks: blocks of those queries over their keys (indices into ``lead_index``).
     """
 
     counts: tuple[int, ...]
@@ -75,10 +89,39 @@ class UlyssesSchedule:
     row_order: torch.Tensor
     travelling_positions: torch.Tensor
     row_blocks: tuple[Block, ...]
-    image_blocks: tuple[Block, ...]
+    late_slots: torch.Tensor
+    late_positions: torch.Tensor
+    lead_index: torch.Tensor
+    lead_blocks: tuple[Block, ...]
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _ranges(mask: torch.Tensor, sample_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(sample, a, b)`` for each maximal run of True in ``mask`` within one sample."""
+    idx = torch.nonzero(mask).flatten()
+    if idx.numel() == 0:
+        return []
+    s = sample_ids[idx]
+    brk = torch.ones(idx.numel(), dtype=torch.bool)
+    brk[1:] = (idx[1:] != idx[:-1] + 1) | (s[1:] != s[:-1])
+    first = torch.nonzero(brk).flatten()
+    last = torch.cat([first[1:], first.new_tensor([idx.numel()])]) - 1
+    return list(zip(s[first].tolist(), idx[first].tolist(), (idx[last] + 1).tolist(), strict=True))
+
+
+def _segments(n_samples: int, starts: list[int], lens: list[int], images, queries=None) -> list[Segment]:
+    per_image: list[list[tuple[int, int]]] = [[] for _ in range(n_samples)]
+    for s, a, b in images:
+        per_image[s].append((a, b))
+    per_query: list[list[tuple[int, int]]] | None = None
+    if queries is not None:
+        per_query = [[] for _ in range(n_samples)]
+        for s, a, b in queries:
+            per_query[s].append((a, b))
+    return [Segment(starts[s], lens[s], tuple(per_image[s]),
+                    None if per_query is None else tuple(per_query[s])) for s in range(n_samples)]
 
 
 def ulysses_schedule(shard: RankShard, image_attention: str,
@@ -91,21 +134,44 @@ def ulysses_schedule(shard: RankShard, image_attention: str,
         return per_shard[key]
     ex = exchange_of(shard)
     plan, bidir = shard.plan, image_attention == "bidirectional"
+    images = plan.images
+    S = plan.num_samples
     rep = torch.nonzero(shard.replicated & (shard.positions >= 0)).flatten()
+    rep_pos = shard.positions[rep]
     travelling = torch.cat(ex.positions)
+    # a replicated token "leads" if no travelling token precedes it in its sample
+    moving = (plan.owner >= 0).long()
+    before = torch.cumsum(moving, 0) - moving
+    before = before - before[plan.cu_seqlens[:-1]][images.sample_ids]
+    lead = (before == 0) & (plan.owner < 0)
+    late_pos = rep_pos[~lead[rep_pos]]
+    computed = plan.owner >= 0
+    computed[late_pos] = True
     starts = plan.cu_seqlens[:-1].tolist()
     lens = (plan.cu_seqlens[1:] - plan.cu_seqlens[:-1]).tolist()
-    rep_lens = plan.replicated_lens.tolist()
-    image_lens = plan.image_lens.tolist() if bidir else [0] * len(lens)
-    # image queries come from the local path: skip them (q_skip) in the whole row
-    row_segs = [(starts[s], lens[s], rep_lens[s], image_lens[s]) for s in range(len(lens))]
-    rep_starts = [0, *itertools.accumulate(rep_lens)]
-    img_segs = [(rep_starts[s], rep_lens[s], 0, rep_lens[s] if bidir else 0) for s in range(len(rep_lens))]
+    spans = []
+    if bidir:
+        spans = [(int(images.samples[i]), a, b) for i, (a, b) in enumerate(images.spans.tolist())]
+    row_blocks = self_blocks(_segments(S, starts, lens, spans, _ranges(computed, images.sample_ids)))
+    # the leading image runs, compact: the first tokens of each sample's replicated tokens
+    lead_index = rep[lead[rep_pos]]
+    lead_pos = shard.positions[lead_index]
+    lead_sid = images.sample_ids[lead_pos]
+    lead_lens = torch.bincount(lead_sid, minlength=S)
+    lead_starts = (torch.cumsum(lead_lens, 0) - lead_lens).tolist()
+    lead_img = []
+    if bidir and lead_pos.numel():
+        ids, counts = torch.unique_consecutive(images.image_ids[lead_pos], return_counts=True)
+        first = torch.cumsum(counts, 0) - counts
+        lead_img = [(int(images.samples[i]), f, f + c)
+                    for i, f, c in zip(ids.tolist(), first.tolist(), counts.tolist(), strict=True)]
+    lead_blocks = self_blocks(_segments(S, lead_starts, lead_lens.tolist(), lead_img))
     sched = UlyssesSchedule(
         counts=ex.counts, send_index=ex.send_index.to(device), image_index=rep.to(device),
-        row_order=torch.cat([travelling, shard.positions[rep]]).argsort().to(device),
-        travelling_positions=travelling.to(device),
-        row_blocks=tuple(self_blocks(row_segs)), image_blocks=tuple(self_blocks(img_segs)))
+        row_order=torch.cat([travelling, rep_pos]).argsort().to(device),
+        travelling_positions=travelling.to(device), row_blocks=tuple(row_blocks),
+        late_slots=rep[~lead[rep_pos]].to(device), late_positions=late_pos.to(device),
+        lead_index=lead_index.to(device), lead_blocks=tuple(lead_blocks))
     per_shard[key] = sched
     return sched
 
@@ -179,7 +245,7 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
 
     Returns:
         ``out (N, H, D)`` and ``lse (N, H)`` (``lse`` is None unless ``need_lse``; it
-        costs one more all-to-all).
+        costs one more all-to-all, and one more all-gather when images follow text).
     """
     sched = ulysses_schedule(shard, image_attention, q.device)
     P, r, counts = shard.cp_size, shard.rank, sched.counts
@@ -193,7 +259,7 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
     else:
         qg, kg, vg = q[idx], kx[idx], vx[idx]
     h, hk = H // P, m // P
-    row_q = torch.cat([qg, qg.new_zeros(rep.numel(), h, D)])[order]
+    row_q = torch.cat([qg, q[rep, r * h:(r + 1) * h]])[order]
     row_k = torch.cat([kg, kx[rep, r * hk:(r + 1) * hk]])[order]
     row_v = torch.cat([vg, vx[rep, r * hk:(r + 1) * hk]])[order]
     out_row, lse_row = blockwise_attention(row_q, row_k, row_v, sched.row_blocks, scale, kernel)
@@ -206,10 +272,23 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
         if P > 1:
             lse_t = _heads_to_seq([lse_t.unsqueeze(-1).contiguous()], counts, r, group)[0][..., 0]
         lse = lse_t.new_full((N, H), float("-inf")).index_copy(0, idx, lse_t)
-    if rep.numel():
-        # replicated image queries: image keys only, all heads, no communication
-        out_i, lse_i = blockwise_attention(q[rep], k[rep], v[rep], sched.image_blocks, scale, kernel)
-        out = out.index_copy(0, rep, out_i)
+    late = sched.late_slots
+    if late.numel():
+        # images after text: this rank's head slice from the row, all heads by an all-gather
+        out_l = out_row[sched.late_positions]
+        out = out.index_copy(0, late, all_gather(out_l, group, dim=1) if P > 1 else out_l)
         if need_lse:
-            lse = lse.index_copy(0, rep, lse_i)
+            lse_l = lse_row[sched.late_positions].contiguous()
+            if P > 1:
+                parts = [torch.empty_like(lse_l) for _ in range(P)]
+                dist.all_gather(parts, lse_l, group=group)
+                lse_l = torch.cat(parts, dim=1)
+            lse = lse.index_copy(0, late, lse_l)
+    lead = sched.lead_index
+    if lead.numel():
+        # a sample's leading images: image keys only, all heads, no communication
+        out_i, lse_i = blockwise_attention(q[lead], k[lead], v[lead], sched.lead_blocks, scale, kernel)
+        out = out.index_copy(0, lead, out_i)
+        if need_lse:
+            lse = lse.index_copy(0, lead, lse_i)
     return out, lse

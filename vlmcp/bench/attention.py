@@ -77,7 +77,7 @@ def _bench(group, args, backend):
         return cp_attention(*local, shard, group, backend, args.image_attention)
 
     def single():
-        return varlen_attention(*whole, cu, plan.image_lens, args.image_attention)[0]
+        return varlen_attention(*whole, cu, is_image, args.image_attention)[0]
 
     _fwd_bwd(cp, local, ldout)  # warm-up (and the schedule cache)
     cp_times, single_times, saved_cp, saved_single = [], [], 0, 0

@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from vlmcp.data import PackedRow, random_row
 from vlmcp.launch import spawn_ranks
-from vlmcp.layout import plan_cp
 from vlmcp.memory import SavedTensorMeter
 from vlmcp.models import VLM
 from vlmcp.train.config import TrainConfig
@@ -38,7 +37,7 @@ def make_row(image_tokens: int, text_tokens: int, samples: int = 8) -> PackedRow
     side = math.isqrt(image_tokens // samples)
     if side * side * samples != image_tokens:
         raise ValueError(f"--image-tokens {image_tokens} must be {samples} x a square number of patches")
-    layout = [([(side * PATCH, side * PATCH)], text_tokens // samples)] * samples
+    layout = [[(side * PATCH, side * PATCH), text_tokens // samples]] * samples
     return random_row(layout, PATCH, torch.Generator().manual_seed(0))
 
 
@@ -52,13 +51,13 @@ def _rank(group, row, modes):
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(0)
     base = VLM(model_config(TrainConfig()))
-    single = _saved(copy.deepcopy(base), row, plan_cp(row.is_image, 1, row.cu_seqlens), 0, None) \
+    single = _saved(copy.deepcopy(base), row, row.plan(1), 0, None) \
         if rank == 0 else 0
     out = {"single": single}
     for mode in modes:
         model = copy.deepcopy(base)
         place_vision(model.vision, mode=mode, group=group)
-        saved = torch.tensor([_saved(model, row, plan_cp(row.is_image, P, row.cu_seqlens), rank, group)])
+        saved = torch.tensor([_saved(model, row, row.plan(P), rank, group)])
         dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
         out[mode] = int(saved)
     return out

@@ -11,7 +11,8 @@ from vlmcp.cli.paths import check_writable_file
 from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
 
-# The built-in example: 3 packed samples, one of them without an image.
+# The built-in example: 3 packed chat-like samples (a prompt, an image, the answer), one text only.
+DEFAULT_PROMPT_TOKENS = "12,0,20"
 DEFAULT_IMAGE_TOKENS = "64,0,48"
 DEFAULT_TEXT_TOKENS = "120,77,201"
 
@@ -20,10 +21,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="print the per-rank layout and work of a packed row",
                        description=__doc__)
     p.add_argument("--cp", type=int, default=4, help="CP group size P")
+    p.add_argument("--prompt-tokens", default=None,
+                   help="text tokens before each sample's image, comma-separated, or one count for "
+                        f"every sample ({DEFAULT_PROMPT_TOKENS} for the built-in example, else 0)")
     p.add_argument("--image-tokens", default=DEFAULT_IMAGE_TOKENS,
                    help="image tokens per sample, comma-separated")
     p.add_argument("--text-tokens", default=DEFAULT_TEXT_TOKENS,
-                   help="text tokens per sample, comma-separated")
+                   help="text tokens after each sample's image, comma-separated")
     p.add_argument("--image-strategy", choices=["replicate", "shard", "auto"], default="replicate",
                    help="where image tokens live; 'auto' prices both layouts with the cost model "
                         "and prints the estimates")
@@ -66,13 +70,19 @@ def _check_picture(path: str) -> None:
                          + ", ".join("." + f for f in sorted(formats)))
 
 
-def build_row(image_tokens: list[int], text_tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``is_image`` and ``cu_seqlens`` of a packed row of ``[image | text]`` samples."""
-    if len(image_tokens) != len(text_tokens):
-        raise ValueError(f"{len(image_tokens)} image counts for {len(text_tokens)} samples")
-    parts = [torch.cat([torch.ones(i, dtype=torch.bool), torch.zeros(t, dtype=torch.bool)])
-             for i, t in zip(image_tokens, text_tokens, strict=False)]
-    lens = torch.tensor([i + t for i, t in zip(image_tokens, text_tokens, strict=False)])
+def build_row(image_tokens: list[int], text_tokens: list[int],
+              prompt_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``is_image`` and ``cu_seqlens`` of a packed row of ``[prompt | image | text]`` samples."""
+    prompt_tokens = [0] * len(image_tokens) if prompt_tokens is None else prompt_tokens
+    if not len(image_tokens) == len(text_tokens) == len(prompt_tokens):
+        raise ValueError(f"{len(prompt_tokens)} prompt, {len(image_tokens)} image and {len(text_tokens)} "
+                         "text counts: give one of each per sample")
+    if any(p + i + t == 0 for p, i, t in zip(prompt_tokens, image_tokens, text_tokens, strict=True)):
+        raise ValueError("every sample needs at least one token")
+    parts = [torch.cat([torch.zeros(p, dtype=torch.bool), torch.ones(i, dtype=torch.bool),
+                        torch.zeros(t, dtype=torch.bool)])
+             for p, i, t in zip(prompt_tokens, image_tokens, text_tokens, strict=True)]
+    lens = torch.tensor([p.numel() for p in parts])
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
     return torch.cat(parts), cu
 
@@ -185,7 +195,13 @@ def run(args: argparse.Namespace) -> int:
                         ("--head-dim", args.head_dim)):
         if value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    is_image, cu = build_row(image, text)
+    if args.prompt_tokens is None:
+        builtin = (args.image_tokens, args.text_tokens) == (DEFAULT_IMAGE_TOKENS, DEFAULT_TEXT_TOKENS)
+        args.prompt_tokens = DEFAULT_PROMPT_TOKENS if builtin else "0"
+    prompt = _int_list(args.prompt_tokens, "--prompt-tokens")
+    if len(prompt) == 1 and len(image) > 1:
+        prompt = prompt * len(image)  # one prompt length for every sample
+    is_image, cu = build_row(image, text, prompt)
     itemsize = {"bfloat16": 2, "float32": 4, "float64": 8}[args.dtype]
     model = None
     if args.image_strategy == "auto":

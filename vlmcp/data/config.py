@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["MAX_SENTENCE_TOKENS", "ShapesConfig"]
+__all__ = ["MAX_SENTENCE_TOKENS", "PROMPT_TOKENS", "ShapesConfig"]
 
 MAX_SENTENCE_TOKENS = 11
+PROMPT_TOKENS = 3
+"""Words of the prompt before a sample's images (``describe the picture`` and the like)."""
 """Tokens of the longest text-only sentence:
 ``<bos> the red circle is left of the blue square <eos>``."""
 
@@ -61,6 +63,19 @@ class ShapesConfig:
     packed row holds an image when ``seq_len >= max_sample_len + MAX_SENTENCE_TOKENS``,
     so the vision tower gets a gradient every step."""
 
+    compare_every: int = 5
+    """Every ``compare_every``-th sample (``i % k == k - 2``, unless text-only) asks to
+    compare two pictures placed back to back (``first <caption> second <caption>``).
+    0 disables them."""
+
+    video_every: int = 7
+    """Every ``video_every``-th sample (``i % k == k - 3``, unless text-only or a
+    comparison) is a short "video": ``video_frames`` frames of one scene back to back,
+    its shapes drifting, captioned like a picture. 0 disables them."""
+
+    video_frames: int = 3
+    """Frames of a video sample (each a separate image of the same size)."""
+
     def __post_init__(self) -> None:
         _check_int("seed", self.seed, 0)
         _check_int("patch_size", self.patch_size, 1)
@@ -81,6 +96,12 @@ class ShapesConfig:
                 f"ShapesConfig.max_objects={self.max_objects} exceeds the {self.grid ** 2} cells "
                 f"of a {self.grid}x{self.grid} grid")
         _check_int("text_only_every", self.text_only_every, 0)
+        _check_int("compare_every", self.compare_every, 0)
+        _check_int("video_every", self.video_every, 0)
+        _check_int("video_frames", self.video_frames, 1)
+        for name in ("compare_every", "video_every"):
+            if 0 < getattr(self, name) < 3:
+                raise ValueError(f"ShapesConfig.{name} must be 0 (off) or >= 3, got {getattr(self, name)!r}")
         if self.text_only_every == 1:
             raise ValueError(
                 "ShapesConfig.text_only_every=1 makes every sample text-only (no images); "
@@ -98,5 +119,9 @@ class ShapesConfig:
 
     @property
     def max_sample_len(self) -> int:
-        """Tokens of the longest sample (image plus caption, or a text-only sentence)."""
-        return max(self.max_image_tokens + self.max_caption_tokens, MAX_SENTENCE_TOKENS)
+        """Tokens of the longest sample: a prompt and its images with their caption(s), or a sentence."""
+        caption = PROMPT_TOKENS + self.max_image_tokens + self.max_caption_tokens
+        compare = PROMPT_TOKENS + 2 * self.max_image_tokens + 2 * self.max_caption_tokens
+        video = PROMPT_TOKENS + self.video_frames * self.max_image_tokens + self.max_caption_tokens
+        return max(caption, compare if self.compare_every else 0, video if self.video_every else 0,
+                   MAX_SENTENCE_TOKENS)

@@ -8,8 +8,8 @@ in one row. When the next sample does not fit, the rest of the row becomes one
 opens the next row::
 
     seq_len = 16, samples of 7, 5 and 6 tokens
-    row 0:  [ s0: I I I b t t e | s1: b t t t e | filler: p p p p ]   start=0, stop=2
-    row 1:  [ s2: I I I I b e   | s3 ...                          ]   start=2, ...
+    row 0:  [ s0: b t I I I t e | s1: b t t t e | filler: p p p p ]   start=0, stop=2
+    row 1:  [ s2: b t I I J J e | s3 ...                          ]   start=2, ...
 
 The *data position* is the index of the next sample not yet packed: a row covers
 samples ``[row.start, row.stop)``, so continuing from ``row.stop`` gives exactly the
@@ -24,7 +24,9 @@ import torch
 
 from vlmcp.data.dataset import ShapesDataset
 from vlmcp.data.vocab import IMAGE_ID, PAD_ID, VOCAB_SIZE
+from vlmcp.layout.choose import plan_cp
 from vlmcp.layout.labels import IGNORE_INDEX, shift_labels
+from vlmcp.layout.plan import CPPlan
 
 __all__ = ["PackedRow", "pack_row", "pack_rows", "random_row"]
 
@@ -35,11 +37,13 @@ class PackedRow:
 
     Attributes:
         input_ids: ``LongTensor[L]``; image slots hold ``IMAGE_ID``, filler ``PAD_ID``.
-        is_image: ``BoolTensor[L]``; each sample's image tokens are its prefix.
+        is_image: ``BoolTensor[L]``; images sit anywhere in their samples.
+        image_ids: ``LongTensor[L]``, each image slot's image (0, 1, ... in row order),
+            -1 at text: what tells back-to-back images apart (pass it to ``plan_cp``).
         cu_seqlens: ``LongTensor[S+1]``, sample boundaries (the filler is a sample).
         labels: ``LongTensor[L]``, next-token targets shifted on the global row by
             :func:`vlmcp.shift_labels`, with ``IGNORE_INDEX`` on the filler.
-        images: ``FloatTensor[3, H, W]`` of the images opening each sample, in row order.
+        images: ``FloatTensor[3, H, W]`` of every image, in row order.
         image_grid_thw: ``LongTensor[len(images), 3]``, ``(1, H // p, W // p)`` per image
             (the input of :func:`vlmcp.mrope_position_ids`).
         start: data position of the row's first sample.
@@ -49,6 +53,7 @@ class PackedRow:
 
     input_ids: torch.Tensor
     is_image: torch.Tensor
+    image_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     labels: torch.Tensor
     images: list[torch.Tensor]
@@ -71,6 +76,10 @@ class PackedRow:
         """Positions with a label (the token count a loss is normalised by)."""
         return int((self.labels != IGNORE_INDEX).sum())
 
+    def plan(self, cp_size: int, **kwargs) -> CPPlan:
+        """:func:`vlmcp.plan_cp` of this row (its image ids included); ``kwargs`` go to ``plan_cp``."""
+        return plan_cp(self.is_image, cp_size, self.cu_seqlens, image_ids=self.image_ids, **kwargs)
+
 
 def _check_args(dataset: ShapesDataset, seq_len: int, position: int) -> None:
     if not isinstance(dataset, ShapesDataset):
@@ -81,10 +90,11 @@ def _check_args(dataset: ShapesDataset, seq_len: int, position: int) -> None:
     if seq_len < dataset.max_sample_len:
         raise ValueError(
             f"seq_len={seq_len} is too short for one sample: the dataset's longest sample has "
-            f"{dataset.max_sample_len} tokens ({cfg.max_image_tokens} image tokens of a "
-            f"{cfg.max_image_size}x{cfg.max_image_size} image at patch_size={cfg.patch_size}, plus "
-            f"{cfg.max_caption_tokens} caption tokens); use seq_len >= {dataset.max_sample_len} "
-            "or lower max_image_size / max_objects")
+            f"{dataset.max_sample_len} tokens (a prompt, images of up to {cfg.max_image_tokens} tokens "
+            f"({cfg.max_image_size}x{cfg.max_image_size} at patch_size={cfg.patch_size}), two in a "
+            f"comparison and {cfg.video_frames} in a video, and captions of up to "
+            f"{cfg.max_caption_tokens} tokens); use seq_len >= {dataset.max_sample_len} or lower "
+            "max_image_size / max_objects / video_frames")
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
         raise ValueError(f"position must be an int >= 0, got {position!r}")
 
@@ -121,15 +131,20 @@ def pack_row(dataset: ShapesDataset, seq_len: int, position: int = 0) -> PackedR
     torch.cumsum(torch.tensor(lens), 0, out=cu_seqlens[1:])
     input_ids = torch.cat([s.input_ids for s in samples] +
                           [torch.full((filler_len,), PAD_ID, dtype=torch.long)])
-    is_image = torch.cat([torch.arange(len(s)) < s.image_tokens for s in samples] +
-                         [torch.zeros(filler_len, dtype=torch.bool)])
+    image_ids, images, grids, first = [], [], [], 0
+    for sample in samples:  # renumber each sample's images in row order
+        image_ids.append(torch.where(sample.is_image, sample.image_ids + first, -1))
+        images += sample.images
+        grids += [[1, h, w] for h, w in sample.grids]
+        first += len(sample.images)
+    image_ids = torch.cat(image_ids + [torch.full((filler_len,), -1, dtype=torch.long)])
+    is_image = image_ids >= 0
     labels = shift_labels(input_ids, is_image, cu_seqlens)
     # PAD -> PAD targets would be free loss; the filler must not teach anything.
     labels[used:] = IGNORE_INDEX
-    with_image = [s for s in samples if s.image is not None]
-    grid_thw = torch.tensor([[1, *s.grid_hw] for s in with_image], dtype=torch.long).view(-1, 3)
-    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu_seqlens, labels=labels,
-                     images=[s.image for s in with_image], image_grid_thw=grid_thw,
+    return PackedRow(input_ids=input_ids, is_image=is_image, image_ids=image_ids, cu_seqlens=cu_seqlens,
+                     labels=labels, images=images,
+                     image_grid_thw=torch.tensor(grids, dtype=torch.long).view(-1, 3),
                      start=position, stop=index, filler_len=filler_len)
 
 
@@ -157,26 +172,33 @@ def random_row(samples, patch_size: int, generator: torch.Generator) -> PackedRo
     """A packed row of random pixels and token ids, for parity checks and benchmarks.
 
     Args:
-        samples: ``[(image_sizes, text_tokens), ...]``, one entry per sample;
-            ``image_sizes`` lists the ``(H, W)`` of the images that open the sample
-            (empty for a text-only sample).
-        patch_size: p; an H x W image fills ``(H/p) * (W/p)`` image slots.
-        generator: draws each sample's pixels, then its text ids, in sample order.
+        samples: one list per sample of its pieces in order: an int is that many text
+            tokens, an ``(H, W)`` tuple an image of ``(H/p) * (W/p)`` tokens. Images may
+            sit anywhere, back to back too (``image_ids`` tells them apart).
+        patch_size: p.
+        generator: draws each sample's pixels and text ids, piece by piece in order.
     """
-    ids, is_image, images, grids, lens = [], [], [], [], []
-    for sizes, text in samples:
-        n_img = 0
-        for h, w in sizes:
+    ids, image_ids, images, grids, lens = [], [], [], [], []
+    for pieces in samples:
+        n = 0
+        for piece in pieces:
+            if isinstance(piece, int):
+                ids += torch.randint(4, VOCAB_SIZE, (piece,), generator=generator).tolist()
+                image_ids += [-1] * piece
+                n += piece
+                continue
+            h, w = piece
             images.append(torch.rand(3, h, w, generator=generator))
             grids.append([1, h // patch_size, w // patch_size])
-            n_img += (h // patch_size) * (w // patch_size)
-        ids += [IMAGE_ID] * n_img + torch.randint(4, VOCAB_SIZE, (text,), generator=generator).tolist()
-        is_image += [True] * n_img + [False] * text
-        lens.append(n_img + text)
-    input_ids, is_image = torch.tensor(ids), torch.tensor(is_image)
+            tokens = (h // patch_size) * (w // patch_size)
+            ids += [IMAGE_ID] * tokens
+            image_ids += [len(images) - 1] * tokens
+            n += tokens
+        lens.append(n)
+    input_ids, image_ids = torch.tensor(ids), torch.tensor(image_ids)
+    is_image = image_ids >= 0
     cu = torch.tensor([0] + lens).cumsum(0)
-    return PackedRow(input_ids=input_ids, is_image=is_image, cu_seqlens=cu,
+    return PackedRow(input_ids=input_ids, is_image=is_image, image_ids=image_ids, cu_seqlens=cu,
                      labels=shift_labels(input_ids, is_image, cu), images=images,
                      image_grid_thw=torch.tensor(grids, dtype=torch.long).reshape(-1, 3), start=0,
                      stop=len(samples), filler_len=0)
-

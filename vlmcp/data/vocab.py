@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 __all__ = [
-    "BOS_ID", "COLOURS", "COLS", "EOS_ID", "IMAGE_ID", "PAD_ID", "ROWS", "SHAPES", "SPECIAL_TOKENS",
+    "BOS_ID", "COLOURS", "COLS", "EOS_ID", "IMAGE_ID", "PAD_ID", "PROMPT_WORDS", "ROWS", "SHAPES",
+    "SPECIAL_TOKENS",
     "VOCAB_SIZE", "WORDS", "decode", "encode",
 ]
 
@@ -29,9 +30,11 @@ ROWS = {2: ("top", "bottom"), 3: ("top", "middle", "bottom")}
 COLS = {2: ("left", "right"), 3: ("left", "center", "right")}
 _RELATIONS = ("left", "right", "of", "above", "below")
 _GLUE = ("a", "and", "the", "is")
+PROMPT_WORDS = ("describe", "compare", "picture", "pictures", "video", "first", "second")
+"""Words of the prompts before images and of the comparison answers."""
 
 WORDS: tuple[str, ...] = tuple(dict.fromkeys(
-    SPECIAL_TOKENS + COLOURS + SHAPES + ROWS[3] + COLS[3] + _RELATIONS + _GLUE))
+    SPECIAL_TOKENS + COLOURS + SHAPES + ROWS[3] + COLS[3] + _RELATIONS + _GLUE + PROMPT_WORDS))
 VOCAB_SIZE = len(WORDS)
 _ID = {w: i for i, w in enumerate(WORDS)}
 

@@ -40,7 +40,11 @@ multiples of 2P) and causal attention, the busiest ranks differ by::
 where B = 2 * (2 d_kv itemsize) + 2 d_kv grad_itemsize is what one travelling token
 costs a rank per ring step. T cancels: the text is laid out the same way in both
 layouts. So the choice turns on the image size per sample and on the
-compute/communication ratio, not on how much text there is. (Under bidirectional image
+compute/communication ratio, not on how much text there is. With images anywhere in a
+sample, an image after text also sees that text, and under ``replicate`` every rank
+repeats those pairs too (Note [vlmcp ring attention schedule]); the estimate counts
+them exactly from the plan's per-token owners (on chat rows they are well under 1% of
+the pairs: ``vlmcp bench plan``). (Under bidirectional image
 attention an image query sees all I image keys wherever it sits, so the zigzag no
 longer balances ``shard`` exactly and T enters through that imbalance; the estimate
 counts every rank's pairs, so it prices this too.)
@@ -66,18 +70,16 @@ the output once instead of K/V P-1 times, so its true cost differs).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
 
 import torch
 
-from vlmcp.layout.plan import CPPlan, ImageStrategy, plan_cp
-from vlmcp.layout.work import ImageAttention
+from vlmcp.layout.plan import CPPlan
+from vlmcp.layout.work import ImageAttention, row_keys_per_query
 
-__all__ = ["CostEstimate", "CostModel", "choose_image_strategy", "choose_plan", "estimate_cost"]
+__all__ = ["CostEstimate", "CostModel", "estimate_cost"]
 
 DEFAULT_HIDDEN_SIZE = 4096
 DEFAULT_MLP_RATIO = 3.5
@@ -231,41 +233,23 @@ class CostEstimate:
         return self.attention_flops + self.token_flops + self.comm_flops
 
 
-def _key_sum(a: torch.Tensor, b: torch.Tensor, bidi: torch.Tensor) -> torch.Tensor:
-    """Keys attended by queries at sample offsets ``[a, b)``, summed (``LongTensor``).
-
-    A query at offset o sees o + 1 keys, except one inside a bidirectional image span of
-    ``bidi`` tokens (0 under causal attention), which sees ``bidi`` keys.
-    """
-    in_span = torch.minimum(b, bidi) - torch.minimum(a, bidi)
-    lo, hi = torch.maximum(a, bidi), torch.maximum(b, bidi)
-    return in_span * bidi + (hi * (hi + 1) - lo * (lo + 1)) // 2
-
-
 def estimate_cost(plan: CPPlan, cost_model: CostModel | None = None) -> CostEstimate:
     """Price ``plan``'s busiest rank (see Note [vlmcp cost model: replicate or shard image tokens]).
 
-    Computed from the plan's per-sample metadata in O(S * P), without building any
-    rank's shard; the pairs equal :func:`~vlmcp.layout.work.attended_pairs` and the
-    bytes equal ``vlmcp.attention.exchange.ring_bytes_sent`` summed over both directions.
+    Computed from the plan's per-token owners in O(L), without building any rank's
+    shard; the pairs equal :func:`~vlmcp.layout.work.attended_pairs` and the bytes
+    equal ``vlmcp.attention.exchange.ring_bytes_sent`` summed over both directions.
     """
     model = CostModel() if cost_model is None else cost_model
     if not isinstance(model, CostModel):
         raise TypeError(f"cost_model must be a CostModel, got {type(model).__name__}")
     P = plan.cp_size
-    seqlens = plan.cu_seqlens[1:] - plan.cu_seqlens[:-1]
-    rep, c = plan.replicated_lens[:, None], plan.chunk_sizes[:, None]  # (S, 1)
-    zig = seqlens[:, None] - rep
-    bidi = plan.image_lens[:, None] if model.image_attention == "bidirectional" else torch.zeros_like(c)
-    ranks = torch.arange(P)[None]  # (1, P)
-    pairs = _key_sum(torch.zeros_like(rep), rep, bidi).sum().expand(P).clone()
-    travelling = torch.zeros(P, dtype=torch.long)
-    for chunk in (ranks, 2 * P - 1 - ranks):  # rank r's zigzag chunks r and 2P-1-r
-        start = chunk * c
-        n = torch.minimum((zig - start).clamp(min=0), c)  # valid slots of the chunk
-        pairs += _key_sum(rep + start, rep + start + n, bidi).sum(0)
-        travelling += n.sum(0)
-    local_tokens = int(plan.local_lens.sum())
+    keys = row_keys_per_query(plan, model.image_attention)
+    rank = torch.where(plan.owner >= 0, plan.owner, P)  # P: replicated, computed on every rank
+    per_rank = torch.bincount(rank, weights=keys.double(), minlength=P + 1).long()
+    pairs = per_rank[:P] + per_rank[P]
+    travelling = torch.bincount(rank, minlength=P + 1)[:P]
+    local_tokens = plan.num_slots
     fits = model.max_local_tokens is None or local_tokens <= model.max_local_tokens
     kv = 2 * model.kv_heads * model.head_dim
     total = int(travelling.sum())
@@ -284,44 +268,3 @@ def estimate_cost(plan: CPPlan, cost_model: CostModel | None = None) -> CostEsti
         if busiest is None or est.cost > busiest.cost:
             busiest = est
     return busiest
-
-
-def choose_plan(candidates: Sequence[CPPlan], cost_model: CostModel | None = None) -> CPPlan:
-    """The candidate layout of one row whose busiest rank costs least.
-
-    A layout within ``max_local_tokens`` beats one over it; otherwise the lower cost
-    wins and a tie goes to the earlier candidate (``plan_cp`` passes ``replicate``
-    first: the seed's layout). At P = 1 both layouts hold every token, so the first
-    is returned. The result carries every candidate's estimate in ``cost_estimates``.
-    """
-    if not candidates:
-        raise ValueError("choose_plan needs at least one candidate plan")
-    first = candidates[0]
-    for plan in candidates[1:]:
-        if plan.cp_size != first.cp_size or not torch.equal(plan.cu_seqlens, first.cu_seqlens):
-            raise ValueError("choose_plan's candidates must plan the same row for the same cp_size")
-    estimates = tuple(estimate_cost(plan, cost_model) for plan in candidates)
-    best = 0
-    if first.cp_size > 1:
-        best = min(range(len(candidates)), key=lambda i: (not estimates[i].fits, estimates[i].cost))
-    return dataclasses.replace(candidates[best], cost_estimates=estimates)
-
-
-def choose_image_strategy(
-    is_image: torch.Tensor,
-    cp_size: int,
-    cu_seqlens: torch.Tensor | None = None,
-    cost_model: CostModel | None = None,
-) -> tuple[ImageStrategy, dict[str, CostEstimate]]:
-    """What ``plan_cp(..., image_strategy="auto")`` picks for this row, and why.
-
-    Args:
-        is_image, cp_size, cu_seqlens: as for :func:`~vlmcp.layout.plan.plan_cp`.
-        cost_model: the weights (default ``CostModel()``).
-
-    Returns:
-        ``(strategy, estimates)``: ``"replicate"`` or ``"shard"``, and the
-        :class:`CostEstimate` of each layout keyed by its name.
-    """
-    plan = plan_cp(is_image, cp_size, cu_seqlens, image_strategy="auto", cost_model=cost_model)
-    return plan.image_strategy, {e.image_strategy: e for e in plan.cost_estimates}

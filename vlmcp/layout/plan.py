@@ -1,44 +1,47 @@
-"""The CP layout planner: which global tokens each rank of a CP group holds.
+"""The CP layout: which global tokens each rank of a CP group holds.
 
-Note [vlmcp layout: replicated image prefix, per-sample zigzag text]
---------------------------------------------------------------------
-A packed row holds S samples (``cu_seqlens`` marks them). Each sample is
-``[image tokens | text tokens]``. With ``image_strategy="replicate"`` (the seed's
-design) every rank keeps every image token, and each sample's text is padded to a
-multiple of 2P, cut into 2P chunks, and rank r takes chunks r and 2P-1-r::
+Note [vlmcp layout: replicated images anywhere, per-sample zigzag text]
+-----------------------------------------------------------------------
+A packed row holds S samples (``cu_seqlens`` marks them); text and images may
+interleave in any order within a sample (a prompt, an image, a question, another
+image, the answer; a video is one long image run). With
+``image_strategy="replicate"`` (the seed's design) every rank keeps every image token,
+and each sample's *text* tokens, wherever they sit, are cut into 2P chunks; rank r
+takes chunks r and 2P-1-r. P = 2, text ``t`` chunked ``a b c d``::
 
-    sample:  [ I I I I | t0 t1 t2 t3 t4 t5 t6 t7 ]        P = 2, chunks of 2
-                           c0    c1    c2    c3
-    rank 0:  [ I I I I | t0 t1 | t6 t7 ]                   chunks 0 and 3
-    rank 1:  [ I I I I | t2 t3 | t4 t5 ]                   chunks 1 and 2
+    sample:  [ t t | I I I | t t t t t t | I I | t t t t ]       (global order)
+    chunks:    a a           a b b b c c         c d d d        (cut by causal work)
+    rank 0:  [ a a | I I I | a           | I I |   d d d ]  + padding
+    rank 1:  [       I I I |   b b b c c | I I | c       ]  + padding
 
-Samples stay in order and each keeps its own contiguous local segment, so a
-rank's local row is itself a packed row with local ``cu_seqlens``. Within a local
-segment the tokens are in increasing global order and padding (``-1``) is a
-suffix: padding is the tail of the global text and chunk r precedes chunk 2P-1-r.
+A rank's tokens of a sample stay in global order, images included, so its local row
+is itself a packed row (local ``cu_seqlens``) whose own-K/V attention is one causal
+block per sample. Every rank gives sample s the same number of slots (the most any
+rank holds of it); padding (``-1``) is the segment's suffix. Where the cuts fall is
+Note [vlmcp zigzag cut points: equal chunks or equal causal work] in
+:mod:`vlmcp.layout.cuts`: equal chunks (megatron-core's order) for text-only samples
+whose length divides by 2P, equal causal work for the others, so a short prompt
+before a large image does not leave rank 0 idle.
 
-With ``image_strategy="shard"`` (Megatron/LongVILA) the whole merged sample is
-zigzagged the same way; nothing is replicated. ``image_strategy="auto"`` builds
-both and keeps the one a cost model prices lower (see Note [vlmcp cost model:
-replicate or shard image tokens] in :mod:`vlmcp.layout.cost`).
-
-Causal work is balanced per sample: a text query at offset o sees o+1 keys, and
-chunks r and 2P-1-r together hold the same sum of offsets on every rank.
+With ``image_strategy="shard"`` (Megatron/LongVILA) the whole merged sample is cut
+into equal chunks; nothing is replicated. Which layout ``"auto"`` picks is
+:mod:`vlmcp.layout.choose`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from vlmcp.layout.validate import check_cp_size, check_cu_seqlens, check_is_image, image_prefix_lens
+from vlmcp.layout.cuts import zigzag_cuts
+from vlmcp.layout.images import RowImages
 
 if TYPE_CHECKING:
-    from vlmcp.layout.cost import CostEstimate, CostModel
+    from vlmcp.layout.cost import CostEstimate
 
-__all__ = ["CPPlan", "ImageStrategy", "RankShard", "TokenKind", "plan_cp"]
+__all__ = ["CPPlan", "ImageStrategy", "RankShard", "TokenKind", "build_plan"]
 
 ImageStrategy = Literal["replicate", "shard"]
 """A layout: where a sample's image tokens live. ``plan_cp`` also takes ``"auto"``."""
@@ -70,7 +73,7 @@ class RankShard:
         cu_seqlens: ``IntTensor[S+1]`` (int32), local sample boundaries (padding included).
         max_seqlen: longest local sample segment.
         sample_starts: ``LongTensor[S]``, global start of each sample.
-        image_lens: ``LongTensor[S]``, number of image tokens in each sample.
+        image_lens: ``LongTensor[S]``, number of image tokens in each sample (anywhere in it).
         plan: the :class:`CPPlan` this shard belongs to (gives every peer's shard).
     """
 
@@ -110,6 +113,12 @@ class RankShard:
     @property
     def is_pad(self) -> torch.Tensor:
         return self.kinds == TokenKind.PAD
+
+    @property
+    def image_index(self) -> torch.Tensor:
+        """``LongTensor[N]``: the image (row order, from 0) of each local image slot, ``-1`` elsewhere."""
+        ids = self.plan.images.image_ids[self.positions.clamp(min=0)]
+        return torch.where(self.positions >= 0, ids, -1)
 
     @property
     def offsets(self) -> torch.Tensor:
@@ -167,16 +176,22 @@ class RankShard:
 
 @dataclass(frozen=True, eq=False)
 class CPPlan:
-    """The layout of one (packed) row over a CP group. Build it with :func:`plan_cp`.
+    """The layout of one (packed) row over a CP group. Build it with :func:`vlmcp.plan_cp`.
 
     Attributes:
         cp_size: P.
         image_strategy: ``"replicate"`` or ``"shard"``.
         seq_len: L.
         cu_seqlens: ``LongTensor[S+1]``, global sample boundaries.
-        image_lens: ``LongTensor[S]``, image tokens per sample (a prefix of the sample).
+        images: the row's :class:`~vlmcp.layout.images.RowImages` (image ids and spans,
+            each token's sample and offset).
+        is_image: ``BoolTensor[L]``.
+        owner: ``LongTensor[L]``, the rank holding each sharded token; ``-1`` for
+            replicated tokens (every rank holds them).
+        cuts: ``LongTensor[S, 2P+1]``, zigzag cut points of each sample's sharded tokens.
+        image_lens: ``LongTensor[S]``, image tokens per sample.
         replicated_lens: ``LongTensor[S]``, tokens of each sample held by every rank.
-        chunk_sizes: ``LongTensor[S]``, zigzag chunk length of each sample (2P chunks).
+        rank_lens: ``LongTensor[S, P]``, sharded tokens of each sample on each rank.
         cost_estimates: under ``image_strategy="auto"``, the cost model's
             :class:`~vlmcp.layout.cost.CostEstimate` of each candidate layout
             (``replicate`` first); ``None`` when the layout was named explicitly.
@@ -186,9 +201,13 @@ class CPPlan:
     image_strategy: str
     seq_len: int
     cu_seqlens: torch.Tensor
+    images: RowImages = field(repr=False)
+    is_image: torch.Tensor = field(repr=False)
+    owner: torch.Tensor = field(repr=False)
+    cuts: torch.Tensor
     image_lens: torch.Tensor
     replicated_lens: torch.Tensor
-    chunk_sizes: torch.Tensor
+    rank_lens: torch.Tensor
     cost_estimates: tuple[CostEstimate, ...] | None = None
 
     @property
@@ -196,115 +215,73 @@ class CPPlan:
         return self.image_lens.numel()
 
     @property
+    def num_images(self) -> int:
+        return self.images.num_images
+
+    @property
     def local_lens(self) -> torch.Tensor:
-        """``LongTensor[S]``: slots per sample on every rank (the same on all ranks)."""
-        return self.replicated_lens + 2 * self.chunk_sizes
+        """``LongTensor[S]``: slots per sample on every rank (the same on all ranks), padding included."""
+        return self.replicated_lens + self.rank_lens.max(dim=1).values
+
+    @property
+    def num_slots(self) -> int:
+        """Local slots per rank (the same on every rank), padding included."""
+        return int(self.local_lens.sum())
 
     def for_rank(self, rank: int) -> RankShard:
-        """The :class:`RankShard` of ``rank`` (no communication)."""
-        if not isinstance(rank, int) or not 0 <= rank < self.cp_size:
+        """The :class:`RankShard` of ``rank`` (no communication; O(L))."""
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.cp_size:
             raise ValueError(f"rank must be an int in [0, {self.cp_size}), got {rank!r}")
-        starts = self.cu_seqlens[:-1]
-        seqlens = self.cu_seqlens[1:] - starts
-        n_rep, chunk = self.replicated_lens, self.chunk_sizes
+        S = self.num_samples
         local_lens = self.local_lens
-        cu_local = torch.zeros(self.num_samples + 1, dtype=torch.long)
+        cu_local = torch.zeros(S + 1, dtype=torch.long)
         torch.cumsum(local_lens, 0, out=cu_local[1:])
         n = int(cu_local[-1])
-        sid = torch.repeat_interleave(torch.arange(self.num_samples), local_lens, output_size=n)
-        u = torch.arange(n) - cu_local[sid]
-        rep_s, chunk_s = n_rep[sid], chunk[sid]
-        t = u - rep_s
-        second = t >= chunk_s
-        zig = torch.where(second, (2 * self.cp_size - 1 - rank) * chunk_s + (t - chunk_s),
-                          rank * chunk_s + t)
-        replicated = u < rep_s
-        offset = torch.where(replicated, u, rep_s + zig)
-        valid = offset < seqlens[sid]
-        positions = torch.where(valid, starts[sid] + offset, -1)
-        image = valid & (offset < self.image_lens[sid])
+        pos = torch.nonzero((self.owner == rank) | (self.owner < 0)).flatten()
+        sid = self.images.sample_ids[pos]
+        held = self.replicated_lens + self.rank_lens[:, rank]
+        first = torch.cumsum(held, 0) - held
+        slot = cu_local[:-1][sid] + torch.arange(pos.numel()) - first[sid]
+        positions = torch.full((n,), -1, dtype=torch.long)
+        positions[slot] = pos
         kinds = torch.full((n,), TokenKind.PAD, dtype=torch.int8)
-        kinds[valid] = TokenKind.TEXT
-        kinds[image] = TokenKind.IMAGE
+        kinds[slot] = torch.where(self.is_image[pos], TokenKind.IMAGE, TokenKind.TEXT).to(torch.int8)
+        replicated = torch.zeros(n, dtype=torch.bool)
+        replicated[slot] = self.owner[pos] < 0
         return RankShard(
             rank=rank, cp_size=self.cp_size, image_strategy=self.image_strategy,
-            seq_len=self.seq_len, positions=positions, sample_ids=sid, kinds=kinds,
-            replicated=replicated, cu_seqlens=cu_local.to(torch.int32),
-            max_seqlen=int(local_lens.max()) if self.num_samples else 0,
-            sample_starts=starts.clone(), image_lens=self.image_lens, plan=self)
+            seq_len=self.seq_len, positions=positions,
+            sample_ids=torch.repeat_interleave(torch.arange(S), local_lens, output_size=n),
+            kinds=kinds, replicated=replicated, cu_seqlens=cu_local.to(torch.int32),
+            max_seqlen=int(local_lens.max()) if S else 0,
+            sample_starts=self.cu_seqlens[:-1].clone(), image_lens=self.image_lens, plan=self)
 
     def shards(self) -> list[RankShard]:
         """Every rank's shard, in rank order."""
         return [self.for_rank(r) for r in range(self.cp_size)]
 
 
-def plan_cp(
-    is_image: torch.Tensor,
-    cp_size: int,
-    cu_seqlens: torch.Tensor | None = None,
-    image_strategy: ImageStrategy | Literal["auto"] = "replicate",
-    cost_model: CostModel | None = None,
-) -> CPPlan:
-    """Plan how a (packed) multimodal row is laid out over a CP group.
-
-    See Note [vlmcp layout: replicated image prefix, per-sample zigzag text].
-
-    Args:
-        is_image: ``BoolTensor[L]``, True at image tokens. Each sample's image tokens
-            must be a prefix of the sample (one image span per sample).
-        cp_size: P >= 1.
-        cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample.
-        image_strategy: ``"replicate"`` keeps image tokens whole on every rank and
-            zigzags only text; ``"shard"`` zigzags the merged sample; ``"auto"`` plans
-            both and returns the one whose busiest rank ``cost_model`` prices lower
-            (ties, and P = 1, give ``"replicate"``). The decision reads only this
-            metadata, so every rank that passes the same row gets the same plan.
-        cost_model: the :class:`~vlmcp.layout.cost.CostModel` for ``"auto"``
-            (default ``CostModel()``); only valid with ``"auto"``. It must be the same on
-            every rank (built from configuration), or ranks may pick different layouts.
-
-    Returns:
-        A :class:`CPPlan`; ``plan.for_rank(r)`` gives rank r's :class:`RankShard`.
-        ``plan.image_strategy`` is the layout built (under ``"auto"``, the one chosen)
-        and ``plan.cost_estimates`` holds the estimates it was chosen by.
-
-    Raises:
-        TypeError, ValueError: for malformed input (the message names the bad value).
-        NotImplementedError: for interleaved images (images not a sample prefix).
-    """
-    check_is_image(is_image)
-    check_cp_size(cp_size)
-    choices = (*get_args(ImageStrategy), "auto")
-    if image_strategy not in choices:
-        raise ValueError(f"image_strategy must be one of {choices}, got {image_strategy!r}")
-    if cost_model is not None and image_strategy != "auto":
-        raise ValueError(
-            f"cost_model is only used by image_strategy='auto', got image_strategy={image_strategy!r}")
-    is_image = is_image.detach().cpu()
-    seq_len = is_image.numel()
-    cu = check_cu_seqlens(cu_seqlens, seq_len)
-    image_lens, first_bad = image_prefix_lens(is_image, cu)
-    if first_bad >= 0:
-        raise NotImplementedError(
-            f"sample {first_bad} (tokens {int(cu[first_bad])}..{int(cu[first_bad + 1]) - 1}) has "
-            f"image tokens after text; image_strategy={image_strategy!r} supports images only "
-            "as a prefix of each sample (interleaved images are not implemented yet)")
-    if image_strategy == "auto":
-        # cost.py builds on this module (it prices CPPlans), so it is imported here.
-        from vlmcp.layout.cost import choose_plan
-
-        candidates = [_layout(cu, image_lens, cp_size, s) for s in get_args(ImageStrategy)]
-        return choose_plan(candidates, cost_model)
-    return _layout(cu, image_lens, cp_size, image_strategy)
-
-
-def _layout(cu: torch.Tensor, image_lens: torch.Tensor, cp_size: int,
-            image_strategy: ImageStrategy) -> CPPlan:
-    """The plan of a validated row: O(S) arithmetic on its sample lengths."""
-    seqlens = cu[1:] - cu[:-1]
+def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_size: int,
+               image_strategy: ImageStrategy) -> CPPlan:
+    """The layout of a validated row (see the Note); O(L) tensor work plus O(S P) cut points."""
+    P, S = cp_size, cu.numel() - 1
+    sid = images.sample_ids
+    sharded = ~is_image if image_strategy == "replicate" else torch.ones_like(is_image)
+    zpos = torch.nonzero(sharded).flatten()
+    zsid = sid[zpos]
+    zlens = torch.bincount(zsid, minlength=S)
+    image_lens = torch.bincount(sid[is_image], minlength=S)
     replicated = image_lens if image_strategy == "replicate" else torch.zeros_like(image_lens)
-    zigzag_lens = seqlens - replicated
-    chunk = (zigzag_lens + 2 * cp_size - 1) // (2 * cp_size)
-    return CPPlan(cp_size=cp_size, image_strategy=image_strategy, seq_len=int(cu[-1]),
-                  cu_seqlens=cu, image_lens=image_lens, replicated_lens=replicated,
-                  chunk_sizes=chunk)
+    # equal chunks where the sharded tokens' offsets run 0..Z-1 (nothing replicated) and Z
+    # divides by 2P: megatron-core's order; equal causal work elsewhere (Note in vlmcp.layout.cuts)
+    balance = (replicated > 0) | (zlens % (2 * P) != 0)
+    cuts = zigzag_cuts(zlens, images.offsets[zpos] + 1, balance, P)
+    chunk_lens = cuts[:, 1:] - cuts[:, :-1]
+    # sharded tokens are in row order, so their chunk ids are each sample's 0..2P-1 repeated
+    chunk = torch.arange(2 * P).repeat(S).repeat_interleave(chunk_lens.flatten(), output_size=zpos.numel())
+    owner = torch.full((int(cu[-1]),), -1, dtype=torch.long)
+    owner[zpos] = torch.where(chunk < P, chunk, 2 * P - 1 - chunk)
+    rank_lens = chunk_lens[:, :P] + chunk_lens[:, P:].flip(1)
+    return CPPlan(cp_size=P, image_strategy=image_strategy, seq_len=int(cu[-1]), cu_seqlens=cu,
+                  images=images, is_image=is_image, owner=owner, cuts=cuts, image_lens=image_lens,
+                  replicated_lens=replicated, rank_lens=rank_lens)

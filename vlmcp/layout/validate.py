@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_cp_size", "check_cu_seqlens", "check_is_image", "image_prefix_lens"]
+__all__ = ["check_cp_size", "check_cu_seqlens", "check_is_image"]
 
 
 def check_is_image(is_image) -> None:
@@ -53,24 +53,3 @@ def check_cu_seqlens(cu_seqlens, seq_len: int) -> torch.Tensor:
     if int(cu[-1]) != seq_len:
         raise ValueError(f"cu_seqlens must end at L={seq_len}, got cu_seqlens[-1]={int(cu[-1])}")
     return cu
-
-
-def image_prefix_lens(is_image: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Image tokens per sample, and the first sample whose images are not a prefix (or -1).
-
-    Args:
-        is_image: ``BoolTensor[L]`` on the CPU.
-        cu: validated ``LongTensor[S+1]`` (see :func:`check_cu_seqlens`).
-
-    Returns:
-        ``(image_lens, first_bad)``: ``LongTensor[S]`` and a sample index, ``-1`` when
-        every sample's image tokens are a prefix of it.
-    """
-    seqlens = cu[1:] - cu[:-1]
-    sid = torch.repeat_interleave(torch.arange(seqlens.numel()), seqlens)
-    image_lens = torch.zeros(seqlens.numel(), dtype=torch.long).index_add_(
-        0, sid, is_image.long())
-    offset = torch.arange(is_image.numel()) - cu[:-1][sid]
-    bad = is_image & (offset >= image_lens[sid])
-    first_bad = int(sid[bad][0]) if bool(bad.any()) else -1
-    return image_lens, first_bad

@@ -1,11 +1,14 @@
 """Exact attention-work accounting for a plan: attended (query, key) pairs per rank.
 
 The mask is causal within each sample and empty across samples; with
-``image_attention="bidirectional"`` the image tokens of a sample also see each
-other in both directions (prefix-LM). A query at offset o of its sample sees
-o + 1 keys (an image query under bidirectional attention sees the whole image).
-Padding slots attend to nothing. Replicated image queries are computed on every
-rank, so under ``image_strategy="replicate"`` each rank carries all image-query work.
+``image_attention="bidirectional"`` the tokens of each image also see each other
+in both directions. A query at offset o of its sample sees o + 1 keys, wherever
+images sit (text after an image sees it, an image after text sees that text); an
+image query under bidirectional attention also sees the rest of its image, so it
+sees every key before its image's end. Padding slots attend to nothing. Replicated
+image queries are computed on every rank, against every key they see (travelling
+text included), so under ``image_strategy="replicate"`` each rank carries all
+image-query work.
 """
 
 from __future__ import annotations
@@ -17,19 +20,29 @@ import torch
 
 from vlmcp.layout.plan import CPPlan, RankShard
 
-__all__ = ["ImageAttention", "WorkReport", "attended_pairs", "keys_per_query"]
+__all__ = ["ImageAttention", "WorkReport", "attended_pairs", "keys_per_query", "row_keys_per_query"]
 
 ImageAttention = Literal["causal", "bidirectional"]
 
 
-def keys_per_query(shard: RankShard, image_attention: ImageAttention = "causal") -> torch.Tensor:
-    """``LongTensor[N]``: how many keys of the whole row each local query attends to."""
+def _check_image_attention(image_attention) -> None:
     if image_attention not in ("causal", "bidirectional"):
         raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
-    keys = shard.offsets + 1  # padding: -1 + 1 = 0
+
+
+def row_keys_per_query(plan: CPPlan, image_attention: ImageAttention = "causal") -> torch.Tensor:
+    """``LongTensor[L]``: how many keys each token of the global row attends to."""
+    _check_image_attention(image_attention)
+    keys = plan.images.offsets + 1
     if image_attention == "bidirectional":
-        keys = torch.where(shard.is_image, shard.image_lens[shard.sample_ids], keys)
+        keys = torch.where(plan.is_image, plan.images.span_end_offsets(), keys)
     return keys
+
+
+def keys_per_query(shard: RankShard, image_attention: ImageAttention = "causal") -> torch.Tensor:
+    """``LongTensor[N]``: how many keys of the whole row each local query attends to (0 at padding)."""
+    keys = row_keys_per_query(shard.plan, image_attention)[shard.positions.clamp(min=0)]
+    return torch.where(shard.positions >= 0, keys, 0)
 
 
 @dataclass(frozen=True)
@@ -77,17 +90,14 @@ class WorkReport:
 
 
 def attended_pairs(plan: CPPlan, image_attention: ImageAttention = "causal") -> WorkReport:
-    """Count attended (query, key) pairs on every rank of ``plan``."""
-    text, image, tokens, slots = [], [], [], []
-    for shard in plan.shards():
-        keys = keys_per_query(shard, image_attention)
-        text.append(int(keys[shard.is_text].sum()))
-        image.append(int(keys[shard.is_image].sum()))
-        tokens.append(int((~shard.is_pad).sum()))
-        slots.append(shard.num_tokens)
-    seqlens = plan.cu_seqlens[1:] - plan.cu_seqlens[:-1]
-    single = int((seqlens * (seqlens + 1) // 2).sum())
-    if image_attention == "bidirectional":
-        n = plan.image_lens
-        single += int((n * n - n * (n + 1) // 2).sum())
-    return WorkReport(tuple(text), tuple(image), tuple(tokens), tuple(slots), single)
+    """Count attended (query, key) pairs on every rank of ``plan`` (O(L), no shard is built)."""
+    keys = row_keys_per_query(plan, image_attention)
+    P = plan.cp_size
+    # replicated tokens are held (and their queries computed) by every rank
+    rank = torch.where(plan.owner >= 0, plan.owner, P)
+    text = torch.bincount(rank, weights=torch.where(plan.is_image, 0, keys).double(), minlength=P + 1)
+    image = torch.bincount(rank, weights=torch.where(plan.is_image, keys, 0).double(), minlength=P + 1)
+    tokens = torch.bincount(rank, minlength=P + 1)
+    every = lambda x: tuple(int(x[r]) + int(x[P]) for r in range(P))
+    return WorkReport(every(text.long()), every(image.long()), every(tokens), (plan.num_slots,) * P,
+                      int(keys.sum()))

@@ -1,9 +1,10 @@
 """Step 3 of the data flow: merge the complete image embeddings into a rank's local row.
 
 The vision placement hands every rank the embeddings of *all* image tokens of the
-row, ``(I, hidden)``, images concatenated in sample order. A local image slot at
-offset o of sample s takes row ``image_cu[s] + o``. Under ``image_strategy=
-"replicate"`` that is every row; under ``"shard"`` each rank takes its own subset.
+row, ``(I, hidden)``, images concatenated in row order. A local image slot at global
+position t takes row ``(image tokens before t)``, wherever its image sits in its
+sample. Under ``image_strategy="replicate"`` that is every row; under ``"shard"``
+each rank takes its own subset.
 
 The selection is an ``index_select`` even when a rank selects no row, so every
 rank's backward reaches the placement's dual collective (a rank whose graph
@@ -21,9 +22,8 @@ __all__ = ["image_rows", "merge_embeddings"]
 
 def image_rows(shard: RankShard) -> torch.Tensor:
     """``LongTensor[N]``: the image-embedding row of each local image slot, -1 elsewhere."""
-    image_cu = torch.cumsum(shard.image_lens, 0) - shard.image_lens
-    rows = image_cu[shard.sample_ids] + shard.offsets
-    return torch.where(shard.is_image, rows, -1)
+    before = torch.cumsum(shard.plan.is_image.long(), 0) - 1
+    return torch.where(shard.is_image, before[shard.positions.clamp(min=0)], -1)
 
 
 def merge_embeddings(

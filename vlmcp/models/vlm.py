@@ -1,4 +1,4 @@
-"""The reference VLM: ViT + projector, merged in front of each sample's text, LLM on top.
+"""The reference VLM: ViT + projector, merged into the image spans of each sample, LLM on top.
 
 ::
 
@@ -67,8 +67,8 @@ class VLM(nn.Module):
         Args:
             input_ids: ``(N,)`` local token ids (``shard.shard(row_ids)``).
             position_ids: ``(N,)`` local RoPE positions, computed on the global row.
-            images: ``(3, H, W)`` images, one per sample with image tokens, in sample
-                order; the same on every rank of the CP group.
+            images: ``(3, H, W)`` images, one per image span of the plan, in row order;
+                the same on every rank of the CP group.
             shard: this rank's :class:`RankShard`.
             group: the CP group (None: single process, ``shard.cp_size`` must be 1).
             backend: ``"ring"``, ``"ulysses"`` or a stand-in callable (see :class:`DecoderLLM`).

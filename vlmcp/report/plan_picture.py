@@ -56,11 +56,9 @@ def _global_owner(plan: CPPlan) -> np.ndarray:
     return owner.numpy()
 
 
-def _global_is_image(plan: CPPlan) -> np.ndarray:
-    seqlens = plan.cu_seqlens[1:] - plan.cu_seqlens[:-1]
-    sid = torch.repeat_interleave(torch.arange(plan.num_samples), seqlens)
-    offset = torch.arange(plan.seq_len) - plan.cu_seqlens[:-1][sid]
-    return (offset < plan.image_lens[sid]).numpy(), sid.numpy()
+def _global_is_image(plan: CPPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per global token: is it an image token, its sample, its image (-1 for text)."""
+    return plan.is_image.numpy(), plan.images.sample_ids.numpy(), plan.images.image_ids.numpy()
 
 
 def _token_colours(owner: np.ndarray, is_image: np.ndarray, ranks: np.ndarray) -> np.ndarray:
@@ -80,7 +78,7 @@ def _strip(ax, colours: np.ndarray, bounds, label: str) -> None:
     ax.tick_params(axis="x", labelsize=7)
 
 
-def _mask_image(plan: CPPlan, owner, is_image, sid, colours, bidirectional: bool,
+def _mask_image(plan: CPPlan, owner, image_ids, sid, colours, bidirectional: bool,
                 max_pixels: int) -> tuple[np.ndarray, int]:
     """RGB mask, point-sampled down to at most ``max_pixels`` per side (cost R^2, not L^2)."""
     n = plan.seq_len
@@ -88,8 +86,8 @@ def _mask_image(plan: CPPlan, owner, is_image, sid, colours, bidirectional: bool
     idx = ((np.arange(res) + 0.5) * n / res).astype(np.int64)
     q, k = idx[:, None], idx[None, :]
     visible = (sid[q] == sid[k]) & (k <= q)
-    if bidirectional:
-        visible |= (sid[q] == sid[k]) & is_image[q] & is_image[k]
+    if bidirectional:  # the tokens of one image see each other
+        visible |= (image_ids[q] == image_ids[k]) & (image_ids[q] >= 0)
     row_colour = colours[idx]
     image = np.where(visible[..., None], row_colour[:, None, :], np.array(_EMPTY))
     return image, res
@@ -117,7 +115,7 @@ def draw_plan(plan: CPPlan, out_png: str | os.PathLike, image_attention: str = "
         raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
     ranks = _rank_colours(plan.cp_size)
     owner = _global_owner(plan)
-    is_image, sid = _global_is_image(plan)
+    is_image, sid, image_ids = _global_is_image(plan)
     colours = _token_colours(owner, is_image, ranks)
     shards = plan.shards()
     strips = plan.cp_size + 1
@@ -136,7 +134,7 @@ def draw_plan(plan: CPPlan, out_png: str | os.PathLike, image_attention: str = "
             _strip(fig.add_subplot(grid[1 + shard.rank]), local,
                    shard.cu_seqlens[1:-1].tolist(), f"rank {shard.rank}")
         ax = fig.add_subplot(grid[strips])
-        mask, res = _mask_image(plan, owner, is_image, sid, colours,
+        mask, res = _mask_image(plan, owner, image_ids, sid, colours,
                                 image_attention == "bidirectional", max_mask_pixels)
         ax.imshow(mask, interpolation="nearest", extent=(0, plan.seq_len, plan.seq_len, 0))
         sampled = "" if res == plan.seq_len else f", sampled to {res}x{res}"

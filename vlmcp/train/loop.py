@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
-from vlmcp.layout import CostModel, plan_cp
+from vlmcp.layout import CostModel
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.checkpoint import (
     Checkpoint,
@@ -187,8 +187,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
             on_step(rank, step)
         rows = pack_rows(dataset, cfg.seq_len, position, cfg.dp)
         row, position = rows[dp_rank], rows[-1].stop
-        plan = plan_cp(row.is_image, cfg.cp, row.cu_seqlens, image_strategy=cfg.image_strategy,
-                       cost_model=costs)
+        plan = row.plan(cfg.cp, image_strategy=cfg.image_strategy, cost_model=costs)
         for group_ in optimizer.param_groups:
             group_["lr"] = lr_at(cfg, step)
         optimizer.zero_grad(set_to_none=True)

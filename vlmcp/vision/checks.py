@@ -26,14 +26,14 @@ def check_images_match(
     embed_dim: int | None = None,
     hidden_size: int | None = None,
 ) -> list[int]:
-    """Check that ``images`` fill the plan's image spans exactly, in order.
+    """Check that ``images`` are the plan's images, one for one, in row order.
 
-    A sample's image span may hold several images back to back (a multi-image
-    sample): images are consumed in order, each sample taking as many as fill its
-    span exactly.
+    The plan's images are its ``image_ids`` (or each maximal run of image tokens in a
+    sample, so two images placed back to back are one image unless ``image_ids``
+    tells them apart).
 
     Args:
-        images: ``(C, H, W)`` tensors of every sample with image tokens, in row order.
+        images: ``(C, H, W)`` tensors, one per image of the row, in row order.
         plan: the row's :class:`vlmcp.CPPlan`.
         patch_size: p; image i gives ``(H/p) * (W/p)`` tokens.
         channels: C.
@@ -45,25 +45,23 @@ def check_images_match(
         Tokens per image.
 
     Raises:
-        ValueError, TypeError: naming the bad image, sample or width.
+        ValueError, TypeError: naming the bad image, its span or the width.
     """
     if embed_dim is not None and hidden_size is not None and embed_dim != hidden_size:
         raise ValueError(
             f"image embedding width {embed_dim} differs from the LLM hidden size {hidden_size}")
     tokens = image_token_counts(images, patch_size, channels)
-    i = 0
-    for sample, n in enumerate(plan.image_lens.tolist()):
-        first, got = i, 0
-        while got < n and i < len(tokens):
-            got, i = got + tokens[i], i + 1
-        if got != n:
-            which = f"images {first}..{i - 1} give {got}" if i > first else "no image is left"
-            raise ValueError(
-                f"sample {sample} has {n} image tokens in the plan, but {which} "
-                f"(patch {patch_size}, tokens per image {tokens[first:i]}); pass every sample's "
-                "images in row order")
-    if i != len(tokens):
+    spans = plan.images.spans.tolist()
+    if len(tokens) != len(spans):
         raise ValueError(
-            f"got {len(tokens)} images but the plan's image spans take {i}: images {i}.."
-            f"{len(tokens) - 1} are left over")
+            f"got {len(tokens)} images but the row has {len(spans)} image spans (tokens per image "
+            f"{tokens}, span lengths {[b - a for a, b in spans]}); pass one image per span in row "
+            "order, and plan_cp(..., image_ids=...) where images sit back to back")
+    for i, (n, (a, b)) in enumerate(zip(tokens, spans, strict=True)):
+        if n != b - a:
+            raise ValueError(
+                f"image {i} gives {n} tokens (patch {patch_size}, shape {tuple(images[i].shape)}) but "
+                f"its span, tokens {a}..{b - 1} of the row (sample {int(plan.images.samples[i])}), has "
+                f"{b - a}; pass one image per span in row order, and plan_cp(..., image_ids=...) "
+                "where images sit back to back")
     return tokens
