@@ -38,7 +38,7 @@ def _target_text(processor, sample):
 
 def test_both_formats_give_the_same_sample(shapes, processor, tmp_path):
     (tmp_path / "pics").mkdir()
-    (tmp_path / "pics" / "a.png").write_bytes((shapes.parent / "images" / "000000.png").read_bytes())
+    (tmp_path / "pics" / "a.png").write_bytes((shapes.parent / "images" / "000000_0.png").read_bytes())
     messages = {"messages": [{"role": "user", "content": "<image>Describe the image."},
                              {"role": "assistant", "content": "a red circle top left"}], "images": ["a.png"]}
     llava = {"image": "a.png", "conversations": [{"from": "human", "value": "<image>Describe the image."},
@@ -53,7 +53,7 @@ def test_both_formats_give_the_same_sample(shapes, processor, tmp_path):
 
 
 def test_loss_covers_every_assistant_turn_and_nothing_else(shapes, processor, tmp_path):
-    image = str(shapes.parent / "images" / "000000.png")  # an absolute path
+    image = str(shapes.parent / "images" / "000000_0.png")  # an absolute path
     record = {"messages": [{"role": "system", "content": "You are a helpful assistant."},
                            {"role": "user", "content": "Describe the image. <image>"},
                            {"role": "assistant", "content": "a red circle"},

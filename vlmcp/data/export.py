@@ -3,11 +3,14 @@
 One line per sample of :class:`vlmcp.data.ShapesDataset`, in the LLaMA-Factory /
 ms-swift format that :mod:`vlmcp.data.conversations` reads::
 
-    {"messages": [{"role": "user", "content": "<image>Describe the image."},
+    {"messages": [{"role": "user", "content": "Describe the picture. <image>"},
                   {"role": "assistant", "content": "a red circle top left"}],
-     "images": ["images/000000.png"]}
+     "images": ["images/000000_0.png"]}
 
-Text-only samples (every ``text_only_every``-th) become a conversation without images.
+The prompt comes before the images, as in real chat data; a comparison holds two
+pictures ("Compare the pictures. <image><image>", answered "first ... second ...") and
+a video its frames as images. Text-only samples (every ``text_only_every``-th) become
+a conversation without images.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ import numpy as np
 from vlmcp.data.config import ShapesConfig
 from vlmcp.data.dataset import ShapesDataset
 
-__all__ = ["IMAGE_PROMPT", "TEXT_PROMPT", "export_shapes"]
+__all__ = ["COMPARE_PROMPT", "IMAGE_PROMPT", "PROMPTS", "TEXT_PROMPT", "VIDEO_PROMPT", "export_shapes"]
 
-IMAGE_PROMPT = "Describe the image."
+IMAGE_PROMPT = "Describe the picture."
+COMPARE_PROMPT = "Compare the pictures."
+VIDEO_PROMPT = "Describe the video."
 TEXT_PROMPT = "Say something about two shapes."
+PROMPTS = {"caption": IMAGE_PROMPT, "compare": COMPARE_PROMPT, "video": VIDEO_PROMPT, "sentence": TEXT_PROMPT}
+"""The user's words for each kind of built-in sample (:meth:`ShapesDataset.kind`)."""
 
 
 def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0) -> Path:
@@ -49,16 +56,15 @@ def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0) -> Pat
     temp = out / f".train.jsonl.tmp-{os.getpid()}"
     with open(temp, "w", encoding="utf-8") as f:
         for i in range(samples):
-            sample = dataset[i]
-            if sample.image is None:
-                record = {"messages": [{"role": "user", "content": TEXT_PROMPT},
-                                       {"role": "assistant", "content": sample.text}], "images": []}
-            else:
-                name = f"images/{i:06d}.png"
-                pixels = (sample.image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-                Image.fromarray(pixels).save(out / name)
-                record = {"messages": [{"role": "user", "content": f"<image>{IMAGE_PROMPT}"},
-                                       {"role": "assistant", "content": sample.text}], "images": [name]}
+            sample, kind = dataset[i], dataset.kind(i)
+            names = []
+            for j, image in enumerate(sample.images):
+                names.append(f"images/{i:06d}_{j}.png")
+                pixels = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                Image.fromarray(pixels).save(out / names[-1])
+            content = PROMPTS[kind] + (" " + "<image>" * len(names) if names else "")
+            record = {"messages": [{"role": "user", "content": content},
+                                   {"role": "assistant", "content": sample.text}], "images": names}
             f.write(json.dumps(record) + "\n")
     os.replace(temp, path)
     return path

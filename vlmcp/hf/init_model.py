@@ -74,11 +74,11 @@ MAX_PIXELS = 64 * 64
 
 def _corpus() -> list[str]:
     """Text the BPE is trained on: every built-in caption word and the template's words."""
-    from vlmcp.data.export import IMAGE_PROMPT, TEXT_PROMPT
+    from vlmcp.data.export import PROMPTS
     from vlmcp.data.vocab import SPECIAL_TOKENS, WORDS
 
     words = [w for w in WORDS if w not in SPECIAL_TOKENS]
-    lines = [" ".join(words), "\n".join(words), IMAGE_PROMPT, TEXT_PROMPT]
+    lines = [" ".join(words), "\n".join(words), *PROMPTS.values()]
     lines += ["system\nYou are a helpful assistant.", "user\n", "assistant\n",
               "USER: Describe the image. ASSISTANT: a red circle top left", "Picture 1: Video 1:"]
     return lines * 20  # frequency makes every whole word a merge
