@@ -31,15 +31,12 @@ into equal chunks; nothing is replicated. Which layout ``"auto"`` picks is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
 from vlmcp.layout.cuts import zigzag_cuts
 from vlmcp.layout.images import RowImages
-
-if TYPE_CHECKING:
-    from vlmcp.layout.cost import CostEstimate
 
 __all__ = ["CPPlan", "ImageStrategy", "RankShard", "TokenKind", "build_plan"]
 
@@ -208,7 +205,7 @@ class CPPlan:
     image_lens: torch.Tensor
     replicated_lens: torch.Tensor
     rank_lens: torch.Tensor
-    cost_estimates: tuple[CostEstimate, ...] | None = None
+    cost_estimates: tuple | None = None  # of vlmcp.layout.cost.CostEstimate (cost.py builds on this module)
 
     @property
     def num_samples(self) -> int:
