@@ -52,7 +52,7 @@ Forward: P-1 K/V messages per rank; backward: P-1 K/V and P-1 dK/dV messages
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -81,6 +81,14 @@ class RingSchedule:
 
     exchange: Exchange
     step_blocks: tuple[tuple[Block, ...], ...]
+    _send_index: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def send_index(self, device: torch.device) -> torch.Tensor:
+        """``exchange.send_index`` on ``device``, copied once (not once per layer and direction)."""
+        idx = self._send_index.get(device)
+        if idx is None:
+            idx = self._send_index[device] = self.exchange.send_index.to(device)
+        return idx
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -160,7 +168,7 @@ class _RingAttention(torch.autograd.Function):
         touched = torch.zeros(N, dtype=torch.bool)
         oh, lh = _heads(out), lse.t()
         comm = RingComm(group) if P > 1 else None
-        idx = ex.send_index.to(q.device)
+        idx = sched.send_index(q.device)
         kv = torch.stack([k[idx], v[idx]]) if P > 1 else None
         for s in range(P):
             if s + 1 < P:
@@ -192,7 +200,7 @@ class _RingAttention(torch.autograd.Function):
         dout = dout.to(q.dtype).contiguous()  # e.g. out.sum() gives a stride-0 dout
         args = (_heads(dout), _heads(q))
         tail = (_heads(out), lse.t())
-        idx = ex.send_index.to(q.device)
+        idx = sched.send_index(q.device)
         if P == 1:
             blocks_backward(kernel, *args, _heads(k), _heads(v), *tail, sched.step_blocks[0], scale,
                             _heads(dq), _heads(dk), _heads(dv))
