@@ -23,26 +23,18 @@ from vlmcp.hf.verify import (
     float64_exact,
     float64_norms,
     hf_parity,
-    planner_handles_interleaved,
     reference_for,
     reference_step,
 )
 from vlmcp.train.loop import dp_cp_groups
 
-INTERLEAVED = planner_handles_interleaved()
-"""Qwen rows carry vision start/end markers (text before every image) only when True."""
-
 # The issue's rows: prompt text before the image; two images in one sample with text
 # between; a packed row of three samples, one of them text-only (Qwen grids; LLaVA
-# images are fixed-size whatever the tuple says).
-if INTERLEAVED:
-    PROMPT_FIRST = ((5, (1, 4, 4), 9),)
-    TWO_IMAGES = ((3, (1, 4, 8), 4, (1, 4, 4), 7),)
-    PACKED = ((5, (1, 4, 4), 9), (12,), (3, (1, 4, 8), 4, (1, 4, 4), 7))
-else:  # the planner before issue 9: each sample's images must be its prefix
-    PROMPT_FIRST = (((1, 4, 4), 9),)
-    TWO_IMAGES = (((1, 4, 8), (1, 4, 4), 7),)  # LLaVA only: Qwen needs a marker between images
-    PACKED = (((1, 4, 4), 9), (12,), ((1, 4, 8), 11))
+# images are fixed-size whatever the tuple says). Qwen images carry their vision
+# start/end markers, as the chat template writes them.
+PROMPT_FIRST = ((5, (1, 4, 4), 9),)
+TWO_IMAGES = ((3, (1, 4, 8), 4, (1, 4, 4), 7),)
+PACKED = ((5, (1, 4, 4), 9), (12,), (3, (1, 4, 8), 4, (1, 4, 4), 7))
 ROWS = {"prompt_first": PROMPT_FIRST, "two_images": TWO_IMAGES, "packed": PACKED}
 
 
@@ -83,7 +75,7 @@ def fsdp_grid(group: dist.ProcessGroup, cases: list[tuple[str, str, str]]) -> li
         ref = tiny_model(arch, torch.float64)
         float64_norms(ref)
         model = copy.deepcopy(ref)
-        rows = [synthetic_row(ref, PACKED, seed=1, markers=INTERLEAVED),
+        rows = [synthetic_row(ref, PACKED, seed=1),
                 synthetic_row(ref, ((17,), (6,)), seed=2)]
         with float64_exact(torch.float64):
             ref_losses = [reference_step(ref, *row, scale=0.5) for row in rows]
@@ -134,7 +126,7 @@ def bad_inputs(group: dist.ProcessGroup) -> dict[str, str]:
 
     model = tiny_model("qwen2_vl", torch.float32)
     vlmcp.hf.parallelize(model, group)
-    inputs, labels, cu = synthetic_row(model, PACKED, markers=INTERLEAVED)
+    inputs, labels, cu = synthetic_row(model, PACKED)
     res = {}
     short = dict(inputs, input_ids=inputs["input_ids"].masked_fill(
         torch.arange(inputs["input_ids"].shape[1]) == int((inputs["input_ids"][0] == 120).nonzero()[0]), 7))
@@ -168,7 +160,7 @@ def placeholder_parity(group: dist.ProcessGroup, samples) -> tuple[float, float]
     ref.config.model_type = "my_vlm"
     float64_norms(ref)
     model = copy.deepcopy(ref)
-    row = synthetic_row(ref, samples, markers=INTERLEAVED)
+    row = synthetic_row(ref, samples)
     ref_loss = reference_step(ref, *row)
     vlmcp.hf.parallelize(model, group)
     assert type(vlmcp.hf.parallel_state(model).adapter) is vlmcp.hf.PlaceholderAdapter

@@ -25,7 +25,7 @@ BACKENDS = ("ring", "ulysses")
 
 def _case(arch, attention="ring", mode="replicate", dtype="float64", rows="packed", gc=False):
     return HFParityCase(model=f"hf:{arch}", attention=attention, vision_mode=mode, dtype=dtype,
-                        gradient_checkpointing=gc, samples=hf_cases.ROWS[rows], markers=hf_cases.INTERLEAVED)
+                        gradient_checkpointing=gc, samples=hf_cases.ROWS[rows])
 
 
 def _failures(results: list[dict]) -> list[str]:
@@ -36,8 +36,7 @@ def _failures(results: list[dict]) -> list[str]:
 
 P2_CASES = (
     [_case(a, b, m) for a in TINY_ARCHS for b in BACKENDS for m in MODES]
-    + [_case(a, rows=r) for a in TINY_ARCHS for r in ("prompt_first", "two_images")
-       if hf_cases.INTERLEAVED or a == "llava" or r != "two_images"]
+    + [_case(a, rows=r) for a in TINY_ARCHS for r in ("prompt_first", "two_images")]
     + [_case(a, "ulysses", "scatter", dtype="float32") for a in TINY_ARCHS]
     + [_case(a, "ring", "replicate", dtype="float32") for a in TINY_ARCHS]
     + [_case(a, "ring", m, gc=True) for a in TINY_ARCHS for m in ("replicate", "hidden_shard")]
@@ -123,7 +122,7 @@ def test_model_called_without_the_layout_raises():
 def test_shard_inputs_contract_one_process():
     model = tiny_model("qwen2_vl", torch.float64)
     vlmcp.hf.parallelize(model, None)
-    inputs, labels, cu = synthetic_row(model, hf_cases.ROWS["packed"], markers=hf_cases.INTERLEAVED)
+    inputs, labels, cu = synthetic_row(model, hf_cases.ROWS["packed"])
     batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
     n = batch.shard.num_tokens
     assert batch.labels.shape == (n,) and batch.model_inputs["input_ids"].shape == (1, n)
@@ -167,9 +166,7 @@ def test_cli_verify_model_errors(capsys):
     assert "float64 or float32" in capsys.readouterr().err
 
 
-def test_rows_put_text_before_images_once_the_planner_allows():
-    if not hf_cases.INTERLEAVED:
-        pytest.skip("plan_cp takes images only as sample prefixes (issue 9 not merged): rows use prefixes")
+def test_rows_put_the_prompt_before_the_images():
     inputs, _, _ = synthetic_row(tiny_model("qwen2_vl"), hf_cases.PACKED)
     ids = inputs["input_ids"][0]
     assert int(ids[0]) != 120 and int((ids == 120).nonzero()[0]) > 0  # the prompt comes first

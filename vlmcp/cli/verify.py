@@ -86,7 +86,7 @@ def _run_hf(args: argparse.Namespace) -> int:
                          "the model's own causal attention (--image-attention causal)")
     try:
         from vlmcp.hf.tiny import TINY_ARCHS, tiny_config
-        from vlmcp.hf.verify import default_case, hf_parity
+        from vlmcp.hf.verify import HFParityCase, hf_parity
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
@@ -105,7 +105,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.attention == "ulysses" and heads and heads % args.cp:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
-    case = default_case(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
+    case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
                         dtype=args.dtype, seed=args.seed)
     try:
         result = spawn_ranks(hf_parity, args.cp, case, timeout=args.timeout)[0]

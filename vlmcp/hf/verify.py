@@ -34,8 +34,8 @@ from vlmcp.hf.parallel import parallelize
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = [
-    "DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step", "default_case",
-    "float64_exact", "float64_norms", "hf_parity", "load_model", "planner_handles_interleaved",
+    "DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step",
+    "float64_exact", "float64_norms", "hf_parity", "load_model",
     "reference_for", "reference_step",
 ]
 
@@ -48,19 +48,6 @@ DEFAULT_SAMPLES = (
     (3, (1, 4, 8), 4, (1, 4, 4), 7),   # two images in one sample, text between
 )
 """The verification row: 3 packed samples (Qwen grids; LLaVA images are fixed-size)."""
-PREFIX_SAMPLES = (((1, 4, 4), 9), (12,), ((1, 4, 8), 11))
-"""The same without text before an image, for a planner that takes images only as sample prefixes."""
-
-
-def planner_handles_interleaved() -> bool:
-    """Whether ``plan_cp`` takes text before an image (the planner of issue 9)."""
-    try:
-        vlmcp.plan_cp(torch.tensor([False, True, False]), 2)
-    except NotImplementedError:
-        return False
-    return True
-
-
 def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     adapter = adapter_for(model)
     ids = inputs["input_ids"][0]
@@ -281,10 +268,3 @@ def _row(model, case: HFParityCase):
     from vlmcp.hf.rows import synthetic_row
 
     return synthetic_row(model, case.samples, seed=case.seed, markers=case.markers)
-
-
-def default_case(**fields) -> HFParityCase:
-    """An :class:`HFParityCase` on the verification row this planner supports."""
-    if planner_handles_interleaved():
-        return HFParityCase(**fields)
-    return HFParityCase(samples=PREFIX_SAMPLES, markers=False, **fields)
