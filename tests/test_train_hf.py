@@ -65,8 +65,9 @@ def models(tmp_path_factory):
 
 
 def _config(model, data, out, **kw):
-    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), steps=STEPS, seq_len=SEQ,
-                         lr=3e-3, timeout=120.0, **kw)
+    kw = {"steps": STEPS, **kw}
+    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ, lr=3e-3,
+                         timeout=120.0, **kw)
 
 
 def _probe(model, processor, index, cp_group):
@@ -186,6 +187,28 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
     assert f"the last good checkpoint is {tmp_path}/checkpoints/step_00000002.pt" in err[0]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002.pt"]
     assert len(_losses(tmp_path / "m.jsonl")) == 2
+
+
+@needs_hf_cp
+def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path):
+    first = _config(models["llava"], data, tmp_path, cp=2, steps=2, checkpoint_every=2)
+    _run(first, 2)
+    again = _config(models["llava"], data, tmp_path, cp=1, resume=True)  # layout-free checkpoint
+    summary, _ = _run(again, 1)
+    assert summary["start_step"] == 2
+    torch.testing.assert_close(summary["losses"], llava_run[0]["losses"][2:], rtol=1e-5, atol=1e-5)
+
+
+@needs_hf_cp
+def test_joins_a_torchrun_launch(llava_run, models, data, tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = [a if a != str(STEPS) else "3" for a in _args(models["llava"], data, tmp_path)]
+    proc = subprocess.run([*torchrun, "-m", "vlmcp", "train", *args], capture_output=True, text=True,
+                          timeout=200, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("model and processor saved") == 1  # rank 0 reports
+    want = llava_run[0]["losses"][:3]  # warm-up steps: the learning rate does not depend on --steps
+    torch.testing.assert_close(_losses(tmp_path / "m.jsonl"), want, rtol=1e-6, atol=1e-6)
 
 
 @needs_hf_cp
