@@ -116,7 +116,7 @@ def bench_single(repeats: int) -> list[str]:
         x = [t.requires_grad_() for t in (q, k, v)]
         parts = []
         for name in kernels:
-            def step(x=x, cu=cu, dout=dout, name=name):
+            def step(x=x, cu=cu, dout=dout, name=name, is_image=is_image):
                 for t in x:
                     t.grad = None
                 out = varlen_attention(*x, cu, is_image, kernel=name)[0]
