@@ -266,3 +266,20 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
     assert "needs --model" in _error(capsys, ["--fsdp"])
     assert "not a model directory" in _error(capsys, ["--model", str(tmp_path), "--data", str(data),
                                                       "--output-dir", str(tmp_path / "o")])
+
+
+def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
+    from vlmcp.cli.train_hf import _report
+    from vlmcp.data.hf_rows import DataIndex
+
+    cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
+    index = DataIndex(conversations=[], lengths=[], rows=[[0]], skipped=[3, 7], seq_len=64)
+    summary = {"message": None, "stopped": None, "losses": [2.0, 1.5], "tokens": 1200, "seconds": 2.0,
+               "start_step": 0, "step": 2, "steps": 2, "model_dir": str(tmp_path),
+               "checkpoint": str(tmp_path / "checkpoints" / "step_00000002.pt"), "loss_curve": "m.png"}
+    assert _report(cfg, index, summary) == 0
+    out = capsys.readouterr().out
+    assert "steps 1-2 of 2, 1,200 tokens, 600 tokens/s, loss 2.0000 -> 1.5000" in out
+    assert "2 conversation(s) longer than --seq-len 64 skipped (lines 3, 7)" in out
+    assert f"model and processor saved to {tmp_path}" in out
+    assert f"checkpoints in {tmp_path}/checkpoints" in out
