@@ -3,8 +3,9 @@
 A rank's *travelling* tokens are its zigzag chunks of split samples (text only
 under ``image_strategy="replicate"``, text and image under ``"shard"``), padding
 excluded (``shard.travels``). Replicated image tokens never travel: every rank
-already has them; nor do whole samples' tokens: their owner holds every key they see. Because ``shard.plan`` gives every peer's metadata, each rank
-knows, without communicating, how many tokens every peer sends and where they sit
+already has them; nor do whole samples' tokens: their owner holds every key they
+see. Because ``shard.plan`` gives every peer's metadata, each rank knows, without
+communicating, how many tokens every peer sends and where they sit
 in the global row, so message sizes and block structure agree on all ranks.
 """
 
