@@ -283,3 +283,24 @@ def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, ca
     assert "2 conversation(s) longer than --seq-len 64 skipped (lines 3, 7)" in out
     assert f"model and processor saved to {tmp_path}" in out
     assert f"checkpoints in {tmp_path}/checkpoints" in out
+
+
+def _plan_check(group):
+    import torch.distributed as dist
+
+    from vlmcp.data.hf_rows import DataIndex
+    from vlmcp.train.hf_loop import _check_same_plan
+
+    index = DataIndex(conversations=[], lengths=[10 + dist.get_rank(group)], rows=[[0]], seq_len=16)
+    try:
+        _check_same_plan(index, group, torch.device("cpu"))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_ranks_that_planned_different_rows_stop_before_training():
+    from vlmcp.testing import run_on_ranks
+
+    errors = run_on_ranks(_plan_check, 2, timeout=60)
+    assert all(e and "ranks planned different rows from --data" in e for e in errors)
