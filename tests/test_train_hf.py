@@ -213,17 +213,29 @@ def test_joins_a_torchrun_launch(llava_run, models, data, tmp_path):
 
 @needs_hf_cp
 def test_fsdp_dp2_cp2_trains_and_resumes_at_another_size(models, data, tmp_path):
-    # bf16 parameters (fp32 gradient reduction) and activation checkpointing ride along
-    bf16 = dict(dtype="bfloat16", activation_checkpointing=True)
+    # bf16 parameters (fp32 gradient reduction), activation checkpointing and hidden_shard's
+    # projector slice (kept out of FSDP, saved full size, re-sliced at the new size) ride along
+    bf16 = dict(dtype="bfloat16", activation_checkpointing=True, vision_mode="hidden_shard")
     cfg = _config(models["llava"], data, tmp_path, cp=2, dp=2, fsdp=True, checkpoint_every=3, **bf16)
     summary, _ = _run(cfg, 4)
     assert len(summary["losses"]) == STEPS and summary["losses"][-1] < summary["losses"][0]
     assert sorted(p.name for p in cfg.checkpoints.iterdir()) == ["step_00000003", "step_00000006"]
+    from safetensors.torch import load_file
+
+    # the step-6 checkpoint, loaded on one rank (CP=1: the slice is the whole projector) and
+    # saved again, is the model the 4 ranks saved
+    ckpts = str(cfg.checkpoints)
+    one = _config(models["llava"], data, tmp_path / "one", cp=1, fsdp=True, resume=True,
+                  checkpoint_dir=ckpts, **bf16)
+    assert _run(one, 1)[0]["model_dir"] == str(tmp_path / "one")
+    saved = load_file(tmp_path / "model.safetensors")
+    again = load_file(tmp_path / "one" / "model.safetensors")
+    assert saved.keys() == again.keys() and all(torch.equal(saved[k], again[k]) for k in saved)
     import shutil
 
     shutil.rmtree(cfg.checkpoints / "step_00000006")
-    again = _config(models["llava"], data, tmp_path, cp=2, dp=1, fsdp=True, resume=True, **bf16)
-    summary2, _ = _run(again, 2)
+    resumed = _config(models["llava"], data, tmp_path, cp=2, dp=1, fsdp=True, resume=True, **bf16)
+    summary2, _ = _run(resumed, 2)
     assert summary2["start_step"] == 3 and len(summary2["losses"]) == STEPS - 3
     from transformers import AutoModelForImageTextToText
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vlmcp.grads import partition_of
+from vlmcp.grads import local_part, partition_of
 from vlmcp.train.checkpoint import load_latest_checkpoint, save_checkpoint
 from vlmcp.train.state import full_state, load_full_state
 
@@ -71,6 +71,30 @@ def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
         raise ValueError(f"cannot resume from {where}: its step {step} is past --steps {cfg.steps}")
 
 
+def _partitioned(model: nn.Module) -> dict[str, nn.Parameter]:
+    """``hidden_shard``'s slices by name: kept out of FSDP, different on every CP rank."""
+    return {n: p for n, p in model.named_parameters() if partition_of(p) is not None}
+
+
+def _gather(param: nn.Parameter, t: torch.Tensor, cp_group: dist.ProcessGroup) -> torch.Tensor:
+    dim, _, size = partition_of(param)
+    pieces = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(pieces, t.detach().contiguous(), group=cp_group)
+    return torch.cat(pieces, dim=dim)
+
+
+def _full_slices(model, model_state: dict, optim_state: dict, cp_group) -> tuple[dict, dict]:
+    """Copies of FSDP state dicts with the slices full size (DCP keeps one copy of a plain
+    tensor, so every CP rank must hold the same one); a collective over the CP group. The
+    inner dicts of ``get_state_dict`` are the optimizer's own: never written to."""
+    model_state, states = dict(model_state), dict(optim_state["state"])
+    for name, p in _partitioned(model).items():
+        model_state[name] = _gather(p, model_state[name], cp_group)
+        states[name] = {k: _gather(p, v, cp_group) if torch.is_tensor(v) and v.dim() > 0 else v
+                        for k, v in states.get(name, {}).items()}
+    return model_state, {**optim_state, "state": states}
+
+
 def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: int,
                        world: dist.ProcessGroup, cp_group: dist.ProcessGroup) -> Path:
     """Write the checkpoint of ``step`` (a collective: every rank calls it)."""
@@ -95,6 +119,7 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
         temp.mkdir(parents=True)
     dist.barrier(group=world)
     model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = _full_slices(model, model_state, optim_state, cp_group)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=temp, process_group=world)
     dist.barrier(group=world)
     if rank == 0:
@@ -136,12 +161,26 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
 
     path = Path(directory) / f"step_{found[0]:08d}"
     model_state, optim_state = get_state_dict(model, optimizer)
+    slices = _partitioned(model)
+    full_shape = lambda p, t: [t.shape[d] * partition_of(p)[2] if d == partition_of(p)[0] else t.shape[d]
+                               for d in range(t.dim())]
+    optim_state = {**optim_state, "state": dict(optim_state["state"])}
+    for name, p in slices.items():  # the checkpoint holds them full size (see _full_slices)
+        model_state[name] = model_state[name].new_empty(full_shape(p, model_state[name]))
+        optim_state["state"][name] = {
+            k: v.new_empty(full_shape(p, v)) if torch.is_tensor(v) and v.dim() > 0 else v
+            for k, v in optim_state["state"].get(name, {}).items()}
     dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
     # a parameter that never had a gradient (a ViT layer the model does not use) has no
     # AdamW state in the checkpoint; the fresh state get_state_dict made for it stays
     optim = {"optimizer": optim_state}
     partial = DefaultLoadPlanner(allow_partial_load=True)
     dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
+    for name, p in slices.items():  # this rank's slice, at this run's CP size
+        model_state[name] = local_part(p, model_state[name]).clone()
+        for k, v in optim["optimizer"]["state"].get(name, {}).items():
+            if torch.is_tensor(v) and v.dim() > 0:
+                optim["optimizer"]["state"][name][k] = local_part(p, v).clone()
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim["optimizer"])
     meta = torch.load(path / _META, weights_only=True)
     return int(meta["step"]), int(meta["data_position"])
@@ -152,7 +191,12 @@ def _gathered_state(model: nn.Module, cp_group: dist.ProcessGroup, fsdp: bool) -
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        for name, p in _partitioned(model).items():  # outside FSDP: still this rank's slice
+            full = _gather(p, p.detach(), cp_group).cpu()
+            if name in state:
+                state[name] = full
+        return state
     out = {}
     for name, p in model.named_parameters():
         part = partition_of(p)

@@ -83,9 +83,9 @@ class HFTrainConfig:
         if self.seq_len < 8 * self.cp:
             raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: use at least "
                              f"{8 * self.cp}")
-        if self.fsdp and self.vision_mode not in ("replicate", "allreduce_hook"):
+        if self.fsdp and self.vision_mode in ("broadcast", "scatter"):
             # some rank skips (part of) the ViT, so FSDP's collectives would stop matching
-            raise ValueError(f"--fsdp takes --vision-mode replicate or allreduce_hook, got "
+            raise ValueError(f"--fsdp takes --vision-mode replicate, allreduce_hook or hidden_shard, got "
                              f"{self.vision_mode!r} (it runs the ViT on some ranks only)")
 
     @property

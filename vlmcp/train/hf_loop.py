@@ -29,7 +29,7 @@ from torch import nn
 
 from vlmcp.data.hf_rows import DataIndex, RowLoader
 from vlmcp.data.processor import load_processor
-from vlmcp.grads import GradRule, finish_ddp_gradients, grad_rule, reduce_gradients
+from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
 from vlmcp.loss import cp_cross_entropy
 from vlmcp.train.config import TORCH_DTYPES
 from vlmcp.train.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
@@ -48,17 +48,23 @@ def part_of(name: str) -> str:
 
 
 def _fully_shard(model: nn.Module, world: int, device: torch.device) -> None:
-    """FSDP2 over all ranks: each transformer block (``_no_split_modules``), then the root."""
+    """FSDP2 over all ranks: each transformer block (``_no_split_modules``), then the root.
+
+    ``hidden_shard``'s projector slice differs per CP rank, so it stays out of FSDP
+    (``ddp_ignored_params``); :func:`vlmcp.grads.finish_ddp_gradients` averages it over DP.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world,))
     policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # bf16 parameters, fp32 reduction
+    names = set(ddp_ignored_params(model))
+    ignored = {p for n, p in model.named_parameters() if n in names}
     blocks = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in blocks:
             fully_shard(module, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored or None)
 
 
 def load_parallel_model(cfg: HFTrainConfig, cp_group, world: int, device: torch.device) -> nn.Module:
@@ -79,15 +85,20 @@ def load_parallel_model(cfg: HFTrainConfig, cp_group, world: int, device: torch.
     return model
 
 
-def _squared_norms(model: nn.Module, fsdp: bool) -> torch.Tensor:
-    """``[vision, projector, llm]`` squared gradient norms of this rank's gradients, split
-    ``(SHARE/FULL, PARTITIONED)`` so the caller can sum them correctly over ranks."""
-    sq = torch.zeros(3, 2, dtype=torch.float64)
+def _squared_norms(model: nn.Module) -> torch.Tensor:
+    """``[vision, projector, llm]`` squared norms of this rank's gradients, in three columns by
+    how a gradient is laid out after the reduction: the same on every rank, a ``hidden_shard``
+    slice (the same on every DP rank), or an FSDP shard (one per rank)."""
+    from torch.distributed.tensor import DTensor
+
+    sq = torch.zeros(3, 3, dtype=torch.float64)
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        g = p.grad.to_local() if fsdp else p.grad
-        col = int(fsdp or grad_rule(p) is GradRule.PARTITIONED)
+        if isinstance(p.grad, DTensor):
+            g, col = p.grad.to_local(), 2
+        else:
+            g, col = p.grad, int(grad_rule(p) is GradRule.PARTITIONED)
         sq[("vision", "projector", "llm").index(part_of(name)), col] += g.detach().double().pow(2).sum().cpu()
     return sq
 
@@ -154,19 +165,18 @@ class _Run:
         else:
             loss.backward()
             reduce_gradients(model, self.cp_group, self.dp_group)
-        sq = _squared_norms(model, cfg.fsdp)
-        if not cfg.fsdp:  # after the reduction: the same on every rank, or (slices) on every DP rank
-            sq[:, 0] /= cfg.cp * cfg.dp
-            sq[:, 1] /= cfg.dp
+        sq = _squared_norms(model)  # summed over the world below: count each value once
+        sq[:, 0] /= cfg.cp * cfg.dp
+        sq[:, 1] /= cfg.dp
         local_bad = float(not bool(torch.isfinite(loss.detach())))
         stats = torch.cat([sq.flatten(), torch.tensor(
             [float(res.mean), local_bad, row.tokens / cfg.cp, float(term["flag"])], dtype=torch.float64)])
         stats = stats.to(self.device)
         dist.all_reduce(stats, group=self.group)
         stats = stats.cpu()
-        norms = stats[:6].view(3, 2).sum(1).sqrt()
-        return norms, {"loss": float(stats[6]) / self.world, "bad": bool(stats[7] > 0),
-                       "tokens": int(round(float(stats[8]))), "sigterm": bool(stats[9] > 0)}
+        norms = stats[:9].view(3, 3).sum(1).sqrt()
+        return norms, {"loss": float(stats[9]) / self.world, "bad": bool(stats[10] > 0),
+                       "tokens": int(round(float(stats[11]))), "sigterm": bool(stats[12] > 0)}
 
     def save(self, done: int) -> None:
         self.checkpoint = str(save_hf_checkpoint(self.cfg, self.model, self.optimizer, done, self.position,
