@@ -19,7 +19,11 @@ the CPU it does not pay (torch 2.13, one thread, 8 heads of 64, float32, measure
     whole fwd+bwd, two ranks        431-886 ms per-block, 779-1767 ms batched (2 runs)
 
 Packed rows of real data also have few blocks of equal shape, and a block-diagonal
-dense mask would compute every cross-sample pair. So each block is its own call.
+dense mask would compute every cross-sample pair. So each block is its own call. What pays
+instead is calling less: ``plan_cp(..., sample_placement="whole"|"auto")`` puts short
+samples whole on one rank (Note [vlmcp whole-sample placement]), so a rank makes one
+causal call per sample it owns, about S/P, and no ring step or merge touches them;
+``vlmcp bench attention --samples N --sample-placement auto`` measures it.
 """
 
 from __future__ import annotations
