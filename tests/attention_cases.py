@@ -58,7 +58,7 @@ def _max_err(a, b):
 
 
 def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype_name, seed=0,
-             heads=12, head_dim=8):
+             heads=12, head_dim=8, ulysses_size=None):
     """One parity case on this rank; returns max errors of out, lse, dq, dk, dv vs float64.
 
     Also checks exact zeros at padding (output, gradients) and no NaN anywhere.
@@ -77,7 +77,8 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     ldout = shard.shard(dout).to(dtype)
     ldout[pad] = 1.0  # padding must not leak gradient even with a nonzero dout
     ldout[rep] = ldout[rep] * share_of(rank, P)
-    out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True)
+    out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True,
+                            ulysses_size=ulysses_size)
     grads = torch.autograd.grad((out * ldout).sum(), (lq, lk, lv))
     for t in (out, lse, *grads):
         assert not bool(torch.isnan(t).any()), "NaN in CP attention"
