@@ -126,11 +126,13 @@ class CommLog:
     ``entries``: ``("p2p", [(op, nbytes, peer, dtype), ...])`` per ``batch_isend_irecv``,
     ``("a2a", in_numel, out_numel, dtype)`` per ``all_to_all_single``, ``("ag", in_numel,
     out_numel)`` / ``("rs", in_numel, out_numel)`` per flat all-gather / reduce-scatter, and
-    ``("other", name)`` for anything else. With ``forbid=True`` every call raises.
+    ``("other", name)`` for anything else. With ``groups=True`` the a2a, ag and rs entries
+    end with the global ranks of their group (a tuple; P2P entries name their peer already).
+    With ``forbid=True`` every call raises.
     """
 
-    def __init__(self, forbid: bool = False):
-        self.entries, self.forbid, self._saved = [], forbid, {}
+    def __init__(self, forbid: bool = False, groups: bool = False):
+        self.entries, self.forbid, self.groups, self._saved = [], forbid, groups, {}
 
     def _wrap(self, name, fn):
         def wrapper(*args, **kwargs):
@@ -140,13 +142,20 @@ class CommLog:
                 self.entries.append(("p2p", [(op.op.__name__, op.tensor.numel() * op.tensor.element_size(),
                                               op.peer, str(op.tensor.dtype)) for op in args[0]]))
             elif name == "all_to_all_single":
-                self.entries.append(("a2a", args[1].numel(), args[0].numel(), str(args[0].dtype)))
+                self.entries.append(("a2a", args[1].numel(), args[0].numel(), str(args[0].dtype),
+                                     *self._ranks(kwargs)))
             elif name in _FLAT:
-                self.entries.append((_FLAT[name], args[1].numel(), args[0].numel()))
+                self.entries.append((_FLAT[name], args[1].numel(), args[0].numel(), *self._ranks(kwargs)))
             else:
                 self.entries.append(("other", name))
             return fn(*args, **kwargs)
         return wrapper
+
+    def _ranks(self, kwargs) -> tuple:
+        if not self.groups:
+            return ()
+        group = kwargs.get("group")
+        return (tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)),)
 
     def __enter__(self):
         for name in ("batch_isend_irecv", "all_to_all_single", *_COLLECTIVES, *_FLAT):

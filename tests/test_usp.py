@@ -1,0 +1,188 @@
+"""Hybrid Ulysses x ring attention (``backend="usp"``): parity with one process on packed rows
+with images anywhere (out, lse, dq, dk, dv at float64 within 1e-10), the exact messages, U = 1
+sends what the ring sends and U = P what Ulysses sends, heads not divisible by P, clear errors,
+subgroups in a DP x CP job, and ``vlmcp verify --attention usp``.
+
+One spawned group per world size (P = 2 and P = 4) runs everything; the tests assert on it.
+"""
+
+import itertools
+import json
+import math
+
+import pytest
+
+from tests import usp_cases
+from vlmcp.cli import main
+from vlmcp.testing import run_on_ranks
+from vlmcp.train.config import TrainConfig
+
+ROWS = [
+    ["t3 i5 t4 i2 i3 t6", "t7", "t2 i6"],  # images after text, back to back (image_ids), ending a sample
+    ["i2 i3 t9 i4 t1", "t5 i1 t1 i7"],     # images opening their sample: computed locally, all heads
+    [(5, 7), (0, 3), (9, 1)],              # packed: image + text, text only, one text token
+    [(0, 13)],                             # text only, odd length
+]
+NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+def parity_cases(P):
+    """Every row x layout x image attention x U; K/V heads cycle through MHA, GQA with
+    kv_heads % U != 0 (3 at U = 2, 4) and MQA. heads = 6 at P = 4: P does not divide them."""
+    sizes = [u for u in (1, 2, 4) if P % u == 0]
+    cases = [(row, strategy, "usp", ia, (12, 3, 4, 1)[i % 4], "float64", 0, 12, 8, U)
+             for i, (row, strategy, ia, U) in enumerate(itertools.product(
+                 ROWS, ("replicate", "shard"), ("causal", "bidirectional"), sizes))]
+    if P == 4:
+        cases += [(row, strategy, "usp", ia, kv, "float64", 1, 6, 8, 2)
+                  for row, (strategy, ia, kv) in itertools.product(
+                      ROWS[:2], [("replicate", "causal", 3), ("shard", "bidirectional", 2)])]
+        cases += [(ROWS[0], "replicate", "usp", "causal", 4, "float32", 2, 12, 16, 2)]
+    return cases
+
+
+# (samples, strategy, image_attention, heads, kv_heads, U) at P = 4
+MESSAGES = [
+    (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "replicate", "causal", 12, 3, 2),  # images after text
+    (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "replicate", "causal", 12, 3, 1),  # = ring
+    (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "replicate", "causal", 12, 3, 4),  # = Ulysses
+    (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "shard", "bidirectional", 6, 2, 2),  # 6 heads, P = 4
+    ([(5, 7), (0, 3), (9, 1)], "replicate", "causal", 12, 1, 2),  # MQA; images only open samples
+]
+DP_CP_ROW = ["t3 i5 t4 i2 i3 t6", (0, 7)]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {P: run_on_ranks(usp_cases.usp_grid, P, parity_cases(P), MESSAGES if P == 4 else [],
+                            DP_CP_ROW if P == 4 else None, timeout=300)
+            for P in (2, 4)}
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_usp_matches_one_process(results, P):
+    cases = [(case, errs) for rank in results[P] for case, errs in rank["parity"]]
+    assert len(cases) == P * len(parity_cases(P))
+    assert {case[9] for case, _ in cases} == {u for u in (1, 2, 4) if P % u == 0}
+    for case, errs in cases:
+        tol = 1e-10 if case[5] == "float64" else 2e-5
+        for name in NAMES:
+            assert errs[name] <= tol, (P, case, name, errs[name])
+
+
+def _expected(r, case, travelling, late):
+    """Exact forward and backward messages of CP rank r = gU + j (bf16; dK/dV in float32)."""
+    _, _, _, H, kv, U = case
+    P, D = 4, usp_cases.HEAD_DIM
+    R, g, j = P // U, r // U, r % U
+    m = math.lcm(kv, U)
+    members = tuple(range(g * U, (g + 1) * U))
+    T, M = travelling[r], [sum(travelling[x * U:(x + 1) * U]) for x in range(R)]
+    qkv, bf = (H + 2 * m) * D, "torch.bfloat16"
+
+    def ring_batch(send, recv, itemsize):
+        nbytes = 2 * (m // U) * D * itemsize
+        ops = [("isend", M[send] * nbytes, j + (g + 1) % R * U)] if M[send] else []
+        return ops + ([("irecv", M[recv] * nbytes, j + (g - 1) % R * U)] if M[recv] else [])
+
+    ring_fwd = [("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 2)) for s in range(R - 1)]
+    ring_bwd = []
+    for s in range(R):
+        if s + 1 < R:
+            ring_bwd.append(("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 2)))
+        if s >= 1:
+            ring_bwd.append(("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 4)))
+    if U == 1:
+        return ring_fwd, ring_bwd
+    gathered = late * H * D
+    fwd = [("a2a", T * qkv, M[g] * qkv // U, bf, members), *ring_fwd,
+           ("a2a", M[g] * H * D // U, T * H * D, bf, members)]
+    bwd = [("a2a", T * H * D, M[g] * H * D // U, bf, members), *ring_bwd,
+           ("a2a", M[g] * qkv // U, T * qkv, bf, members)]
+    if late:
+        fwd.append(("ag", gathered // U, gathered, members))
+        bwd.insert(0, ("rs", gathered, gathered // U, members))
+    return fwd, bwd
+
+
+def _p2p(entries):
+    """P2P ops without their dtype (the byte counts carry the itemsize)."""
+    return [(e[0], [op[:3] for op in e[1]]) if e[0] == "p2p" else e for e in entries]
+
+
+@pytest.mark.parametrize("index", range(len(MESSAGES)))
+def test_usp_sends_exactly_the_expected_messages(results, index):
+    case = MESSAGES[index]
+    for r, rank in enumerate(results[4]):
+        got = rank["messages"][index]
+        fwd, bwd = _expected(r, case, got["travelling"], got["late"])
+        assert _p2p(got["usp"][0]) == fwd, (r, case)
+        assert _p2p(got["usp"][1]) == bwd, (r, case)
+    assert results[4][0]["messages"][index]["late"] == (11 if index < 4 and case[1] == "replicate" else 0)
+
+
+def test_usp_at_u2_moves_heads_in_groups_and_kv_around_the_ring(results):
+    """The shape of the exact messages above: all-to-alls inside {0, 1} and {2, 3}, K/V of
+    text between ranks j and j + 2, the late images' all-gather and its reduce-scatter."""
+    for r, rank in enumerate(results[4]):
+        fwd, bwd = rank["messages"][0]["usp"]
+        assert [e[0] for e in fwd] == ["a2a", "p2p", "a2a", "ag"]
+        assert [e[0] for e in bwd] == ["rs", "a2a", "p2p", "p2p", "a2a"]
+        assert fwd[0][4] == (r - r % 2, r - r % 2 + 1)
+        assert {op[2] for op in fwd[1][1]} == {(r + 2) % 4} and all(op[1] > 0 for op in fwd[1][1])
+
+
+@pytest.mark.parametrize("index,same", [(1, "ring"), (2, "ulysses")])
+def test_u1_sends_what_ring_sends_and_up_sends_what_ulysses_sends(results, index, same):
+    for rank in results[4]:
+        got = rank["messages"][index]
+        assert got["same"] is not None, same
+        assert got["usp"] == got["same"], (same, got["usp"], got["same"])
+
+
+def test_bad_usp_calls(results):
+    expected = {"missing": "needs ulysses_size", "not_divisor": "positive divisor of the CP size P=4, got 3",
+                "heads": "heads divisible by ulysses_size: heads=6", "other_backend": "backend='usp' only"}
+    for rank in results[4]:
+        assert [label for label, *_ in rank["bad"]] == list(expected)
+        for label, kind, message in rank["bad"]:
+            assert kind == "ValueError" and expected[label] in message, (label, kind, message)
+
+
+def test_usp_in_a_dp_x_cp_job(results):
+    """Two CP groups of 2 in a world of 4: no lazy subgroups (they would wait for the other CP
+    group), ``usp_groups`` on every rank makes them, and the result is exact."""
+    for r, rank in enumerate(results[4]):
+        refused, ranks, errs = rank["dp_cp"]
+        assert "usp_groups(cp_group, 2) on every process first" in refused
+        cp = [r - r % 2, r - r % 2 + 1]
+        assert ranks == {1: [None, cp], 2: [cp, None]}
+        for e in errs:
+            assert max(e[n] for n in NAMES) <= 1e-10, e
+
+
+def test_cli_verify_usp_passes(capsys):
+    assert main(["verify", "--cp", "4", "--attention", "usp", "--ulysses-size", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] is True and result["cp"] == 4 and result["ulysses_size"] == 2
+    assert result["max_rel_grad_error"] <= 1e-10
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--cp", "4", "--attention", "usp", "--ulysses-size", "3"], "--ulysses-size must divide --cp 4"),
+    (["--cp", "4", "--ulysses-size", "2"], "--ulysses-size needs --attention usp"),
+    (["--model", "hf:llava", "--attention", "usp"], "--attention usp is for the reference VLM"),
+])
+def test_cli_verify_rejects_bad_usp_flags(argv, match, capsys):
+    assert main(["verify", *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_train_config_usp():
+    assert TrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=2).usp_size == 2
+    assert TrainConfig(cp=4, heads=4, kv_heads=2, attention="usp").usp_size == 2  # gcd(kv_heads, cp)
+    assert TrainConfig(cp=4, attention="ring").usp_size is None
+    with pytest.raises(ValueError, match="--ulysses-size must divide --cp"):
+        TrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=4)
+    with pytest.raises(ValueError, match="--ulysses-size needs --attention usp"):
+        TrainConfig(cp=4, attention="ulysses", ulysses_size=2)
