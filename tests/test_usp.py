@@ -50,12 +50,15 @@ MESSAGES = [
     ([(5, 7), (0, 3), (9, 1)], "replicate", "causal", 12, 1, 2),  # MQA; images only open samples
 ]
 DP_CP_ROW = ["t3 i5 t4 i2 i3 t6", (0, 7)]
+VLM = [dict(vision_mode="scatter", attention="usp", ulysses_size=2, dtype="float64", image_strategy="shard",
+            image_attention="bidirectional"),
+       dict(vision_mode="hidden_shard", attention="usp", ulysses_size=2, dtype="float32")]
 
 
 @pytest.fixture(scope="module")
 def results():
     return {P: run_on_ranks(usp_cases.usp_grid, P, parity_cases(P), MESSAGES if P == 4 else [],
-                            DP_CP_ROW if P == 4 else None, timeout=300)
+                            DP_CP_ROW if P == 4 else None, VLM if P == 4 else (), timeout=300)
             for P in (2, 4)}
 
 
@@ -116,6 +119,8 @@ def test_usp_sends_exactly_the_expected_messages(results, index):
     for r, rank in enumerate(results[4]):
         got = rank["messages"][index]
         fwd, bwd = _expected(r, case, got["travelling"], got["late"])
+        if case[1] == "replicate":  # only text travels: image K/V (and Q) never leave a rank
+            assert got["travelling"] == got["text"], (got["travelling"], got["text"])
         assert _p2p(got["usp"][0]) == fwd, (r, case)
         assert _p2p(got["usp"][1]) == bwd, (r, case)
     assert results[4][0]["messages"][index]["late"] == (11 if index < 4 and case[1] == "replicate" else 0)
@@ -159,6 +164,17 @@ def test_usp_in_a_dp_x_cp_job(results):
         assert ranks == {1: [None, cp], 2: [cp, None]}
         for e in errs:
             assert max(e[n] for n in NAMES) <= 1e-10, e
+
+
+def test_vlm_training_step_under_usp_matches_one_process(results):
+    """Two cases of test_vlm's grid (vision modes scatter and hidden_shard) at P = 4, U = 2."""
+    for per_rank in zip(*(rank["vlm"] for rank in results[4]), strict=True):
+        r = per_rank[0]
+        assert all(x["max_rel_grad_error"] == r["max_rel_grad_error"] for x in per_rank)
+        bound = 1e-10 if r["dtype"] == "float64" else 1e-5
+        assert r["max_rel_grad_error"] <= bound and r["loss_abs_error"] <= bound, r
+        assert r["params_checked"] == 53 and r["vision_grad_norm"] > 1e-3 and r["passed"], r
+    assert len(results[4][0]["vlm"]) == len(VLM)
 
 
 def test_cli_verify_usp_passes(capsys):

@@ -3,7 +3,7 @@
 :func:`usp_grid` runs everything a world size needs in one spawned group: the parity
 grid (:func:`tests.attention_cases.run_case` with ``backend="usp"``), the logged
 messages of each communication case next to those of ring (U = 1) or Ulysses (U = P),
-bad calls, and, where the world holds two CP groups, subgroups in a DP x CP job.
+bad calls, a few VLM training steps against one process, and subgroups in a DP x CP job.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from vlmcp.attention import cp_attention, usp_groups
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.usp import _leading
 from vlmcp.train.loop import dp_cp_groups
+from vlmcp.verify import ParityCase, parity_case
 
 HEAD_DIM = 8
 
@@ -24,7 +25,8 @@ def usp_messages(group, samples, strategy, image_attention, heads, kv_heads, uly
     """Forward and backward messages of one bf16 USP call, and the same for the backend it equals.
 
     Returns ``{"usp": (fwd, bwd), "same": (fwd, bwd) or None, "travelling": T per CP rank,
-    "late": image tokens with text before them}``; entries carry their group's ranks.
+    "text": text tokens per CP rank, "late": image tokens with text before them}``; entries
+    carry their group's ranks.
     """
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, HEAD_DIM, 0)
@@ -44,6 +46,7 @@ def usp_messages(group, samples, strategy, image_attention, heads, kv_heads, uly
     same = {1: "ring", P: "ulysses"}.get(ulysses_size)
     return {"usp": logged("usp", ulysses_size=ulysses_size), "same": logged(same) if same else None,
             "travelling": exchange_of(shard).counts,
+            "text": tuple(int(plan.for_rank(p).is_text.sum()) for p in range(P)),
             "late": int(((plan.owner < 0) & ~_leading(plan)).sum())}
 
 
@@ -90,9 +93,11 @@ def dp_cp_usp(group, samples):
     return refused, ranks, errs
 
 
-def usp_grid(group, parity_cases, message_cases, dp_cp_samples=None):
-    """Everything one world size runs (one spawn): see the module docstring."""
+def usp_grid(group, parity_cases, message_cases, dp_cp_samples=None, vlm_cases=()):
+    """Everything one world size runs (one spawn): see the module docstring. ``vlm_cases``:
+    :class:`~vlmcp.verify.ParityCase` keyword dicts, one VLM training step each."""
     out = {"parity": parity_grid(group, parity_cases),
+           "vlm": [parity_case(group, ParityCase(**case)) for case in vlm_cases],
            "messages": [usp_messages(group, *case) for case in message_cases],
            "bad": bad_usp_calls(group) if dist.get_world_size(group) == 4 else []}
     if dp_cp_samples is not None:
