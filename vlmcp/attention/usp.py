@@ -28,15 +28,16 @@ U = 2, one sample, text chunks ``c0..c7``, an image ``I`` after a prompt in ``c0
        computed locally for all heads (as in :mod:`.ulysses`), with no message
 
 U = 1 is the ring (every group one rank, no all-to-all) and U = P is Ulysses (one
-virtual rank: step 2 is one local call over the whole row); P need not divide the
+virtual rank: step 2 is local, over the whole row); P need not divide the
 head count, only U must. K/V heads travel repeated up to ``m = lcm(kv_heads, U)`` as
 in Ulysses. Messages per layer, rank r = gU + j, T_i travelling tokens of CP rank i,
 M_g = sum over g's members of T_i, I_t image tokens after text::
 
-    forward   a2a  (T_r -> M_g / U rows of H + 2m heads)   Ulysses group
-              R-1 P2P batches of K/V (M_g' tokens x 2m/U)   ring group
-              a2a  (M_g x H/U -> T_r x H)                   Ulysses group
-              all-gather of I_t x H/U x D (if I_t > 0)      Ulysses group
+    forward   a2a: out T_r x (H + 2m) heads, in M_g x (H + 2m)/U     Ulysses group
+              R-1 P2P batches: K, V of m/U heads, M_g' tokens        ring group
+                (g' = the group whose buffer passes at that step)
+              a2a: out M_g x H/U heads, in T_r x H                   Ulysses group
+              all-gather: I_t x H/U heads in, I_t x H out (I_t > 0)  Ulysses group
     backward  the duals in reverse (reduce-scatter, a2a), the ring's R-1 K/V and
               R-1 dK/dV batches, a2a
 
