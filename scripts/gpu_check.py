@@ -116,10 +116,10 @@ def bench_single(repeats: int) -> list[str]:
         x = [t.requires_grad_() for t in (q, k, v)]
         parts = []
         for name in kernels:
-            def step(x=x, cu=cu, dout=dout, name=name):
+            def step(x=x, cu=cu, dout=dout, name=name, is_image=is_image):
                 for t in x:
                     t.grad = None
-                out = varlen_attention(*x, cu, torch.tensor([1024]), kernel=name)[0]
+                out = varlen_attention(*x, cu, is_image, kernel=name)[0]
                 (out * dout).sum().backward()
 
             label = select_kernel("cuda", dtype, name).name + ("" if name else " (default)")
@@ -176,7 +176,7 @@ def bench_worker(path: str, repeats: int, dtype_name: str) -> None:
         return times, saved
 
     if rank == 0:  # the others wait idle at the barrier below
-        single, saved1 = timed(lambda: varlen_attention(*whole, cu, plan.image_lens)[0], whole, dout,
+        single, saved1 = timed(lambda: varlen_attention(*whole, cu, is_image)[0], whole, dout,
                                together=False)
         result["single_ms"], result["single_saved"] = statistics.median(single) * 1e3, saved1
     barrier()

@@ -58,7 +58,7 @@ def _max_err(a, b):
 
 
 def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype_name, seed=0,
-             heads=12, head_dim=8, ulysses_size=None):
+             heads=12, head_dim=8, placement="split", ulysses_size=None):
     """One parity case on this rank; returns max errors of out, lse, dq, dk, dv vs float64.
 
     Also checks exact zeros at padding (output, gradients) and no NaN anywhere.
@@ -71,7 +71,8 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     if dtype != torch.float64:  # the truth is float64 on the same (rounded) inputs
         q, k, v, dout = (t.to(dtype).double() for t in (q, k, v, dout))
     ref = _reference(q, k, v, dout, is_image, cu, ids, image_attention, torch.float64)
-    shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids).for_rank(rank)
+    shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids,
+                          sample_placement=placement).for_rank(rank)
     pos, pad, rep = shard.positions, shard.positions < 0, shard.replicated
     lq, lk, lv = (shard.shard(t).to(dtype).requires_grad_() for t in (q, k, v))
     ldout = shard.shard(dout).to(dtype)

@@ -30,6 +30,14 @@ F64 = [(rows, strategy, backend, ia, KV_HEADS[i % 3], "float64")
 # Ulysses with lcm(kv_heads, P) < heads K/V heads travelling (kv=2: P=3; kv=1: P=2, 3, 4)
 F64 += [(ROWS[3], "replicate", "ulysses", "bidirectional", 2, "float64"),
         (ROWS[1], "shard", "ulysses", "causal", 1, "float64")]
+# whole-sample placement: every sample on one rank (a rank may get none), or auto (a long sample
+# split beside short whole ones, so some rank holds no whole sample); images anywhere
+PLACED = ["t3 i2 t4", "t5", "i2 t3", "t2 i1 t2 i2 t1", "t9", "t1 i3 t6"]
+MIXED = ["t4 i6 t90 i3 t40", "t3", "i2 t2", "t5"]
+F64 += [(rows, strategy, backend, ia, 4, "float64", 0, 12, 8, placement)
+        for (rows, placement), strategy, backend, ia in itertools.product(
+            [(PLACED, "whole"), (MIXED, "auto"), ([(2, 3)], "whole")], ("replicate", "shard"),
+            ("ring", "ulysses"), ("causal", "bidirectional"))]
 F32 = [(rows, "replicate", backend, "causal", 4, "float32", 1, 12, 16)
        for rows, backend in itertools.product([ROWS[1], ROWS[4], [(16, 40)]], ("ring", "ulysses"))]
 F32 += [(ROWS[3], "shard", "ring", "bidirectional", 3, "float32", 2, 12, 16)]

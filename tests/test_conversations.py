@@ -93,6 +93,15 @@ def test_bad_lines_are_named(tmp_path, shapes):
         read_conversations(tmp_path / "missing.jsonl")
 
 
+def test_an_unreadable_image_is_named_while_planning(processor, tmp_path):
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    record = {"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "a"}],
+              "images": ["broken.png"]}
+    convs = read_conversations(_write(tmp_path / "d.jsonl", [record]))
+    with pytest.raises(ValueError, match=r"d.jsonl:1: cannot read image .*broken.png"):
+        build_index(processor, convs, 64)
+
+
 def test_first_fit_packing_never_overflows():
     rows = pack_first_fit([70, 60, 40, 30, 20], 100)
     assert rows == [[0, 3], [1, 2], [4]]

@@ -519,8 +519,8 @@ def ring_with_idle_ranks(group, samples):
 
     rank = dist.get_rank(group)
     errs = run_case(group, samples, "replicate", "ring", "causal", 2, "float64", heads=4)
-    is_image, cu, q, k, v, dout = make_row(samples, 4, 2, 8, 0)
-    shard = vlmcp.plan_cp(is_image, dist.get_world_size(group), cu).for_rank(rank)
+    is_image, cu, ids, q, k, v, dout = make_row(samples, 4, 2, 8, 0)
+    shard = vlmcp.plan_cp(is_image, dist.get_world_size(group), cu, image_ids=ids).for_rank(rank)
     lq, lk, lv = (shard.shard(t).requires_grad_() for t in (q, k, v))
     with CommLog() as fwd:
         out = cp_attention(lq, lk, lv, shard, group, "ring")
@@ -530,12 +530,13 @@ def ring_with_idle_ranks(group, samples):
 
 
 def test_ring_attention_with_ranks_that_send_nothing():
-    """One text token at P = 3: ranks 1 and 2 hold only padding and the image; rank 2 posts no batch
-    at the first step. Exact in float64, and each message is where the plan says."""
+    """One text token at P = 3 (the middle band: rank 2's): ranks 0 and 1 hold only padding and the
+    image; rank 1 posts no batch at the first step. Exact in float64, and each message is where the
+    plan says."""
     P, samples = 3, [(2, 1)]
     results = run_on_ranks(ring_with_idle_ranks, P, samples, timeout=120)
     counts = results[0][3]
-    assert counts == [1, 0, 0]
+    assert counts == [0, 0, 1]
     for r, (errs, fwd, bwd, _) in enumerate(results):
         assert max(errs.values()) < 1e-10, errs
 
@@ -553,7 +554,7 @@ def test_ring_attention_with_ranks_that_send_nothing():
         got = lambda entries: [[(op, n, peer) for op, n, peer, _ in e[1]] for e in entries]  # noqa: E731
         assert all(kind == "p2p" for kind, *_ in fwd + bwd)
         assert got(fwd) == [b for b in want_fwd if b] and got(bwd) == [b for b in want_bwd if b]
-    assert len(results[2][1]) == P - 2  # rank 2 posted no batch at step 0
+    assert len(results[1][1]) == P - 2  # rank 1 posted no batch at step 0
 
 
 # ---------------------------------------------------------------- GPU: the real kernels
@@ -609,11 +610,11 @@ def _cuda_parity(group, samples, strategy, backend, image_attention, kv_heads, d
 
     P = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
-    is_image, cu, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, seed)
+    is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, seed)
     q, k, v, dout = (t.to(dtype).double() for t in (q, k, v, dout))
     truth = _dense(q, k, v, dout, is_image, cu, image_attention, torch.float64, "cpu")
     base = _dense(q, k, v, dout, is_image, cu, image_attention, dtype, device)
-    shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy).for_rank(rank)
+    shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids).for_rank(rank)
     pos, valid, rep = shard.positions, shard.positions >= 0, shard.replicated
     lq, lk, lv = (shard.shard(t).to(dtype).to(device).requires_grad_() for t in (q, k, v))
     ldout = shard.shard(dout).to(dtype).to(device)
@@ -659,7 +660,7 @@ def test_single_process_cp_and_varlen_attention_on_cuda(dtype, atol):
     L = is_image.numel()
     q, k, v = (torch.randn(L, 8, 64, dtype=torch.float64) for _ in range(3))
     x = [t.to(dtype).cuda().requires_grad_() for t in (q, k, v)]
-    out, _ = varlen_attention(*x, cu, torch.tensor([i for i, _ in SAMPLES]))
+    out, _ = varlen_attention(*x, cu, is_image)
     out.float().square().sum().backward()
     assert all(bool(torch.isfinite(t.grad).all()) for t in x)
 

@@ -233,7 +233,8 @@ def test_bad_cost_model_use():
     with pytest.raises(ValueError, match="mlp_ratio must be a finite number > 0, got -2"):
         CostModel.for_transformer(hidden_size=64, mlp_ratio=-2)
     is_image = torch.zeros(8, dtype=torch.bool)
-    with pytest.raises(ValueError, match="only used by image_strategy='auto', got image_strategy='shard'"):
+    with pytest.raises(ValueError, match="only used by image_strategy='auto' or sample_placement="
+                                         "'whole'/'auto', got image_strategy='shard'"):
         vlmcp.plan_cp(is_image, 2, image_strategy="shard", cost_model=CostModel())
     with pytest.raises(TypeError, match="cost_model must be a CostModel, got dict"):
         vlmcp.plan_cp(is_image, 2, image_strategy="auto", cost_model={"flops_per_byte": 1})

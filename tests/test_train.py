@@ -91,7 +91,7 @@ def test_checkpoint_resumes_with_another_cp_size(tmp_path):
     (["--vision-mode", "hidden_shard", "--cp", "3"], "hidden (64) divisible by --cp (3)"),
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
-    (["--flops-per-byte", "10"], "--flops-per-byte only applies to --image-strategy auto"),
+    (["--flops-per-byte", "10"], "--flops-per-byte only applies to --image-strategy auto or --sample"),
 ])
 def test_bad_flags_are_one_line_errors_before_any_rank_starts(argv, match, capsys):
     assert main(["train", *argv]) == 2

@@ -65,8 +65,9 @@ def models(tmp_path_factory):
 
 
 def _config(model, data, out, **kw):
-    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), steps=STEPS, seq_len=SEQ,
-                         lr=3e-3, timeout=120.0, **kw)
+    kw = {"steps": STEPS, **kw}
+    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ, lr=3e-3,
+                         timeout=120.0, **kw)
 
 
 def _probe(model, processor, index, cp_group):
@@ -189,6 +190,28 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
 
 
 @needs_hf_cp
+def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path):
+    first = _config(models["llava"], data, tmp_path, cp=2, steps=2, checkpoint_every=2)
+    _run(first, 2)
+    again = _config(models["llava"], data, tmp_path, cp=1, resume=True)  # layout-free checkpoint
+    summary, _ = _run(again, 1)
+    assert summary["start_step"] == 2
+    torch.testing.assert_close(summary["losses"], llava_run[0]["losses"][2:], rtol=1e-5, atol=1e-5)
+
+
+@needs_hf_cp
+def test_joins_a_torchrun_launch(llava_run, models, data, tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = [a if a != str(STEPS) else "3" for a in _args(models["llava"], data, tmp_path)]
+    proc = subprocess.run([*torchrun, "-m", "vlmcp", "train", *args], capture_output=True, text=True,
+                          timeout=200, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("model and processor saved") == 1  # rank 0 reports
+    want = llava_run[0]["losses"][:3]  # warm-up steps: the learning rate does not depend on --steps
+    torch.testing.assert_close(_losses(tmp_path / "m.jsonl"), want, rtol=1e-6, atol=1e-6)
+
+
+@needs_hf_cp
 def test_fsdp_dp2_cp2_trains_and_resumes_at_another_size(models, data, tmp_path):
     # bf16 parameters (fp32 gradient reduction) and activation checkpointing ride along
     bf16 = dict(dtype="bfloat16", activation_checkpointing=True)
@@ -243,3 +266,41 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
     assert "needs --model" in _error(capsys, ["--fsdp"])
     assert "not a model directory" in _error(capsys, ["--model", str(tmp_path), "--data", str(data),
                                                       "--output-dir", str(tmp_path / "o")])
+
+
+def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
+    from vlmcp.cli.train_hf import _report
+    from vlmcp.data.hf_rows import DataIndex
+
+    cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
+    index = DataIndex(conversations=[], lengths=[], rows=[[0]], skipped=[3, 7], seq_len=64)
+    summary = {"message": None, "stopped": None, "losses": [2.0, 1.5], "tokens": 1200, "seconds": 2.0,
+               "start_step": 0, "step": 2, "steps": 2, "model_dir": str(tmp_path),
+               "checkpoint": str(tmp_path / "checkpoints" / "step_00000002.pt"), "loss_curve": "m.png"}
+    assert _report(cfg, index, summary) == 0
+    out = capsys.readouterr().out
+    assert "steps 1-2 of 2, 1,200 tokens, 600 tokens/s, loss 2.0000 -> 1.5000" in out
+    assert "2 conversation(s) longer than --seq-len 64 skipped (lines 3, 7)" in out
+    assert f"model and processor saved to {tmp_path}" in out
+    assert f"checkpoints in {tmp_path}/checkpoints" in out
+
+
+def _plan_check(group):
+    import torch.distributed as dist
+
+    from vlmcp.data.hf_rows import DataIndex
+    from vlmcp.train.hf_loop import _check_same_plan
+
+    index = DataIndex(conversations=[], lengths=[10 + dist.get_rank(group)], rows=[[0]], seq_len=16)
+    try:
+        _check_same_plan(index, group, torch.device("cpu"))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_ranks_that_planned_different_rows_stop_before_training():
+    from vlmcp.testing import run_on_ranks
+
+    errors = run_on_ranks(_plan_check, 2, timeout=60)
+    assert all(e and "ranks planned different rows from --data" in e for e in errors)

@@ -123,3 +123,13 @@ def test_images_anywhere_in_every_mode():
         bound = 1e-10 if r["dtype"] == "float64" else 1e-5
         assert r["passed"] and r["max_rel_grad_error"] <= bound and r["loss_abs_error"] <= bound, r
         assert r["vision_grad_norm"] > 1e-3, r
+
+
+def test_whole_and_auto_sample_placement_in_every_mode():
+    """Issue 12: whole samples (and auto's mix of whole and split) stay exact in every vision mode."""
+    placements, results = run_on_ranks(vlm_cases.placement_parity, 2, MODES, timeout=240)[0]
+    assert all(r >= 0 for r in placements["whole"]) and set(placements["whole"]) == {0, 1}
+    assert placements["auto"][0] == -1 and any(r >= 0 for r in placements["auto"])  # mixed
+    assert len(results) == 2 * len(MODES)
+    for r in results:
+        assert r["passed"] and r["max_rel_grad_error"] <= 1e-10 and r["loss_abs_error"] <= 1e-10, r

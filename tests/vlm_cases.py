@@ -181,3 +181,23 @@ def interleaved_parity(group, modes):
     out.append(parity_case(group, ParityCase(vision_mode="hidden_shard", dtype="float32",
                                              image_attention="bidirectional"), row=single))
     return out
+
+
+def placement_parity(group, modes):
+    """Whole-sample and auto placement (issue 12) in every vision mode, against one process."""
+    import torch
+
+    from vlmcp.data import random_row
+    from vlmcp.verify import ParityCase, parity_case
+
+    samples = [[3, (16, 16), 30, (8, 8), 40], [5, (8, 8), 4], [6], [2, (8, 16), 3], [7], [4, (8, 8), 2]]
+    row = random_row(samples, 8, torch.Generator().manual_seed(5))
+    P = torch.distributed.get_world_size(group)
+    placements = {p: row.plan(P, sample_placement=p).whole.tolist() for p in ("whole", "auto")}
+    out = []
+    for m in modes:
+        out.append(parity_case(group, ParityCase(vision_mode=m, dtype="float64", sample_placement="auto"),
+                               row=row))
+        out.append(parity_case(group, ParityCase(vision_mode=m, attention="ulysses", dtype="float64",
+                                                 sample_placement="whole"), row=row))
+    return placements, out

@@ -52,6 +52,7 @@ class ParityCase:
     dtype: str = "float32"
     image_strategy: str = "replicate"
     image_attention: str = "causal"
+    sample_placement: str = "split"
     seed: int = 0
     ulysses_size: int | None = None
     """``attention="usp"`` only: the Ulysses group size U."""
@@ -98,7 +99,7 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
 
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     place_vision(model.vision, mode=case.vision_mode, group=group)
-    plan = row.plan(P, image_strategy=case.image_strategy)
+    plan = row.plan(P, image_strategy=case.image_strategy, sample_placement=case.sample_placement)
     out = forward_backward(model, row, plan.for_rank(rank), group, backend=case.attention,
                            image_attention=case.image_attention, ulysses_size=case.ulysses_size)
     reduce_gradients(model, group)

@@ -1,10 +1,11 @@
 """Which tokens CP attention exchanges between ranks, derived from the plan alone.
 
-A rank's *travelling* tokens are its valid, non-replicated slots: its zigzag
-chunks (text only under ``image_strategy="replicate"``, text and image under
-``"shard"``), padding excluded. Replicated image tokens never travel: every rank
-already has them. Because ``shard.plan`` gives every peer's metadata, each rank
-knows, without communicating, how many tokens every peer sends and where they sit
+A rank's *travelling* tokens are its zigzag chunks of split samples (text only
+under ``image_strategy="replicate"``, text and image under ``"shard"``), padding
+excluded (``shard.travels``). Replicated image tokens never travel: every rank
+already has them; nor do whole samples' tokens: their owner holds every key they
+see. Because ``shard.plan`` gives every peer's metadata, each rank knows, without
+communicating, how many tokens every peer sends and where they sit
 in the global row, so message sizes and block structure agree on all ranks.
 """
 
@@ -41,7 +42,7 @@ class Exchange:
 
 
 def _travelling(shard: RankShard) -> torch.Tensor:
-    return torch.nonzero(~shard.replicated & (shard.positions >= 0)).flatten()
+    return torch.nonzero(shard.travels).flatten()
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -54,7 +55,8 @@ def exchange_of(shard: RankShard) -> Exchange:
         return hit
     # a rank's local order is global order, so its packed buffer is its owned tokens in row
     # order: read every peer's off the plan's owners, without building the peer's shard
-    pos = tuple(torch.nonzero(shard.plan.owner == p).flatten() for p in range(shard.cp_size))
+    plan = shard.plan
+    pos = tuple(torch.nonzero((plan.owner == p) & plan.travelling).flatten() for p in range(shard.cp_size))
     ex = Exchange(
         rank=shard.rank, cp_size=shard.cp_size, send_index=_travelling(shard),
         counts=tuple(int(x.numel()) for x in pos), positions=pos)

@@ -54,6 +54,7 @@ from vlmcp.attention.blockwise import blockwise_attention
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.kernels import AttentionKernel
 from vlmcp.attention.masks import Block, Segment, self_blocks
+from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.comm import all_gather
 from vlmcp.layout.plan import RankShard
 
@@ -71,15 +72,16 @@ class UlyssesSchedule:
         counts: ``T_p`` for every rank p (travelling tokens, the all-to-all split sizes).
         send_index: ``LongTensor[T_r]``, local slots of this rank's travelling tokens.
         image_index: ``LongTensor[I]``, local slots of the valid replicated (image) tokens.
-        row_order: ``LongTensor[L]``, gathered-row index of each global position.
-        travelling_positions: ``LongTensor[sum_p T_p]``, global positions of the
+        row_order: ``LongTensor[R]``, gathered-row index of each row position. The row
+            is the split samples' tokens in global order (whole samples are not in it).
+        travelling_positions: ``LongTensor[sum_p T_p]``, row positions of the
             travelling tokens of every rank, in rank order (the outputs sent back).
         row_blocks: blocks of the queries computed in the gathered row (travelling
-            tokens and images after text) over the whole row (global indices).
-        late_slots, late_positions: local slots and global positions of the replicated
+            tokens and images after text) over the whole row (row indices).
+        late_slots, late_positions: local slots and row positions of the replicated
             images after text (computed in the row for the head slice, then gathered).
-        lead_index: ``LongTensor[I_l]``, local slots of the images of each sample's
-            leading image run (computed locally for all heads).
+        lead_index: ``LongTensor[I_l]``, local slots computed locally for all heads: the
+            images of each split sample's leading image run, and the whole samples.
         lead_blocks: blocks of those queries over their keys (indices into ``lead_index``).
     """
 
@@ -139,38 +141,49 @@ def ulysses_schedule(shard: RankShard, image_attention: str,
     rep = torch.nonzero(shard.replicated & (shard.positions >= 0)).flatten()
     rep_pos = shard.positions[rep]
     travelling = torch.cat(ex.positions)
+    # the gathered row holds the split samples (travelling + replicated tokens), compacted
+    in_row = plan.travelling | (plan.owner < 0)
+    compact = torch.cumsum(in_row.long(), 0) - 1
     # a replicated token "leads" if no travelling token precedes it in its sample
-    moving = (plan.owner >= 0).long()
+    moving = plan.travelling.long()
     before = torch.cumsum(moving, 0) - moving
     before = before - before[plan.cu_seqlens[:-1]][images.sample_ids]
     lead = (before == 0) & (plan.owner < 0)
     late_pos = rep_pos[~lead[rep_pos]]
-    computed = plan.owner >= 0
+    computed = plan.travelling.clone()
     computed[late_pos] = True
-    starts = plan.cu_seqlens[:-1].tolist()
-    lens = (plan.cu_seqlens[1:] - plan.cu_seqlens[:-1]).tolist()
+    row_sid = images.sample_ids[in_row]
+    row_lens = torch.bincount(row_sid, minlength=S)
+    row_starts = (torch.cumsum(row_lens, 0) - row_lens).tolist()
     spans = []
     if bidir:
-        spans = [(int(images.samples[i]), a, b) for i, (a, b) in enumerate(images.spans.tolist())]
-    row_blocks = self_blocks(_segments(S, starts, lens, spans, _ranges(computed, images.sample_ids)))
-    # the leading image runs, compact: the first tokens of each sample's replicated tokens
-    lead_index = rep[lead[rep_pos]]
+        spans = [(int(images.samples[i]), int(compact[a]), int(compact[a]) + b - a)
+                 for i, (a, b) in enumerate(images.spans.tolist()) if bool(in_row[a])]
+    row_blocks = self_blocks(_segments(S, row_starts, row_lens.tolist(), spans,
+                                       _ranges(computed[in_row], row_sid)))
+    # computed locally for all heads, compact: each split sample's leading images (they see
+    # image keys only) and the whole samples on this rank (every key they see is here)
+    local = lead.clone()
+    local |= (plan.owner == shard.rank) & ~plan.travelling
+    valid = shard.positions >= 0
+    lead_index = torch.nonzero(valid & local[shard.positions.clamp(min=0)]).flatten()
     lead_pos = shard.positions[lead_index]
     lead_sid = images.sample_ids[lead_pos]
     lead_lens = torch.bincount(lead_sid, minlength=S)
     lead_starts = (torch.cumsum(lead_lens, 0) - lead_lens).tolist()
     lead_img = []
     if bidir and lead_pos.numel():
-        ids, counts = torch.unique_consecutive(images.image_ids[lead_pos], return_counts=True)
-        first = torch.cumsum(counts, 0) - counts
+        at = torch.nonzero(images.image_ids[lead_pos] >= 0).flatten()
+        ids, counts = torch.unique_consecutive(images.image_ids[lead_pos[at]], return_counts=True)
+        first = at[torch.cumsum(counts, 0) - counts]
         lead_img = [(int(images.samples[i]), f, f + c)
                     for i, f, c in zip(ids.tolist(), first.tolist(), counts.tolist(), strict=True)]
     lead_blocks = self_blocks(_segments(S, lead_starts, lead_lens.tolist(), lead_img))
     sched = UlyssesSchedule(
         counts=ex.counts, send_index=ex.send_index.to(device), image_index=rep.to(device),
         row_order=torch.cat([travelling, rep_pos]).argsort().to(device),
-        travelling_positions=travelling.to(device), row_blocks=tuple(row_blocks),
-        late_slots=rep[~lead[rep_pos]].to(device), late_positions=late_pos.to(device),
+        travelling_positions=compact[travelling].to(device), row_blocks=tuple(row_blocks),
+        late_slots=rep[~lead[rep_pos]].to(device), late_positions=compact[late_pos].to(device),
         lead_index=lead_index.to(device), lead_blocks=tuple(lead_blocks))
     per_shard[key] = sched
     return sched
@@ -196,7 +209,7 @@ def _heads_to_seq(xs, counts, rank, group):
     """``[(sum_p T_p, h, D)]`` -> ``[(T_rank, P*h, D)]``: the inverse of :func:`_seq_to_heads`."""
     P, T = len(counts), counts[rank]
     widths = [x.shape[1] * x.shape[2] for x in xs]
-    send = torch.cat([x.reshape(x.shape[0], -1) for x in xs], dim=1)  # rows in rank order
+    send = torch.cat([x.reshape(x.shape[0], x.shape[1] * x.shape[2]) for x in xs], dim=1)  # rank order
     recv = send.new_empty(P * T, sum(widths))
     dist.all_to_all_single(recv, send, [T] * P, list(counts), group=group)
     recv = recv.view(P, T, -1)
@@ -253,6 +266,10 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
     idx, rep, order = sched.send_index, sched.image_index, sched.row_order
     m = math.lcm(k.shape[1], P)  # K/V heads that travel: see the module docstring
     kx, vx = (x.repeat_interleave(m // k.shape[1], 1) for x in (k, v)) if m > k.shape[1] else (k, v)
+    out = q.new_zeros(N, H, D)
+    lse = q.new_full((N, H), float("-inf"), dtype=accumulator_dtype(q.dtype)) if need_lse else None
+    if sum(counts) == 0:  # nothing travels on any rank (every sample whole): every query is local
+        return _local_queries(q, k, v, sched, scale, kernel, out, lse)
     # the whole row for this rank's heads, in global order
     if P > 1:
         qg, kg, vg = _SeqToHeads.apply(counts, r, group, q[idx], kx[idx], vx[idx])
@@ -265,13 +282,12 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
     out_row, lse_row = blockwise_attention(row_q, row_k, row_v, sched.row_blocks, scale, kernel)
     out_g = out_row[sched.travelling_positions]
     out_t = _HeadsToSeq.apply(counts, r, group, out_g) if P > 1 else out_g
-    out = q.new_zeros(N, H, D).index_copy(0, idx, out_t)
-    lse = None
+    out = out.index_copy(0, idx, out_t)
     if need_lse:
         lse_t = lse_row[sched.travelling_positions]
         if P > 1:
             lse_t = _heads_to_seq([lse_t.unsqueeze(-1).contiguous()], counts, r, group)[0][..., 0]
-        lse = lse_t.new_full((N, H), float("-inf")).index_copy(0, idx, lse_t)
+        lse = lse.index_copy(0, idx, lse_t)
     late = sched.late_slots
     if late.numel():
         # images after text: this rank's head slice from the row, all heads by an all-gather
@@ -284,11 +300,15 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
                 dist.all_gather(parts, lse_l, group=group)
                 lse_l = torch.cat(parts, dim=1)
             lse = lse.index_copy(0, late, lse_l)
+    return _local_queries(q, k, v, sched, scale, kernel, out, lse)
+
+
+def _local_queries(q, k, v, sched: UlyssesSchedule, scale, kernel, out, lse):
+    """Queries that see only local keys, all heads: leading images and whole samples."""
+    # called even without such queries: the output stays in q, k and v's graph (zero gradients)
     lead = sched.lead_index
-    if lead.numel():
-        # a sample's leading images: image keys only, all heads, no communication
-        out_i, lse_i = blockwise_attention(q[lead], k[lead], v[lead], sched.lead_blocks, scale, kernel)
-        out = out.index_copy(0, lead, out_i)
-        if need_lse:
-            lse = lse.index_copy(0, lead, lse_i)
+    out_i, lse_i = blockwise_attention(q[lead], k[lead], v[lead], sched.lead_blocks, scale, kernel)
+    out = out.index_copy(0, lead, out_i)
+    if lse is not None:
+        lse = lse.index_copy(0, lead, lse_i)
     return out, lse

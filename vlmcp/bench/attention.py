@@ -37,8 +37,9 @@ from vlmcp.testing import run_on_ranks
 
 
 def _row(args):
-    is_image = torch.cat([torch.ones(args.image_tokens, dtype=torch.bool),
-                          torch.zeros(args.text_tokens, dtype=torch.bool)])
+    sample = torch.cat([torch.ones(args.image_tokens, dtype=torch.bool),
+                        torch.zeros(args.text_tokens, dtype=torch.bool)])
+    is_image = sample.repeat(args.samples)
     L = is_image.numel()
     g = torch.Generator().manual_seed(0)
     dtype = getattr(torch, args.dtype)
@@ -46,7 +47,13 @@ def _row(args):
     k, v = (torch.randn(L, args.kv_heads or args.heads, args.head_dim, generator=g).to(dtype)
             for _ in range(2))
     dout = torch.randn(L, args.heads, args.head_dim, generator=g).to(dtype)
-    return is_image, torch.tensor([0, L]), q, k, v, dout
+    cu = torch.arange(args.samples + 1) * sample.numel()
+    return is_image, cu, q, k, v, dout
+
+
+def _plan(args, is_image, cu, P):
+    return vlmcp.plan_cp(is_image, P, cu, image_strategy=args.image_strategy,
+                         sample_placement=args.sample_placement)
 
 
 def _saved_bytes(fn):
@@ -67,7 +74,7 @@ def _fwd_bwd(fn, inputs, dout):
 def _bench(group, args, backend):
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     is_image, cu, q, k, v, dout = _row(args)
-    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=args.image_strategy)
+    plan = _plan(args, is_image, cu, P)
     shard = plan.for_rank(rank)
     local = [shard.shard(t).requires_grad_() for t in (q, k, v)]
     ldout = shard.shard(dout)
@@ -96,8 +103,9 @@ def _bench(group, args, backend):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image-tokens", type=int, default=1024)
-    parser.add_argument("--text-tokens", type=int, default=8192)
+    parser.add_argument("--samples", type=int, default=1, help="packed samples of the row")
+    parser.add_argument("--image-tokens", type=int, default=1024, help="image tokens opening each sample")
+    parser.add_argument("--text-tokens", type=int, default=8192, help="text tokens of each sample")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=0, help="0: same as --heads")
     parser.add_argument("--head-dim", type=int, default=64)
@@ -106,19 +114,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="both", choices=["ring", "ulysses", "both"])
     parser.add_argument("--image-strategy", default="replicate", choices=["replicate", "shard"])
     parser.add_argument("--image-attention", default="causal", choices=["causal", "bidirectional"])
+    parser.add_argument("--sample-placement", default="split", choices=["split", "whole", "auto"],
+                        help="split every sample, place each whole on one rank, or let the cost model "
+                             "choose per row (see vlmcp.plan_cp)")
     parser.add_argument("--repeats", type=int, default=5)
 
 
 def run(args: argparse.Namespace) -> int:
     print(f"uptime: {os.popen('uptime').read().strip()}")
     is_image, cu, *_ = _row(args)
-    plan = vlmcp.plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy)
+    plan = _plan(args, is_image, cu, args.cp)
     work = vlmcp.attended_pairs(plan, args.image_attention)
     share = [p / work.single_process_pairs for p in work.total_pairs]
-    print(f"row: {args.image_tokens} image + {args.text_tokens} text tokens, {args.heads} heads of "
-          f"{args.head_dim}, {args.dtype}, P={args.cp}, image_strategy={args.image_strategy}, "
-          f"image_attention={args.image_attention}; pair share per rank: "
-          + ", ".join(f"{s:.3f}" for s in share), flush=True)
+    whole = int((plan.whole >= 0).sum())
+    print(f"row: {args.samples} x ({args.image_tokens} image + {args.text_tokens} text) tokens, "
+          f"{args.heads} heads of {args.head_dim}, {args.dtype}, P={args.cp}, image_strategy="
+          f"{args.image_strategy}, image_attention={args.image_attention}, sample_placement="
+          f"{args.sample_placement} ({whole} of {args.samples} samples whole); pair share per rank: "
+          + ", ".join(f"{s:.3f}" for s in share) + f"; padding {1 - sum(work.tokens) / sum(work.slots):.2%} "
+          "of the slots", flush=True)
     backends = ["ring", "ulysses"] if args.backend == "both" else [args.backend]
     for backend in backends:
         res = run_on_ranks(_bench, args.cp, args, backend, timeout=3600)

@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
                    help="where image tokens live; 'auto' prices both layouts with the cost model "
                         "and prints the estimates")
     p.add_argument("--image-attention", choices=["causal", "bidirectional"], default="causal")
+    p.add_argument("--sample-placement", choices=["split", "whole", "auto"], default="split",
+                   help="split every sample, place each whole on one rank, or auto (short samples whole, "
+                        "by the cost model)")
     p.add_argument("--width", type=int, default=96, help="characters of the row picture")
     p.add_argument("--kv-heads", type=int, default=8, help="K/V heads, for the bytes column")
     p.add_argument("--head-dim", type=int, default=128, help="head size, for the bytes column")
@@ -209,12 +212,15 @@ def run(args: argparse.Namespace) -> int:
             hidden_size=args.hidden_size, mlp_ratio=args.mlp_ratio, kv_heads=args.kv_heads,
             head_dim=args.head_dim, itemsize=itemsize, flops_per_byte=args.flops_per_byte,
             image_attention=args.image_attention)
-    plan = plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy, cost_model=model)
+    plan = plan_cp(is_image, args.cp, cu, image_strategy=args.image_strategy, cost_model=model,
+                   sample_placement=args.sample_placement)
     work = attended_pairs(plan, args.image_attention)
     if args.out is not None:
         _check_picture(args.out)
+    whole = int((plan.whole >= 0).sum())
     print(f"vlmcp plan: {plan.num_samples} samples, L={plan.seq_len}, P={plan.cp_size}, "
-          f"image_strategy={plan.image_strategy}, image_attention={args.image_attention}")
+          f"image_strategy={plan.image_strategy}, image_attention={args.image_attention}, "
+          f"sample_placement={args.sample_placement} ({whole} of {plan.num_samples} samples whole)")
     if model is not None:
         print(cost_table(plan, model))
     print(row_picture(plan, args.width))

@@ -24,11 +24,13 @@ from vlmcp.train.config import (
     DType,
     ImageAttention,
     ImageStrategyChoice,
+    SamplePlacement,
     TrainConfig,
     VisionMode,
 )
 
 _FIELDS = ("cp", "dp", "vision_mode", "attention", "ulysses_size", "image_attention", "image_strategy",
+           "sample_placement",
            "flops_per_byte", "steps",
            "seq_len", "dtype", "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
            "checkpoint_every", "resume", "metrics_jsonl", "timeout")
@@ -51,6 +53,9 @@ def add_parser(sub) -> None:
                    help="image tokens see each other causally or both ways")
     p.add_argument("--image-strategy", default=d.image_strategy, choices=get_args(ImageStrategyChoice),
                    help="replicate image tokens (the seed), shard them with the text, or auto per row")
+    p.add_argument("--sample-placement", default=d.sample_placement, choices=get_args(SamplePlacement),
+                   help="split every sample over the CP group, place each whole on one rank, or auto "
+                        "(short samples whole, long ones split, by the cost model)")
     p.add_argument("--flops-per-byte", type=float, default=d.flops_per_byte,
                    help="auto only: FLOPs one communicated byte costs")
     p.add_argument("--steps", type=int, default=d.steps,
@@ -77,8 +82,10 @@ def add_parser(sub) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(**{f: getattr(args, f) for f in _FIELDS})
-    if cfg.image_strategy != "auto" and cfg.flops_per_byte != TrainConfig().flops_per_byte:
-        raise ValueError("--flops-per-byte only applies to --image-strategy auto")
+    uses_costs = cfg.image_strategy == "auto" or cfg.sample_placement != "split"
+    if not uses_costs and cfg.flops_per_byte != TrainConfig().flops_per_byte:
+        raise ValueError("--flops-per-byte only applies to --image-strategy auto or --sample-placement "
+                         "whole/auto")
     from vlmcp.train.loop import dataset_config
 
     dataset_config(cfg)  # raises if --seq-len cannot hold the longest built-in sample

@@ -100,6 +100,12 @@ def plan_data(cfg: HFTrainConfig):
     return build_index(processor, conversations, cfg.seq_len, strict=cfg.strict, source=cfg.data)
 
 
+def _say(line: str) -> None:
+    """Print once per run: under torchrun every rank runs the checks, rank 0 reports."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, flush=True)
+
+
 def _resume_preflight(cfg: HFTrainConfig) -> bool:
     """Check ``--resume`` (or a fresh run's empty checkpoint dir); False: nothing to do."""
     from vlmcp.train.hf_checkpoint import check_resumable, latest_step
@@ -111,13 +117,13 @@ def _resume_preflight(cfg: HFTrainConfig) -> bool:
                              "--resume to continue that run, or choose another --output-dir/--checkpoint-dir")
         return True
     if found is None:
-        print(f"vlmcp train: no checkpoint in {cfg.checkpoints}; starting from step 0", flush=True)
+        _say(f"vlmcp train: no checkpoint in {cfg.checkpoints}; starting from step 0")
         return True
     check_resumable(found[1], cfg, found[0], cfg.checkpoints)
     if found[0] == cfg.steps:
-        print(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps; nothing to do")
+        _say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps; nothing to do")
         return False
-    print(f"vlmcp train: resuming from step {found[0]} of {cfg.steps} in {cfg.checkpoints}", flush=True)
+    _say(f"vlmcp train: resuming from step {found[0]} of {cfg.steps} in {cfg.checkpoints}")
     return True
 
 

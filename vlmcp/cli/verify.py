@@ -31,6 +31,8 @@ def add_parser(sub) -> None:
     p.add_argument("--image-strategy", default="replicate", choices=(*get_args(ImageStrategy), "auto"),
                    help="image layout (auto: the default cost model picks)")
     p.add_argument("--image-attention", default="causal", choices=get_args(ImageAttention))
+    p.add_argument("--sample-placement", default="split", choices=("split", "whole", "auto"),
+                   help="split every sample, place each whole on one rank, or auto (the cost model)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{llm.hidden} divisible by --cp {args.cp}")
     case = ParityCase(vision_mode=args.vision_mode, attention=args.attention, dtype=args.dtype,
                       image_strategy=args.image_strategy, image_attention=args.image_attention,
+                      sample_placement=args.sample_placement,
                       seed=args.seed, ulysses_size=ulysses_size)
     try:
         result = spawn_ranks(parity_case, args.cp, case, timeout=args.timeout)[0]

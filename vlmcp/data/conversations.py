@@ -40,11 +40,18 @@ class Conversation:
         line: its 1-based line number in the JSONL file (for messages).
         messages: ``[{"role": ..., "content": str}, ...]``, roles system/user/assistant.
         images: absolute paths, in placeholder order.
+        source: the JSONL file.
     """
 
     line: int
     messages: tuple[dict, ...]
     images: tuple[Path, ...]
+    source: str = ""
+
+    @property
+    def where(self) -> str:
+        """``file:line``, how error messages name the conversation."""
+        return f"{self.source}:{self.line}" if self.source else f"line {self.line}"
 
 
 def _messages(record: dict, where: str) -> tuple[list[dict], list]:
@@ -131,7 +138,7 @@ def read_conversations(path: str | os.PathLike, image_root: str | os.PathLike | 
                                  f"{len(images)} image(s); each image needs one {IMAGE_PLACEHOLDER} "
                                  "where it goes")
             resolved = tuple(_resolve(name, base, where) for name in images)
-            out.append(Conversation(line=number, messages=tuple(messages), images=resolved))
+            out.append(Conversation(line=number, messages=tuple(messages), images=resolved, source=str(path)))
     if not out:
         raise ValueError(f"--data {path}: the file holds no conversation")
     return out

@@ -61,7 +61,7 @@ def _render(processor, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
             continue
         prompt, turn = render(messages[:i], True), render(messages[:i + 1], False)
         if not (turn.startswith(prompt) and full.startswith(turn)):
-            raise ValueError(f"line {conv.line}: the chat template does not render this conversation "
+            raise ValueError(f"{conv.where}: the chat template does not render this conversation "
                              "left to right, so its assistant turns cannot be found")
         spans.append((len(prompt), len(turn)))
     return full, spans
@@ -77,7 +77,7 @@ def image_sizes(conv: Conversation) -> list[tuple[int, int]]:
             with Image.open(path) as im:
                 sizes.append((im.height, im.width))
         except (OSError, SyntaxError) as err:
-            raise ValueError(f"line {conv.line}: cannot read image {path}: {err}") from None
+            raise ValueError(f"{conv.where}: cannot read image {path}: {err}") from None
     return sizes
 
 
@@ -96,7 +96,7 @@ def _tokens(processor, conv: Conversation, counts: list[int]) -> tuple[str, list
     for token, (start, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
         if token == image_id:
             if k == len(counts):
-                raise ValueError(f"line {conv.line}: the chat template wrote more image placeholders "
+                raise ValueError(f"{conv.where}: the chat template wrote more image placeholders "
                                  f"than the {len(counts)} image(s)")
             ids += [token] * counts[k]
             mask += [False] * counts[k]
@@ -105,7 +105,7 @@ def _tokens(processor, conv: Conversation, counts: list[int]) -> tuple[str, list
             ids.append(token)
             mask.append(any(s <= start < e for s, e in spans))
     if k != len(counts):
-        raise ValueError(f"line {conv.line}: the chat template wrote {k} image placeholder(s) for "
+        raise ValueError(f"{conv.where}: the chat template wrote {k} image placeholder(s) for "
                          f"{len(counts)} image(s)")
     return text, ids, mask
 
@@ -154,12 +154,12 @@ def encode_conversation(processor, conv: Conversation) -> EncodedSample:
             with Image.open(path) as im:
                 images.append(im.convert("RGB"))
         except (OSError, SyntaxError) as err:
-            raise ValueError(f"line {conv.line}: cannot decode image {path}: {err}") from None
+            raise ValueError(f"{conv.where}: cannot decode image {path}: {err}") from None
     counts = _image_token_counts(processor, [(im.height, im.width) for im in images])
     text, ids, mask = _tokens(processor, conv, counts)
     out = processor(text=[text], images=images or None, return_tensors="pt")
     if out["input_ids"][0].tolist() != ids:
-        raise ValueError(f"line {conv.line}: the processor's tokens differ from the tokenizer's on the "
+        raise ValueError(f"{conv.where}: the processor's tokens differ from the tokenizer's on the "
                          "same text; cannot place the labels")
     input_ids = out["input_ids"][0]
     labels = torch.where(torch.tensor(mask), input_ids, torch.full_like(input_ids, IGNORE_INDEX))

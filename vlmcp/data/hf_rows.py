@@ -99,7 +99,7 @@ def build_index(processor, conversations: list[Conversation], seq_len: int, *,
         n = sample_length(processor, conv)
         if n > seq_len:
             if strict:
-                raise ValueError(f"{source}:{conv.line}: the conversation is {n} tokens, longer than "
+                raise ValueError(f"{conv.where}: the conversation is {n} tokens, longer than "
                                  f"--seq-len {seq_len} (drop --strict to skip such conversations)")
             skipped.append(conv.line)
             continue
@@ -145,7 +145,7 @@ def build_row(processor, index: DataIndex, row: int) -> HFRow:
     for i in index.rows[row]:
         sample = encode_conversation(processor, index.conversations[i])
         if len(sample) != index.lengths[i]:
-            raise ValueError(f"line {index.conversations[i].line}: {len(sample)} tokens after decoding "
+            raise ValueError(f"{index.conversations[i].where}: {len(sample)} tokens after decoding "
                              f"its images, {index.lengths[i]} planned from their sizes")
         samples.append(sample)
     used = sum(len(s) for s in samples)

@@ -14,6 +14,7 @@ import torch
 
 from vlmcp.layout.cost import CostEstimate, CostModel, estimate_cost
 from vlmcp.layout.images import row_images
+from vlmcp.layout.placement import SamplePlacement, auto_thresholds, lpt_assign, sample_costs
 from vlmcp.layout.plan import CPPlan, ImageStrategy, build_plan
 from vlmcp.layout.validate import check_cp_size, check_cu_seqlens, check_is_image
 
@@ -27,6 +28,7 @@ def plan_cp(
     image_strategy: ImageStrategy | Literal["auto"] = "replicate",
     cost_model: CostModel | None = None,
     image_ids: torch.Tensor | None = None,
+    sample_placement: SamplePlacement = "split",
 ) -> CPPlan:
     """Plan how a (packed) multimodal row is laid out over a CP group.
 
@@ -42,13 +44,18 @@ def plan_cp(
             both and returns the one whose busiest rank ``cost_model`` prices lower
             (ties, and P = 1, give ``"replicate"``). The decision reads only this
             metadata, so every rank that passes the same row gets the same plan.
-        cost_model: the :class:`~vlmcp.layout.cost.CostModel` for ``"auto"``
-            (default ``CostModel()``); only valid with ``"auto"``. It must be the same on
-            every rank (built from configuration), or ranks may pick different layouts.
+        cost_model: the :class:`~vlmcp.layout.cost.CostModel` behind ``image_strategy=
+            "auto"`` and ``sample_placement="whole"``/``"auto"`` (default ``CostModel()``);
+            not valid otherwise. It must be the same on every rank (built from
+            configuration), or ranks may pick different layouts.
         image_ids: optional ``LongTensor[L]``: each image token's image index (images
             numbered 0, 1, ... in row order, each one contiguous, within one sample),
             ``-1`` at text. None: every maximal run of image tokens in a sample is one
             image, so two images placed back to back need ``image_ids``.
+        sample_placement: ``"split"`` (every sample zigzagged: megatron-core's / TE's
+            order), ``"whole"`` (every sample on one rank, balanced by cost) or ``"auto"``
+            (short samples whole, long ones split, the threshold chosen per row by the
+            cost model). See Note [vlmcp whole-sample placement].
 
     Returns:
         A :class:`CPPlan`; ``plan.for_rank(r)`` gives rank r's :class:`RankShard`.
@@ -64,16 +71,45 @@ def plan_cp(
     choices = (*get_args(ImageStrategy), "auto")
     if image_strategy not in choices:
         raise ValueError(f"image_strategy must be one of {choices}, got {image_strategy!r}")
-    if cost_model is not None and image_strategy != "auto":
+    placements = get_args(SamplePlacement)
+    if sample_placement not in placements:
+        raise ValueError(f"sample_placement must be one of {placements}, got {sample_placement!r}")
+    if cost_model is not None and image_strategy != "auto" and sample_placement == "split":
         raise ValueError(
-            f"cost_model is only used by image_strategy='auto', got image_strategy={image_strategy!r}")
+            "cost_model is only used by image_strategy='auto' or sample_placement='whole'/'auto', got "
+            f"image_strategy={image_strategy!r}, sample_placement={sample_placement!r}")
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
     is_image = is_image.detach().cpu()
     cu = check_cu_seqlens(cu_seqlens, is_image.numel())
     images = row_images(is_image, cu, image_ids)
+    build = lambda strategy, whole: build_plan(cu, is_image, images, cp_size, strategy, whole)  # noqa: E731
+    whole = _place_samples(cu, is_image, images, cp_size, image_strategy, sample_placement,
+                           cost_model or CostModel(), build)
     if image_strategy == "auto":
-        candidates = [build_plan(cu, is_image, images, cp_size, s) for s in get_args(ImageStrategy)]
-        return choose_plan(candidates, cost_model)
-    return build_plan(cu, is_image, images, cp_size, image_strategy)
+        return choose_plan([build(s, whole) for s in get_args(ImageStrategy)], cost_model)
+    return build(image_strategy, whole)
+
+
+def _place_samples(cu, is_image, images, cp_size, image_strategy, sample_placement, model, build):
+    """``LongTensor[S]`` of whole-sample ranks (-1: split), or None to split every sample."""
+    if sample_placement == "split" or cp_size == 1:
+        return None
+    costs = sample_costs(images, cu, is_image, model.flops_per_pair, model.flops_per_token,
+                         model.image_attention)
+    if sample_placement == "whole":
+        return lpt_assign(costs, cp_size)
+    seqlens = cu[1:] - cu[:-1]
+    strategy = "replicate" if image_strategy == "auto" else image_strategy
+    best = None
+    for threshold in auto_thresholds(seqlens):  # ascending: a tie keeps more samples split
+        short = seqlens <= threshold
+        whole = torch.full_like(seqlens, -1)
+        whole[short] = lpt_assign(costs[short], cp_size)
+        cost = estimate_cost(build(strategy, whole), model).cost
+        if best is None or cost < best[0]:
+            best = (cost, whole)
+    return best[1] if bool((best[1] >= 0).any()) else None
 
 
 def choose_plan(candidates: Sequence[CPPlan], cost_model: CostModel | None = None) -> CPPlan:

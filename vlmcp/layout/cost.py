@@ -248,7 +248,7 @@ def estimate_cost(plan: CPPlan, cost_model: CostModel | None = None) -> CostEsti
     rank = torch.where(plan.owner >= 0, plan.owner, P)  # P: replicated, computed on every rank
     per_rank = torch.bincount(rank, weights=keys.double(), minlength=P + 1).long()
     pairs = per_rank[:P] + per_rank[P]
-    travelling = torch.bincount(rank, minlength=P + 1)[:P]
+    travelling = torch.bincount(plan.owner[plan.travelling], minlength=P)
     local_tokens = plan.num_slots
     fits = model.max_local_tokens is None or local_tokens <= model.max_local_tokens
     kv = 2 * model.kv_heads * model.head_dim

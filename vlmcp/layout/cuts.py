@@ -62,14 +62,13 @@ def _band_cuts(w: np.ndarray, cp_size: int, deficit: np.ndarray) -> np.ndarray:
     np.cumsum(w[:h] + w[::-1][:h], out=cp[1:])
     total = int(cp[-1]) + (int(w[h]) if z % 2 else 0)
     d = np.zeros(P + 1, dtype=np.int64)
-    for r in range(1, P):
-        # P * Cp[d_r] aimed at r * total minus the earlier ranks' carried surplus
-        target = r * total - int(deficit[:r].sum())
-        i = int(np.searchsorted(P * cp, target))
-        i = min(max(i, 1), h)
-        if abs(P * int(cp[i - 1]) - target) <= abs(P * int(cp[i]) - target):
-            i -= 1
-        d[r] = min(max(i, d[r - 1]), h)
+    if h > 0 and P > 1:
+        # P * Cp[d_r] aimed at r * total minus the earlier ranks' carried surplus, nearest wins
+        target = np.arange(1, P, dtype=np.int64) * total - np.cumsum(deficit)[:P - 1]
+        pcp = P * cp
+        i = np.clip(np.searchsorted(pcp, target), 1, h)
+        i -= np.abs(pcp[i - 1] - target) <= np.abs(pcp[i] - target)
+        d[1:P] = np.minimum(np.maximum.accumulate(i), h)
     work = np.empty(P, dtype=np.int64)
     work[:-1] = cp[d[1:P]] - cp[d[:P - 1]]
     work[-1] = total - int(cp[d[P - 1]])

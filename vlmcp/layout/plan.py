@@ -64,9 +64,10 @@ class RankShard:
         positions: ``LongTensor[N]``, global position of each local slot, ``-1`` for padding.
         sample_ids: ``LongTensor[N]``, sample index of each local slot (padding included).
         kinds: ``Int8Tensor[N]`` of :class:`TokenKind` values.
-        replicated: ``BoolTensor[N]``, slots every rank holds (image tokens under
-            ``replicate``); the other slots are zigzag-sharded and are what ring
-            attention exchanges.
+        replicated: ``BoolTensor[N]``, slots every rank holds (image tokens of split
+            samples under ``replicate``).
+        travels: ``BoolTensor[N]``, the zigzag-sharded slots of split samples: what ring
+            and Ulysses exchange (whole samples' and replicated tokens never travel).
         cu_seqlens: ``IntTensor[S+1]`` (int32), local sample boundaries (padding included).
         max_seqlen: longest local sample segment.
         sample_starts: ``LongTensor[S]``, global start of each sample.
@@ -82,6 +83,7 @@ class RankShard:
     sample_ids: torch.Tensor
     kinds: torch.Tensor
     replicated: torch.Tensor
+    travels: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
     sample_starts: torch.Tensor
@@ -183,12 +185,16 @@ class CPPlan:
         images: the row's :class:`~vlmcp.layout.images.RowImages` (image ids and spans,
             each token's sample and offset).
         is_image: ``BoolTensor[L]``.
-        owner: ``LongTensor[L]``, the rank holding each sharded token; ``-1`` for
-            replicated tokens (every rank holds them).
+        owner: ``LongTensor[L]``, the rank holding each token that is not replicated
+            (zigzag-sharded, or in a whole sample); ``-1`` for replicated tokens.
+        whole: ``LongTensor[S]``, the rank a sample is placed on whole, ``-1`` for a split
+            sample (see Note [vlmcp whole-sample placement] in :mod:`vlmcp.layout.placement`).
+        travelling: ``BoolTensor[L]``, tokens exchanged by CP attention: the sharded
+            tokens of split samples.
         cuts: ``LongTensor[S, 2P+1]``, zigzag cut points of each sample's sharded tokens.
         image_lens: ``LongTensor[S]``, image tokens per sample.
         replicated_lens: ``LongTensor[S]``, tokens of each sample held by every rank.
-        rank_lens: ``LongTensor[S, P]``, sharded tokens of each sample on each rank.
+        rank_lens: ``LongTensor[S, P]``, non-replicated tokens of each sample on each rank.
         cost_estimates: under ``image_strategy="auto"``, the cost model's
             :class:`~vlmcp.layout.cost.CostEstimate` of each candidate layout
             (``replicate`` first); ``None`` when the layout was named explicitly.
@@ -201,6 +207,8 @@ class CPPlan:
     images: RowImages = field(repr=False)
     is_image: torch.Tensor = field(repr=False)
     owner: torch.Tensor = field(repr=False)
+    whole: torch.Tensor
+    travelling: torch.Tensor = field(repr=False)
     cuts: torch.Tensor
     image_lens: torch.Tensor
     replicated_lens: torch.Tensor
@@ -216,23 +224,44 @@ class CPPlan:
         return self.images.num_images
 
     @property
+    def sample_placement(self) -> str:
+        """``"split"``, ``"whole"`` or ``"mixed"``: how the plan placed its samples."""
+        whole = self.whole >= 0
+        return "whole" if bool(whole.all()) else "mixed" if bool(whole.any()) else "split"
+
+    @property
+    def segment_lens(self) -> torch.Tensor:
+        """``LongTensor[S, P]``: slots of sample s on rank r, before the row's closing padding.
+
+        A split sample has the same segment on every rank (the most any rank holds of it,
+        padded); a whole sample has its length on its rank and nothing elsewhere.
+        """
+        split = (self.replicated_lens + self.rank_lens.max(dim=1).values)[:, None].expand_as(self.rank_lens)
+        return torch.where((self.whole >= 0)[:, None], self.rank_lens, split)
+
+    @property
     def local_lens(self) -> torch.Tensor:
-        """``LongTensor[S]``: slots per sample on every rank (the same on all ranks), padding included."""
-        return self.replicated_lens + self.rank_lens.max(dim=1).values
+        """``LongTensor[S]``: the largest segment of each sample over ranks (split samples: every rank's)."""
+        return self.segment_lens.max(dim=1).values
 
     @property
     def num_slots(self) -> int:
         """Local slots per rank (the same on every rank), padding included."""
-        return int(self.local_lens.sum())
+        return int(self.segment_lens.sum(dim=0).max()) if self.num_samples else 0
 
     def for_rank(self, rank: int) -> RankShard:
-        """The :class:`RankShard` of ``rank`` (no communication; O(L))."""
+        """The :class:`RankShard` of ``rank`` (no communication; O(L)).
+
+        Sample segments in row order; a rank's segment of a sample it holds nothing of is
+        empty, and the padding that evens out the slot counts closes the last segment.
+        """
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.cp_size:
             raise ValueError(f"rank must be an int in [0, {self.cp_size}), got {rank!r}")
         S = self.num_samples
-        local_lens = self.local_lens
+        seg = self.segment_lens[:, rank].clone()
+        seg[-1] += self.num_slots - int(seg.sum())
         cu_local = torch.zeros(S + 1, dtype=torch.long)
-        torch.cumsum(local_lens, 0, out=cu_local[1:])
+        torch.cumsum(seg, 0, out=cu_local[1:])
         n = int(cu_local[-1])
         pos = torch.nonzero((self.owner == rank) | (self.owner < 0)).flatten()
         sid = self.images.sample_ids[pos]
@@ -245,12 +274,14 @@ class CPPlan:
         kinds[slot] = torch.where(self.is_image[pos], TokenKind.IMAGE, TokenKind.TEXT).to(torch.int8)
         replicated = torch.zeros(n, dtype=torch.bool)
         replicated[slot] = self.owner[pos] < 0
+        travels = torch.zeros(n, dtype=torch.bool)
+        travels[slot] = self.travelling[pos]
         return RankShard(
             rank=rank, cp_size=self.cp_size, image_strategy=self.image_strategy,
             seq_len=self.seq_len, positions=positions,
-            sample_ids=torch.repeat_interleave(torch.arange(S), local_lens, output_size=n),
-            kinds=kinds, replicated=replicated, cu_seqlens=cu_local.to(torch.int32),
-            max_seqlen=int(local_lens.max()) if S else 0,
+            sample_ids=torch.repeat_interleave(torch.arange(S), seg, output_size=n),
+            kinds=kinds, replicated=replicated, travels=travels, cu_seqlens=cu_local.to(torch.int32),
+            max_seqlen=int(seg.max()) if S else 0,
             sample_starts=self.cu_seqlens[:-1].clone(), image_lens=self.image_lens, plan=self)
 
     def shards(self) -> list[RankShard]:
@@ -259,16 +290,23 @@ class CPPlan:
 
 
 def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_size: int,
-               image_strategy: ImageStrategy) -> CPPlan:
-    """The layout of a validated row (see the Note); O(L) tensor work plus O(S P) cut points."""
+               image_strategy: ImageStrategy, whole: torch.Tensor | None = None) -> CPPlan:
+    """The layout of a validated row (see the Note); O(L) tensor work plus O(S P) cut points.
+
+    ``whole``: ``LongTensor[S]``, the rank each sample is placed on whole, ``-1`` to split
+    it (None: split every sample).
+    """
     P, S = cp_size, cu.numel() - 1
     sid = images.sample_ids
-    sharded = ~is_image if image_strategy == "replicate" else torch.ones_like(is_image)
+    whole = torch.full((S,), -1, dtype=torch.long) if whole is None else whole.long()
+    split = whole < 0
+    sharded = (~is_image if image_strategy == "replicate" else torch.ones_like(is_image)) & split[sid]
     zpos = torch.nonzero(sharded).flatten()
     zsid = sid[zpos]
     zlens = torch.bincount(zsid, minlength=S)
     image_lens = torch.bincount(sid[is_image], minlength=S)
-    replicated = image_lens if image_strategy == "replicate" else torch.zeros_like(image_lens)
+    replicated = torch.where(split, image_lens, 0) if image_strategy == "replicate" \
+        else torch.zeros_like(image_lens)
     # equal chunks where the sharded tokens' offsets run 0..Z-1 (nothing replicated) and Z
     # divides by 2P: megatron-core's order; equal causal work elsewhere (Note in vlmcp.layout.cuts)
     balance = (replicated > 0) | (zlens % (2 * P) != 0)
@@ -276,9 +314,14 @@ def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_s
     chunk_lens = cuts[:, 1:] - cuts[:, :-1]
     # sharded tokens are in row order, so their chunk ids are each sample's 0..2P-1 repeated
     chunk = torch.arange(2 * P).repeat(S).repeat_interleave(chunk_lens.flatten(), output_size=zpos.numel())
-    owner = torch.full((int(cu[-1]),), -1, dtype=torch.long)
+    owner = torch.where(split[sid], -1, whole[sid])
     owner[zpos] = torch.where(chunk < P, chunk, 2 * P - 1 - chunk)
     rank_lens = chunk_lens[:, :P] + chunk_lens[:, P:].flip(1)
+    seqlens = cu[1:] - cu[:-1]
+    on_rank = (~split)[:, None] & (whole[:, None] == torch.arange(P)[None])
+    rank_lens = torch.where(on_rank, seqlens[:, None], rank_lens)
+    travelling = torch.zeros_like(is_image)
+    travelling[zpos] = True
     return CPPlan(cp_size=P, image_strategy=image_strategy, seq_len=int(cu[-1]), cu_seqlens=cu,
-                  images=images, is_image=is_image, owner=owner, cuts=cuts, image_lens=image_lens,
-                  replicated_lens=replicated, rank_lens=rank_lens)
+                  images=images, is_image=is_image, owner=owner, whole=whole, travelling=travelling,
+                  cuts=cuts, image_lens=image_lens, replicated_lens=replicated, rank_lens=rank_lens)

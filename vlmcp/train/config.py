@@ -15,11 +15,12 @@ import torch
 
 from vlmcp.attention.cp import Backend as AttentionBackend
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE
+from vlmcp.layout.placement import SamplePlacement
 from vlmcp.layout.work import ImageAttention
 from vlmcp.vision.placement import VisionMode
 
 __all__ = ["TORCH_DTYPES", "AttentionBackend", "DType", "ImageAttention", "ImageStrategyChoice",
-           "TrainConfig", "VisionMode"]
+           "SamplePlacement", "TrainConfig", "VisionMode"]
 
 DType = Literal["float32", "float64", "bfloat16"]
 ImageStrategyChoice = Literal["replicate", "shard", "auto"]
@@ -47,6 +48,10 @@ class TrainConfig:
     image_strategy: ImageStrategyChoice = "replicate"
     """Replicate image tokens on every CP rank (the seed), zigzag them with the text
     (``shard``), or let the cost model pick per row (``auto``, weights of this model)."""
+    sample_placement: SamplePlacement = "split"
+    """Split every sample over the CP group, place each whole on one rank (balanced by
+    cost), or ``auto``: short samples whole, long ones split (Note [vlmcp whole-sample
+    placement])."""
     flops_per_byte: float = DEFAULT_FLOPS_PER_BYTE
     """``auto`` only: compute FLOPs one communicated byte costs (achieved FLOP/s over link
     bytes/s; 4,000 is an H100-class GPU on a 100 GB/s link). Lower makes sharding images
@@ -87,7 +92,8 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend),
-                              ("dtype", DType), ("image_strategy", ImageStrategyChoice)):
+                              ("dtype", DType), ("image_strategy", ImageStrategyChoice),
+                              ("sample_placement", SamplePlacement)):
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")

@@ -17,6 +17,7 @@ finishes the step, saves a checkpoint, and ends the run cleanly.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import signal
 import time
@@ -103,6 +104,18 @@ def _squared_norms(model: nn.Module, fsdp: bool) -> torch.Tensor:
     return sq
 
 
+def _check_same_plan(index: DataIndex, group: dist.ProcessGroup, device: torch.device) -> None:
+    """Every rank must have planned the same rows (under torchrun each rank reads --data itself)."""
+    digest = hashlib.sha256(repr((index.lengths, index.rows, index.seq_len)).encode()).digest()
+    mine = torch.tensor([float(int.from_bytes(digest[:6], "big"))], dtype=torch.float64, device=device)
+    lo, hi = mine.clone(), mine.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
+    if lo != hi:
+        raise ValueError("ranks planned different rows from --data: is it the same file (and are the "
+                         "images the same) on every node?")
+
+
 class _Run:
     """What the step loop carries: the model, its groups and the run's running totals."""
 
@@ -116,6 +129,7 @@ class _Run:
             if dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.cp_group, self.dp_group = dp_cp_groups(group, cfg.cp)
         self.rank, self.dp_rank = dist.get_rank(group), dist.get_rank(self.dp_group)
+        _check_same_plan(index, group, self.device)
         self.processor = load_processor(cfg.model)
         self.model = load_parallel_model(cfg, self.cp_group, self.world, self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)

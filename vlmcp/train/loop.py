@@ -182,7 +182,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
     parts = {"vision": list(model.vision.tower.parameters()),
              "projector": list(model.vision.projector.parameters()),
              "llm": list(model.llm.parameters())}
-    costs = cost_model(cfg) if cfg.image_strategy == "auto" else None
+    costs = cost_model(cfg) if cfg.image_strategy == "auto" or cfg.sample_placement != "split" else None
     losses, strategies = [], []
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
@@ -190,7 +190,8 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
             on_step(rank, step)
         rows = pack_rows(dataset, cfg.seq_len, position, cfg.dp)
         row, position = rows[dp_rank], rows[-1].stop
-        plan = row.plan(cfg.cp, image_strategy=cfg.image_strategy, cost_model=costs)
+        plan = row.plan(cfg.cp, image_strategy=cfg.image_strategy, cost_model=costs,
+                        sample_placement=cfg.sample_placement)
         for group_ in optimizer.param_groups:
             group_["lr"] = lr_at(cfg, step)
         optimizer.zero_grad(set_to_none=True)
