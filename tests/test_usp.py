@@ -25,32 +25,51 @@ ROWS = [
     [(5, 7), (0, 3), (9, 1)],              # packed: image + text, text only, one text token
     [(0, 13)],                             # text only, odd length
 ]
+# whole-sample placement (tests/test_attention_parity.py's rows): every sample on one rank, a
+# rank or a whole Ulysses group may get none; auto: a long sample split beside short whole ones
+PLACED = ["t3 i2 t4", "t5", "i2 t3", "t2 i1 t2 i2 t1", "t9", "t1 i3 t6"]
+MIXED = ["t4 i6 t90 i3 t40", "t3", "i2 t2", "t5"]
+# at P = 4 some ranks, and at U = 2 a whole Ulysses group, hold no travelling token (2 text
+# tokens in 8 chunks); an all-to-all where this rank sends and receives nothing
+SHORT = [[(0, 2)], [(2, 1)], ["t2 i3 t1"]]
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
 def parity_cases(P):
     """Every row x layout x image attention x U; K/V heads cycle through MHA, GQA with
-    kv_heads % U != 0 (3 at U = 2, 4) and MQA. heads = 6 at P = 4: P does not divide them."""
+    kv_heads % U != 0 (3 at U = 2, 4) and MQA; whole and auto sample placement.
+    heads = 6 at P = 4: P does not divide them. At P = 4 also rows where ranks hold no
+    text, under USP and Ulysses. Case layout: ``attention_cases.run_case``'s."""
     sizes = [u for u in (1, 2, 4) if P % u == 0]
-    cases = [(row, strategy, "usp", ia, (12, 3, 4, 1)[i % 4], "float64", 0, 12, 8, U)
+    cases = [(row, strategy, "usp", ia, (12, 3, 4, 1)[i % 4], "float64", 0, 12, 8, "split", U)
              for i, (row, strategy, ia, U) in enumerate(itertools.product(
                  ROWS, ("replicate", "shard"), ("causal", "bidirectional"), sizes))]
+    cases += [(row, strategy, "usp", ia, 3, "float64", 0, 12, 8, placement, U)
+              for (row, placement), strategy, ia, U in itertools.product(
+                  [(PLACED, "whole"), (MIXED, "auto")], ("replicate", "shard"), ("causal", "bidirectional"),
+                  sizes)]
     if P == 4:
-        cases += [(row, strategy, "usp", ia, kv, "float64", 1, 6, 8, 2)
+        cases += [(row, strategy, "usp", ia, kv, "float64", 1, 6, 8, "split", 2)
                   for row, (strategy, ia, kv) in itertools.product(
                       ROWS[:2], [("replicate", "causal", 3), ("shard", "bidirectional", 2)])]
-        cases += [(ROWS[0], "replicate", "usp", "causal", 4, "float32", 2, 12, 16, 2),
-                  (ROWS[2], "replicate", "usp", "causal", 3, "bfloat16", 3, 12, 16, 2)]
+        cases += [(row, strategy, backend, ia, 3, "float64", 0, 12, 8, "split", U)
+                  for row, strategy, ia, (backend, U) in itertools.product(
+                      SHORT, ("replicate", "shard"), ("causal", "bidirectional"),
+                      [("usp", 2), ("ulysses", None)])]
+        cases += [(ROWS[0], "replicate", "usp", "causal", 4, "float32", 2, 12, 16, "split", 2),
+                  (ROWS[2], "replicate", "usp", "causal", 3, "bfloat16", 3, 12, 16, "split", 2)]
     return cases
 
 
-# (samples, strategy, image_attention, heads, kv_heads, U) at P = 4
+# (samples, strategy, image_attention, heads, kv_heads, U[, sample placement]) at P = 4
 MESSAGES = [
     (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "replicate", "causal", 12, 3, 2),  # images after text
     (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "replicate", "causal", 12, 3, 1),  # = ring
     (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "replicate", "causal", 12, 3, 4),  # = Ulysses
     (["t3 i5 t4 i2 t6", "t5", "i3 t2 i4 t1"], "shard", "bidirectional", 6, 2, 2),  # 6 heads, P = 4
     ([(5, 7), (0, 3), (9, 1)], "replicate", "causal", 12, 1, 2),  # MQA; images only open samples
+    (PLACED, "replicate", "causal", 12, 3, 2, "whole"),  # nothing travels: no message at all
+    (MIXED, "replicate", "bidirectional", 12, 3, 2, "auto"),  # only the split sample's text travels
 ]
 DP_CP_ROW = ["t3 i5 t4 i2 i3 t6", (0, 7)]
 VLM = [dict(vision_mode="scatter", attention="usp", ulysses_size=2, dtype="float64", image_strategy="shard",
@@ -69,7 +88,8 @@ def results():
 def test_usp_matches_one_process(results, P):
     cases = [(case, errs) for rank in results[P] for case, errs in rank["parity"]]
     assert len(cases) == P * len(parity_cases(P))
-    assert {case[9] for case, _ in cases} == {u for u in (1, 2, 4) if P % u == 0}
+    assert {case[10] for case, _ in cases if case[2] == "usp"} == {u for u in (1, 2, 4) if P % u == 0}
+    assert {case[9] for case, _ in cases} == {"split", "whole", "auto"}
     for case, errs in cases:
         for name in NAMES:
             if case[5] == "bfloat16":  # flash-attention's rule: within 2x a bf16 single process
@@ -81,7 +101,7 @@ def test_usp_matches_one_process(results, P):
 
 def _expected(r, case, travelling, late):
     """Exact forward and backward messages of CP rank r = gU + j (bf16; dK/dV in float32)."""
-    _, _, _, H, kv, U = case
+    H, kv, U = case[3:6]
     P, D = 4, usp_cases.HEAD_DIM
     R, g, j = P // U, r // U, r % U
     m = math.lcm(kv, U)
@@ -101,7 +121,9 @@ def _expected(r, case, travelling, late):
             ring_bwd.append(("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 2)))
         if s >= 1:
             ring_bwd.append(("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 4)))
-    if U == 1:
+    # a step with nothing to send or receive posts no batch (vlmcp.attention.comm)
+    ring_fwd, ring_bwd = ([e for e in x if e[1]] for x in (ring_fwd, ring_bwd))
+    if U == 1 or M[g] == 0:  # no all-to-all in a group where nothing travels
         return ring_fwd, ring_bwd
     gathered = late * H * D
     fwd = [("a2a", T * qkv, M[g] * qkv // U, bf, members), *ring_fwd,
@@ -125,11 +147,14 @@ def test_usp_sends_exactly_the_expected_messages(results, index):
     for r, rank in enumerate(results[4]):
         got = rank["messages"][index]
         fwd, bwd = _expected(r, case, got["travelling"], got["late"])
-        if case[1] == "replicate":  # only text travels: image K/V (and Q) never leave a rank
+        if case[1] == "replicate" and case[6:] in ((), ("split",)):  # only text travels: image K/V
+            # (and Q) never leave a rank
             assert got["travelling"] == got["text"], (got["travelling"], got["text"])
         assert _p2p(got["usp"][0]) == fwd, (r, case)
         assert _p2p(got["usp"][1]) == bwd, (r, case)
-    assert results[4][0]["messages"][index]["late"] == (11 if index < 4 and case[1] == "replicate" else 0)
+    assert results[4][0]["messages"][index]["late"] == {0: 11, 1: 11, 2: 11, 6: 9}.get(index, 0)
+    moved = sum(results[4][0]["messages"][index]["travelling"])
+    assert (moved == 0) == (index == 5), moved  # the whole placement moves nothing, the others do
 
 
 def test_usp_at_u2_moves_heads_in_groups_and_kv_around_the_ring(results):

@@ -21,7 +21,7 @@ from vlmcp.verify import ParityCase, parity_case
 HEAD_DIM = 8
 
 
-def usp_messages(group, samples, strategy, image_attention, heads, kv_heads, ulysses_size):
+def usp_messages(group, samples, strategy, image_attention, heads, kv_heads, ulysses_size, placement="split"):
     """Forward and backward messages of one bf16 USP call, and the same for the backend it equals.
 
     Returns ``{"usp": (fwd, bwd), "same": (fwd, bwd) or None, "travelling": T per CP rank,
@@ -30,7 +30,7 @@ def usp_messages(group, samples, strategy, image_attention, heads, kv_heads, uly
     """
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, HEAD_DIM, 0)
-    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids)
+    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids, sample_placement=placement)
     shard = plan.for_rank(rank)
     usp_groups(group, ulysses_size)  # created before logging: new_group is not what we count
 

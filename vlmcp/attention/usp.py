@@ -7,7 +7,9 @@ The P ranks form R = P/U Ulysses groups of U consecutive ranks (yunchang's USP;
 ms-swift's ulysses = gcd(kv_heads, P) with the rest on the ring). Group g, ranks
 ``gU .. gU+U-1``, is *virtual rank* g of a derived plan with ``cp_size = R`` whose
 owner is ``owner // U`` (replicated tokens stay ``-1``): its *merged shard* holds the
-union of its members' tokens, in global order, plus every replicated token. P = 4,
+union of its members' tokens of split samples, in global order, plus every replicated
+token. Whole samples (``sample_placement``) are in no merged shard: their owner holds
+every key they see and computes them locally for all heads, with no message. P = 4,
 U = 2, one sample, text chunks ``c0..c7``, an image ``I`` after a prompt in ``c0``::
 
     rank         0             1             2             3
@@ -25,7 +27,11 @@ U = 2, one sample, text chunks ``c0..c7``, an image ``I`` after a prompt in ``c0
     3. the inverse all-to-all returns each member its travelling outputs, all heads;
        images after text (head slice j, computed in the ring) are all-gathered over
        heads in the group; images that open their sample see only image keys and are
-       computed locally for all heads (as in :mod:`.ulysses`), with no message
+       computed locally for all heads (as in :mod:`.ulysses`), with no message, like
+       whole samples
+
+A group whose members hold no travelling token skips its all-to-alls (every member
+knows it from the plan) but still joins the ring, forward and backward.
 
 U = 1 is the ring (every group one rank, no all-to-all) and U = P is Ulysses (one
 virtual rank: step 2 is local, over the whole row); P need not divide the
@@ -85,8 +91,9 @@ class UspSchedule:
         ring: the merged shard's ring schedule over the R virtual ranks, without the
             queries of leading images (computed locally instead).
         late_slots, late_merged: local and merged slots of the images after text.
-        lead_index: ``LongTensor[I_l]``, local slots of each sample's leading images.
-        lead_blocks: blocks of those queries over their keys (indices into ``lead_index``).
+        local_index: local slots computed here for all heads, with no message: each split
+            sample's leading images and this rank's whole samples.
+        local_blocks: blocks of those queries over their keys (indices into ``local_index``).
     """
 
     counts: tuple[int, ...]
@@ -98,8 +105,8 @@ class UspSchedule:
     ring: RingSchedule
     late_slots: torch.Tensor
     late_merged: torch.Tensor
-    lead_index: torch.Tensor
-    lead_blocks: tuple[Block, ...]
+    local_index: torch.Tensor
+    local_blocks: tuple[Block, ...]
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -107,37 +114,44 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def virtual_plan(plan: CPPlan, ulysses_size: int) -> CPPlan:
-    """The plan of the R = P/U virtual ranks (Ulysses groups): owner ``// U``, cached per plan.
+    """The plan of the R = P/U virtual ranks (Ulysses groups) over the split samples, cached per plan.
 
-    Its ``cuts`` are still the P-rank zigzag cut points (nothing here reads them).
+    A travelling token's owner is ``owner // U``; replicated tokens stay ``-1``; whole
+    samples belong to no virtual rank (owner R, no slots): their owner computes them
+    locally for all heads. Its ``cuts`` are still the P-rank zigzag cut points (nothing
+    here reads them).
     """
     per_plan = _PLANS.setdefault(plan, {})
     if ulysses_size not in per_plan:
         U, P, S = ulysses_size, plan.cp_size, plan.num_samples
-        per_plan[U] = dataclasses.replace(
-            plan, cp_size=P // U, owner=torch.where(plan.owner >= 0, plan.owner // U, -1),
-            rank_lens=plan.rank_lens.view(S, P // U, U).sum(2), cost_estimates=None)
+        R = P // U
+        owner = torch.where(plan.travelling, plan.owner // U, torch.where(plan.owner < 0, -1, R))
+        rank_lens = plan.rank_lens.masked_fill((plan.whole >= 0)[:, None], 0).view(S, R, U).sum(2)
+        per_plan[U] = dataclasses.replace(plan, cp_size=R, owner=owner, rank_lens=rank_lens,
+                                          whole=torch.full_like(plan.whole, -1), cost_estimates=None)
     return per_plan[ulysses_size]
 
 
 def _leading(plan: CPPlan) -> torch.Tensor:
     """``BoolTensor[L]``: replicated tokens with no travelling token before them in their sample."""
-    moving = (plan.owner >= 0).long()
+    moving = plan.travelling.long()
     before = torch.cumsum(moving, 0) - moving
     before = before - before[plan.cu_seqlens[:-1]][plan.images.sample_ids]
     return (before == 0) & (plan.owner < 0)
 
 
-def _lead_blocks(shard: RankShard, lead_index: torch.Tensor, bidir: bool) -> list[Block]:
-    """Blocks of the leading images over themselves, stored compactly in ``lead_index`` order."""
+def _local_blocks(shard: RankShard, local_index: torch.Tensor, bidir: bool) -> list[Block]:
+    """Blocks of the local queries (leading images, whole samples) over themselves, stored
+    compactly in ``local_index`` order: every key they see is among them, in global order."""
     images, S = shard.plan.images, shard.plan.num_samples
-    pos = shard.positions[lead_index]
+    pos = shard.positions[local_index]
     lens = torch.bincount(images.sample_ids[pos], minlength=S)
     starts = (torch.cumsum(lens, 0) - lens).tolist()
     spans = []
-    if bidir and pos.numel():
-        ids, counts = torch.unique_consecutive(images.image_ids[pos], return_counts=True)
-        first = torch.cumsum(counts, 0) - counts
+    at = torch.nonzero(images.image_ids[pos] >= 0).flatten()
+    if bidir and at.numel():
+        ids, counts = torch.unique_consecutive(images.image_ids[pos[at]], return_counts=True)
+        first = at[torch.cumsum(counts, 0) - counts]
         spans = [(int(images.samples[i]), f, f + c)
                  for i, f, c in zip(ids.tolist(), first.tolist(), counts.tolist(), strict=True)]
     return self_blocks(_segments(S, starts, lens.tolist(), spans))
@@ -181,15 +195,17 @@ def usp_schedule(shard: RankShard, ulysses_size: int, image_attention: str,
     rep_pos = shard.positions[rep]
     is_lead = lead[rep_pos]
     travelling = slot_of[torch.cat([ex.positions[i] for i in members])]
-    lead_index = rep[is_lead]
+    # computed here for all heads: leading images (image keys only) and this rank's whole samples
+    local = lead | ((plan.owner == shard.rank) & ~plan.travelling)
+    local_index = torch.nonzero((shard.positions >= 0) & local[shard.positions.clamp(min=0)]).flatten()
     on = lambda x: x.to(device)  # noqa: E731
     sched = UspSchedule(
         counts=tuple(ex.counts[i] for i in members), send_index=on(ex.send_index), image_index=on(rep),
         merged_size=merged.num_tokens, merged_slots=on(torch.cat([travelling, slot_of[rep_pos]])),
         travelling_slots=on(travelling), ring=_merged_ring(merged, lead, image_attention),
         late_slots=on(rep[~is_lead]), late_merged=on(slot_of[rep_pos[~is_lead]]),
-        lead_index=on(lead_index),
-        lead_blocks=tuple(_lead_blocks(shard, lead_index, image_attention == "bidirectional")))
+        local_index=on(local_index),
+        local_blocks=tuple(_local_blocks(shard, local_index, image_attention == "bidirectional")))
     per_shard[key] = sched
     return sched
 
@@ -212,10 +228,12 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
     N, H, D = q.shape
     m = math.lcm(k.shape[1], U)  # K/V heads that travel (Note in .ulysses on the GQA grouping)
     kx, vx = (x.repeat_interleave(m // k.shape[1], 1) for x in (k, v)) if m > k.shape[1] else (k, v)
-    if U > 1:
+    # an all-to-all only where something travels in the group (counts: the same on its ranks)
+    exchange = U > 1 and sum(counts) > 0
+    if exchange:
         qg, kg, vg = _SeqToHeads.apply(counts, j, ug, q[idx], kx[idx], vx[idx])
-    else:
-        qg, kg, vg = q[idx], kx[idx], vx[idx]
+    else:  # U = 1, or no rank of the group holds a travelling token (then these are empty)
+        qg, kg, vg = (x[idx, j * w:(j + 1) * w] for x, w in ((q, H // U), (kx, m // U), (vx, m // U)))
 
     def merged(x_recv, x, width):
         """The merged shard ``(merged_size, width, D)``: received rows and this rank's head slice
@@ -226,12 +244,18 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
     qm, km, vm = merged(qg, q, H // U), merged(kg, kx, m // U), merged(vg, vx, m // U)
     out_m, lse_m = _RingAttention.apply(qm, km, vm, sched.ring, groups.ring, scale, kernel)
     out_g = out_m[sched.travelling_slots]
-    out = q.new_zeros(N, H, D).index_copy(0, idx, _HeadsToSeq.apply(counts, j, ug, out_g) if U > 1 else out_g)
+    if exchange:
+        out_t = _HeadsToSeq.apply(counts, j, ug, out_g)
+    else:  # (0, H, D) when U > 1: still from the ring's output, so that every rank joins its backward
+        out_t = out_g.repeat(1, U, 1)
+    out = q.new_zeros(N, H, D).index_copy(0, idx, out_t)
     lse = None
     if need_lse:
         lse_t = lse_m[sched.travelling_slots]
-        if U > 1:
+        if exchange:
             lse_t = _heads_to_seq([lse_t.unsqueeze(-1).contiguous()], counts, j, ug)[0][..., 0]
+        elif U > 1:
+            lse_t = lse_t.new_zeros(0, H)
         lse = lse_t.new_full((N, H), float("-inf")).index_copy(0, idx, lse_t)
     late = sched.late_slots
     if late.numel():
@@ -244,10 +268,10 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
                 dist.all_gather(parts, lse_l, group=ug)
                 lse_l = torch.cat(parts, dim=1)
             lse = lse.index_copy(0, late, lse_l)
-    lead = sched.lead_index
-    if lead.numel():
-        out_i, lse_i = blockwise_attention(q[lead], k[lead], v[lead], sched.lead_blocks, scale, kernel)
-        out = out.index_copy(0, lead, out_i)
+    local = sched.local_index
+    if local.numel():
+        out_i, lse_i = blockwise_attention(q[local], k[local], v[local], sched.local_blocks, scale, kernel)
+        out = out.index_copy(0, local, out_i)
         if need_lse:
-            lse = lse.index_copy(0, lead, lse_i)
+            lse = lse.index_copy(0, local, lse_i)
     return out, lse
