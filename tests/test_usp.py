@@ -74,7 +74,9 @@ MESSAGES = [
 DP_CP_ROW = ["t3 i5 t4 i2 i3 t6", (0, 7)]
 VLM = [dict(vision_mode="scatter", attention="usp", ulysses_size=2, dtype="float64", image_strategy="shard",
             image_attention="bidirectional"),
-       dict(vision_mode="hidden_shard", attention="usp", ulysses_size=2, dtype="float32")]
+       dict(vision_mode="hidden_shard", attention="usp", ulysses_size=2, dtype="float32"),
+       dict(vision_mode="broadcast", attention="usp", ulysses_size=2, dtype="float64",
+            sample_placement="whole")]
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +200,8 @@ def test_usp_in_a_dp_x_cp_job(results):
 
 
 def test_vlm_training_step_under_usp_matches_one_process(results):
-    """Two cases of test_vlm's grid (vision modes scatter and hidden_shard) at P = 4, U = 2."""
+    """Cases of test_vlm's grid at P = 4, U = 2: scatter (shard, bidirectional), hidden_shard
+    (float32), broadcast with whole samples."""
     for per_rank in zip(*(rank["vlm"] for rank in results[4]), strict=True):
         r = per_rank[0]
         assert all(x["max_rel_grad_error"] == r["max_rel_grad_error"] for x in per_rank)
