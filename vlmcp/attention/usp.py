@@ -246,8 +246,8 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
     out_g = out_m[sched.travelling_slots]
     if exchange:
         out_t = _HeadsToSeq.apply(counts, j, ug, out_g)
-    else:  # (0, H, D) when U > 1: still from the ring's output, so that every rank joins its backward
-        out_t = out_g.repeat(1, U, 1)
+    else:  # U > 1: (0, H, D), still from the ring's output, so that every rank joins its backward
+        out_t = out_g if U == 1 else out_g.repeat(1, U, 1)
     out = q.new_zeros(N, H, D).index_copy(0, idx, out_t)
     lse = None
     if need_lse:
