@@ -39,7 +39,8 @@ def test_plan_bench_rejects_a_row_too_short(capsys):
 def test_attention_bench_both_backends(capsys):
     out = bench(capsys, "attention", "--image-tokens", "16", "--text-tokens", "112", "--heads", "2",
                 "--head-dim", "8", "--cp", "2", "--repeats", "1")
-    shares = [float(s) for s in re.search(r"pair share per rank: (.*)", out).group(1).split(", ")]
+    shares = [float(s) for s in re.search(r"pair share per rank: (.*?);", out).group(1).split(", ")]
+    assert "(0 of 1 samples whole)" in out and "padding 0.00% of the slots" in out
     # Each rank repeats the image queries: more than half of the pairs, far less than all.
     assert len(shares) == 2 and all(0.5 <= s < 0.75 for s in shares)
     for backend in ("ring", "ulysses"):
@@ -49,6 +50,15 @@ def test_attention_bench_both_backends(capsys):
         assert 0 < eff < 2
         saved = [float(x) for x in re.findall(rf"MiB = {NUM} x", _line(out, backend, "saved for backward"))]
         assert len(saved) == 2 and all(0 < x < 1 for x in saved)
+
+
+def test_attention_bench_places_short_samples_whole(capsys):
+    out = bench(capsys, "attention", "--samples", "16", "--image-tokens", "2", "--text-tokens", "6",
+                "--heads", "2", "--head-dim", "8", "--cp", "2", "--repeats", "1", "--backend", "ring",
+                "--sample-placement", "auto")
+    assert "16 x (2 image + 6 text) tokens" in out and "(16 of 16 samples whole)" in out
+    assert "pair share per rank: 0.500, 0.500;" in out  # LPT halves equal samples exactly
+    assert len(re.findall(rf"rank \d: {NUM} ms = {NUM} x single", _line(out, "ring", "single process"))) == 2
 
 
 def _line(out, backend, what):

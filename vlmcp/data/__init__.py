@@ -11,6 +11,13 @@ Main entry points:
   Note [vlmcp data: packing and the data position] in :mod:`vlmcp.data.packing`.
 * :mod:`vlmcp.data.vocab`: the fixed word vocabulary (``VOCAB_SIZE``, special ids,
   ``encode``/``decode``).
+
+For Hugging Face models (``vlmcp train --model``; these need transformers and are not
+imported here): :mod:`vlmcp.data.conversations` reads JSONL conversations in both formats
+users have, :mod:`vlmcp.data.hf_encode` turns one into processor inputs with labels on the
+assistant tokens, :mod:`vlmcp.data.hf_rows` plans and packs rows and decodes them ahead of
+training, :mod:`vlmcp.data.processor` loads and saves a directory's processor, and
+:mod:`vlmcp.data.export` writes the built-in data as such a file (``vlmcp data shapes``).
 """
 
 from vlmcp.data.config import MAX_SENTENCE_TOKENS, ShapesConfig

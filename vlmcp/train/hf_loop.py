@@ -18,7 +18,6 @@ finishes the step, saves a checkpoint, and ends the run cleanly.
 from __future__ import annotations
 
 import hashlib
-import math
 import signal
 import time
 from collections.abc import Callable
@@ -35,21 +34,10 @@ from vlmcp.loss import cp_cross_entropy
 from vlmcp.train.config import TORCH_DTYPES
 from vlmcp.train.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
 from vlmcp.train.hf_config import HFTrainConfig
-from vlmcp.train.loop import dp_cp_groups
+from vlmcp.train.loop import dp_cp_groups, lr_at  # the reference trainer's schedule (lr, steps)
 from vlmcp.train.progress import MetricsWriter, ProgressBar
 
 __all__ = ["load_parallel_model", "part_of", "train_hf_rank"]
-WARMUP_STEPS = 5
-
-
-def lr_at(cfg: HFTrainConfig, step: int) -> float:
-    """Linear warm-up, then cosine decay to 10% (a pure function of the step: resumable)."""
-    if step < WARMUP_STEPS:
-        return cfg.lr * (step + 1) / WARMUP_STEPS
-    progress = (step - WARMUP_STEPS) / max(1, cfg.steps - WARMUP_STEPS)
-    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def part_of(name: str) -> str:
     """``vision``, ``projector`` or ``llm``: which part of a HF VLM a parameter belongs to."""
     if "merger" in name or "multi_modal_projector" in name:
