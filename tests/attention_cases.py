@@ -58,7 +58,7 @@ def _max_err(a, b):
 
 
 def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype_name, seed=0,
-             heads=12, head_dim=8, placement="split"):
+             heads=12, head_dim=8, placement="split", ulysses_size=None):
     """One parity case on this rank; returns max errors of out, lse, dq, dk, dv vs float64.
 
     Also checks exact zeros at padding (output, gradients) and no NaN anywhere.
@@ -78,7 +78,8 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     ldout = shard.shard(dout).to(dtype)
     ldout[pad] = 1.0  # padding must not leak gradient even with a nonzero dout
     ldout[rep] = ldout[rep] * share_of(rank, P)
-    out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True)
+    out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True,
+                            ulysses_size=ulysses_size)
     grads = torch.autograd.grad((out * ldout).sum(), (lq, lk, lv))
     for t in (out, lse, *grads):
         assert not bool(torch.isnan(t).any()), "NaN in CP attention"
@@ -126,11 +127,13 @@ class CommLog:
     ``entries``: ``("p2p", [(op, nbytes, peer, dtype), ...])`` per ``batch_isend_irecv``,
     ``("a2a", in_numel, out_numel, dtype)`` per ``all_to_all_single``, ``("ag", in_numel,
     out_numel)`` / ``("rs", in_numel, out_numel)`` per flat all-gather / reduce-scatter, and
-    ``("other", name)`` for anything else. With ``forbid=True`` every call raises.
+    ``("other", name)`` for anything else. With ``groups=True`` the a2a, ag and rs entries
+    end with the global ranks of their group (a tuple; P2P entries name their peer already).
+    With ``forbid=True`` every call raises.
     """
 
-    def __init__(self, forbid: bool = False):
-        self.entries, self.forbid, self._saved = [], forbid, {}
+    def __init__(self, forbid: bool = False, groups: bool = False):
+        self.entries, self.forbid, self.groups, self._saved = [], forbid, groups, {}
 
     def _wrap(self, name, fn):
         def wrapper(*args, **kwargs):
@@ -140,13 +143,20 @@ class CommLog:
                 self.entries.append(("p2p", [(op.op.__name__, op.tensor.numel() * op.tensor.element_size(),
                                               op.peer, str(op.tensor.dtype)) for op in args[0]]))
             elif name == "all_to_all_single":
-                self.entries.append(("a2a", args[1].numel(), args[0].numel(), str(args[0].dtype)))
+                self.entries.append(("a2a", args[1].numel(), args[0].numel(), str(args[0].dtype),
+                                     *self._ranks(kwargs)))
             elif name in _FLAT:
-                self.entries.append((_FLAT[name], args[1].numel(), args[0].numel()))
+                self.entries.append((_FLAT[name], args[1].numel(), args[0].numel(), *self._ranks(kwargs)))
             else:
                 self.entries.append(("other", name))
             return fn(*args, **kwargs)
         return wrapper
+
+    def _ranks(self, kwargs) -> tuple:
+        if not self.groups:
+            return ()
+        group = kwargs.get("group")
+        return (tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)),)
 
     def __enter__(self):
         for name in ("batch_isend_irecv", "all_to_all_single", *_COLLECTIVES, *_FLAT):

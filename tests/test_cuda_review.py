@@ -600,7 +600,7 @@ def test_cuda_kernels_do_not_synchronize(name):
 
 
 def _cuda_parity(group, samples, strategy, backend, image_attention, kv_heads, dtype, device, heads=8,
-                 head_dim=64, seed=0):
+                 head_dim=64, seed=0, ulysses_size=None):
     """CP attention on ``device`` against float64 on the CPU; ``{name: (cp_error, baseline_error)}``.
 
     The baseline is :func:`reference_attention` on the whole row in ``dtype`` on ``device``
@@ -619,7 +619,8 @@ def _cuda_parity(group, samples, strategy, backend, image_attention, kv_heads, d
     lq, lk, lv = (shard.shard(t).to(dtype).to(device).requires_grad_() for t in (q, k, v))
     ldout = shard.shard(dout).to(dtype).to(device)
     ldout[rep.to(device)] *= share_of(rank, P)
-    out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True)
+    out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True,
+                            ulysses_size=ulysses_size)
     grads = [g.double() for g in torch.autograd.grad((out * ldout).sum(), (lq, lk, lv))]
     for g in grads:  # share semantics: replicated tokens' gradients sum over the group
         if group is not None:
@@ -669,8 +670,9 @@ def test_single_process_cp_and_varlen_attention_on_cuda(dtype, atol):
 @pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs two or more CUDA devices")
 @pytest.mark.timeout(600)
 def test_nccl_ring_and_ulysses_parity_on_every_local_gpu(tmp_path):
-    """torchrun on all local GPUs (NCCL): ring and Ulysses, replicate and shard, every low dtype; the
-    CP error within 2x of the single-process error (see :func:`_torchrun_worker`)."""
+    """torchrun on all local GPUs (NCCL): ring, Ulysses and (an even GPU count) USP with U = 2,
+    replicate and shard, every low dtype; the CP error within 2x of the single-process error
+    (see :func:`_torchrun_worker`)."""
     n = torch.cuda.device_count()
     out = tmp_path / "nccl.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
@@ -679,7 +681,7 @@ def test_nccl_ring_and_ulysses_parity_on_every_local_gpu(tmp_path):
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert len(results) == (2 + 2 * 2 * 2) * len(LOW)
+    assert len(results) == (2 + 2 * 2 * 2 + (2 * 2 if n % 2 == 0 else 0)) * len(LOW)
     for case in results:
         for name, (mine, base) in case["errs"].items():
             assert mine <= 2 * base + case["atol"], (case["case"], name, mine, base)
@@ -698,12 +700,16 @@ def _torchrun_worker(path: str) -> None:
     cases = [(IDLE, strategy, "ring", "causal") for strategy in ("replicate", "shard")]  # first on the group
     cases += [(SAMPLES, strategy, backend, ia) for strategy in ("replicate", "shard")
               for backend in ("ring", "ulysses") for ia in ("causal", "bidirectional")]
+    if dist.get_world_size() % 2 == 0:  # USP: Ulysses in pairs of GPUs, ring across the pairs
+        cases += [(SAMPLES, strategy, "usp", ia) for strategy in ("replicate", "shard")
+                  for ia in ("causal", "bidirectional")]
     results = []
     for samples, strategy, backend, ia in cases:
+        usp = backend == "usp"
         for dtype, atol in LOW:
             args = (samples, strategy, backend, ia, 2, dtype, device)
-            cp = _cuda_parity(group, *args, heads=heads)
-            one = _cuda_parity(None, *args, heads=heads)
+            cp = _cuda_parity(group, *args, heads=heads, ulysses_size=2 if usp else None)
+            one = _cuda_parity(None, *args, heads=heads, ulysses_size=1 if usp else None)
             # the single-process error: dense attention in `dtype`, or the same kernels at P = 1
             # (they round each block's dK/dV to `dtype` before the float32 sum), whichever is larger
             errs = {name: (cp[name][0], max(cp[name][1], one[name][0])) for name in cp}

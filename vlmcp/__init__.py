@@ -18,7 +18,7 @@ The data flow, one entry point per step:
    embeddings on every rank.
 3. :func:`merge_embeddings` puts them into a rank's local row (:class:`VLM` is the
    reference model that does all of this).
-4. :func:`cp_attention`: exact attention over the whole row, ring or Ulysses;
+4. :func:`cp_attention`: exact attention over the whole row, ring, Ulysses or both (USP);
    :func:`reference_attention` is the dense single-process ground truth.
 5. :func:`cp_cross_entropy`: the rank's loss share, normalized over the CP group.
 6. :func:`reduce_gradients`: per-rank shares -> exact gradients (sum over CP, mean

@@ -54,6 +54,8 @@ class ParityCase:
     image_attention: str = "causal"
     sample_placement: str = "split"
     seed: int = 0
+    ulysses_size: int | None = None
+    """``attention="usp"`` only: the Ulysses group size U."""
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -64,7 +66,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _single_process(model: VLM, row: PackedRow, case: ParityCase):
     plan = row.plan(1, image_strategy=case.image_strategy)
-    return forward_backward(model, row, plan.for_rank(0), None, backend=case.attention,
+    backend = "ring" if case.attention == "usp" else case.attention  # one process: no Ulysses group
+    return forward_backward(model, row, plan.for_rank(0), None, backend=backend,
                             image_attention=case.image_attention)
 
 
@@ -98,7 +101,7 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
     place_vision(model.vision, mode=case.vision_mode, group=group)
     plan = row.plan(P, image_strategy=case.image_strategy, sample_placement=case.sample_placement)
     out = forward_backward(model, row, plan.for_rank(rank), group, backend=case.attention,
-                           image_attention=case.image_attention)
+                           image_attention=case.image_attention, ulysses_size=case.ulysses_size)
     reduce_gradients(model, group)
 
     truth_params = dict(truth.named_parameters())

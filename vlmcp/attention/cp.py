@@ -11,18 +11,22 @@ import torch.distributed as dist
 from vlmcp.attention.kernels import select_kernel
 from vlmcp.attention.ring import ring_attention
 from vlmcp.attention.ulysses import ulysses_attention
+from vlmcp.attention.usp import usp_attention
+from vlmcp.attention.usp_groups import UspGroups, cached_usp_groups, check_ulysses_size, usp_groups
 from vlmcp.layout.plan import RankShard
 from vlmcp.layout.work import ImageAttention
 
 __all__ = ["cp_attention"]
 
-Backend = Literal["ring", "ulysses"]
+Backend = Literal["ring", "ulysses", "usp"]
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check(q, k, v, shard, group, backend, image_attention, softmax_scale) -> float:
-    if backend not in ("ring", "ulysses"):
-        raise ValueError(f"backend must be 'ring' or 'ulysses', got {backend!r}")
+def _check(q, k, v, shard, group, backend, image_attention, softmax_scale, ulysses_size) -> float:
+    if backend not in ("ring", "ulysses", "usp"):
+        raise ValueError(f"backend must be 'ring', 'ulysses' or 'usp', got {backend!r}")
+    if ulysses_size is not None and backend != "usp":
+        raise ValueError(f"ulysses_size is for backend='usp' only, got backend={backend!r}")
     if image_attention not in ("causal", "bidirectional"):
         raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
     if not isinstance(shard, RankShard):
@@ -63,12 +67,33 @@ def _check(q, k, v, shard, group, backend, image_attention, softmax_scale) -> fl
     if backend == "ulysses" and heads % world:
         raise ValueError(f"ulysses needs heads divisible by the CP size: heads={heads}, P={world} "
                          f"(kv_heads={kv_heads} not divisible is fine: K/V heads are replicated)")
+    if backend == "usp":
+        if ulysses_size is None:
+            raise ValueError("backend='usp' needs ulysses_size (a divisor of the CP size; 1 = ring, "
+                             "P = Ulysses)")
+        check_ulysses_size(ulysses_size, world)
+        if heads % ulysses_size:
+            raise ValueError(f"usp needs heads divisible by ulysses_size: heads={heads}, "
+                             f"ulysses_size={ulysses_size} (P={world} need not divide them)")
     if softmax_scale is None:
         return q.shape[2] ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
             or not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
     return float(softmax_scale)
+
+
+def _usp_groups(group, ulysses_size: int) -> UspGroups:
+    if group is None:
+        return UspGroups(ulysses_size=1, ulysses=None, ring=None, ulysses_rank=0, ring_rank=0)
+    groups = cached_usp_groups(group, ulysses_size)
+    if groups is not None:
+        return groups
+    if dist.get_world_size(group) != dist.get_world_size():
+        # creating them now would wait for the processes of the other CP groups
+        raise ValueError(f"backend='usp' on a CP group smaller than the job: call "
+                         f"vlmcp.attention.usp_groups(cp_group, {ulysses_size}) on every process first")
+    return usp_groups(group, ulysses_size)
 
 
 def cp_attention(
@@ -83,6 +108,7 @@ def cp_attention(
     *,
     return_lse: bool = False,
     kernel: str | None = None,
+    ulysses_size: int | None = None,
 ):
     """Exact attention of this rank's tokens over the whole (packed) row.
 
@@ -99,14 +125,21 @@ def cp_attention(
         shard: this rank's :class:`~vlmcp.layout.RankShard`.
         group: the CP process group the plan was made for (explicit, never global), or
             None for a single process (``shard.cp_size == 1``; nothing is communicated).
-        backend: ``"ring"`` (P2P ring of K/V, see Note [vlmcp ring attention schedule])
-            or ``"ulysses"`` (all-to-all over heads; needs ``H % P == 0``).
+        backend: ``"ring"`` (P2P ring of K/V, see Note [vlmcp ring attention schedule]),
+            ``"ulysses"`` (all-to-all over heads; needs ``H % P == 0``) or ``"usp"``
+            (Ulysses inside groups of ``ulysses_size`` ranks, ring across them; needs
+            ``H % ulysses_size == 0``; Note [vlmcp USP: Ulysses groups are the virtual
+            ranks of a ring] in :mod:`vlmcp.attention.usp`).
         image_attention: ``"causal"`` (LLaVA, Qwen2-VL) or ``"bidirectional"`` (prefix-LM).
         softmax_scale: default ``D ** -0.5``.
         return_lse: also return the log-sum-exp ``(N, H)`` (float32; float64 for float64
             inputs; ``-inf`` at padding). Not differentiable.
         kernel: force a local kernel by name (``"math"``, ``"flash_cpu"``, ``"sdpa"``,
             ``"flash_attn"``); default picks from the device.
+        ulysses_size: ``"usp"`` only: U, a divisor of P. Its subgroups come from
+            :func:`~vlmcp.attention.usp_groups.usp_groups`, which every process of the
+            job must call first, unless the CP group is the whole job (then the first
+            call creates them on every rank).
 
     Returns:
         ``out (N, H, D)`` in q's dtype, or ``(out, lse)`` with ``return_lse``.
@@ -114,9 +147,12 @@ def cp_attention(
     Raises:
         ValueError, TypeError: bad input, raised before any communication.
     """
-    scale = _check(q, k, v, shard, group, backend, image_attention, softmax_scale)
+    scale = _check(q, k, v, shard, group, backend, image_attention, softmax_scale, ulysses_size)
+    groups = _usp_groups(group, ulysses_size) if backend == "usp" else None
     kern = select_kernel(q.device, q.dtype, kernel)
-    if backend == "ring":
+    if backend == "usp":
+        out, lse = usp_attention(q, k, v, shard, groups, image_attention, scale, kern, need_lse=return_lse)
+    elif backend == "ring":
         out, lse = ring_attention(q, k, v, shard, group, image_attention, scale, kern)
     else:
         out, lse = ulysses_attention(q, k, v, shard, group, image_attention, scale, kern,

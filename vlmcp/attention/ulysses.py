@@ -212,8 +212,8 @@ def _heads_to_seq(xs, counts, rank, group):
     send = torch.cat([x.reshape(x.shape[0], x.shape[1] * x.shape[2]) for x in xs], dim=1)  # rank order
     recv = send.new_empty(P * T, sum(widths))
     dist.all_to_all_single(recv, send, [T] * P, list(counts), group=group)
-    recv = recv.view(P, T, -1)
-    return [part.reshape(P, T, x.shape[1], x.shape[2]).transpose(0, 1).reshape(T, P * x.shape[1], -1)
+    recv = recv.view(P, T, sum(widths))  # not -1: T may be 0
+    return [part.reshape(P, T, x.shape[1], x.shape[2]).transpose(0, 1).reshape(T, P * x.shape[1], x.shape[2])
             for part, x in zip(recv.split(widths, dim=2), xs, strict=True)]
 
 

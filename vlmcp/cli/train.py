@@ -29,7 +29,8 @@ from vlmcp.train.config import (
     VisionMode,
 )
 
-_FIELDS = ("cp", "dp", "vision_mode", "attention", "image_attention", "image_strategy", "sample_placement",
+_FIELDS = ("cp", "dp", "vision_mode", "attention", "ulysses_size", "image_attention", "image_strategy",
+           "sample_placement",
            "flops_per_byte", "steps",
            "seq_len", "dtype", "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
            "checkpoint_every", "resume", "metrics_jsonl", "timeout")
@@ -45,6 +46,9 @@ def add_parser(sub) -> None:
                    help="how the CP group computes the image embeddings")
     p.add_argument("--attention", default=d.attention, choices=get_args(AttentionBackend),
                    help="CP attention backend")
+    p.add_argument("--ulysses-size", type=int, default=None, metavar="U",
+                   help="--attention usp: ranks per Ulysses group, a divisor of --cp and --heads "
+                        "(default gcd(--kv-heads, --cp)); ring across the groups")
     p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention),
                    help="image tokens see each other causally or both ways")
     p.add_argument("--image-strategy", default=d.image_strategy, choices=get_args(ImageStrategyChoice),

@@ -22,7 +22,8 @@ from vlmcp.train.hf_config import HFTrainConfig
 __all__ = ["add_hf_arguments", "check_reference_args", "run_hf"]
 
 # flags of the built-in reference VLM that mean nothing for a model directory
-_REFERENCE_ONLY = ("hidden", "layers", "heads", "kv_heads", "image_attention", "flops_per_byte")
+_REFERENCE_ONLY = ("hidden", "layers", "heads", "kv_heads", "image_attention", "flops_per_byte",
+                   "ulysses_size")
 
 
 def add_hf_arguments(p: argparse.ArgumentParser) -> None:

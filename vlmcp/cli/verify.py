@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import get_args
 
@@ -23,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--cp", type=int, default=2, help="CP group size P (default 2)")
     p.add_argument("--vision-mode", default="replicate", choices=get_args(VisionMode))
     p.add_argument("--attention", default="ring", choices=get_args(AttentionBackend))
+    p.add_argument("--ulysses-size", type=int, default=None, metavar="U",
+                   help="--attention usp: ranks per Ulysses group, a divisor of --cp and of the model's "
+                        "heads (default gcd(kv_heads, --cp))")
     p.add_argument("--dtype", default="float64", choices=get_args(DType))
     p.add_argument("--image-strategy", default="replicate", choices=(*get_args(ImageStrategy), "auto"),
                    help="image layout (auto: the default cost model picks)")
@@ -46,9 +50,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--cp must be >= 1, got {args.cp}")
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+    if args.ulysses_size is not None and args.attention != "usp":
+        raise ValueError(f"--ulysses-size needs --attention usp, got --attention {args.attention}")
     if args.model is not None:
         return _run_hf(args)
     llm = verify_model_config().llm
+    ulysses_size = None
+    if args.attention == "usp":
+        ulysses_size = math.gcd(llm.kv_heads, args.cp) if args.ulysses_size is None else args.ulysses_size
+        if ulysses_size < 1 or args.cp % ulysses_size or llm.heads % ulysses_size:
+            raise ValueError(f"--ulysses-size must divide --cp {args.cp} and the verification model's "
+                             f"{llm.heads} heads, got {ulysses_size}")
     if args.attention == "ulysses" and llm.heads % args.cp:
         raise ValueError(f"--attention ulysses needs the verification model's {llm.heads} heads "
                          f"divisible by --cp {args.cp}")
@@ -58,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     case = ParityCase(vision_mode=args.vision_mode, attention=args.attention, dtype=args.dtype,
                       image_strategy=args.image_strategy, image_attention=args.image_attention,
                       sample_placement=args.sample_placement,
-                      seed=args.seed)
+                      seed=args.seed, ulysses_size=ulysses_size)
     try:
         result = spawn_ranks(parity_case, args.cp, case, timeout=args.timeout)[0]
     except RankFailure as err:
@@ -69,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         tol = result["tolerance"]
         tol = f"{tol:.0e}" if isinstance(tol, float) else tol
-        print(f"vlmcp verify: P={result['cp']} vision_mode={case.vision_mode} attention={case.attention} "
+        usp = f" ulysses_size={ulysses_size}" if ulysses_size is not None else ""
+        print(f"vlmcp verify: P={result['cp']} vision_mode={case.vision_mode} "
+              f"attention={case.attention}{usp} "
               f"dtype={case.dtype}: loss {result['loss']:.6f} (abs error {result['loss_abs_error']:.2e}), "
               f"max relative gradient error {result['max_rel_grad_error']:.2e} over "
               f"{result['params_checked']} parameters (tolerance: {tol}), "
@@ -84,6 +98,8 @@ def _run_hf(args: argparse.Namespace) -> int:
 
     if args.dtype not in ("float64", "float32"):
         raise ValueError(f"--model checks float64 or float32, got --dtype {args.dtype}")
+    if args.attention == "usp":
+        raise ValueError("--attention usp is for the reference VLM; --model takes ring or ulysses")
     if args.image_strategy != "replicate" or args.image_attention != "causal":
         raise ValueError("--model keeps every image token on every rank (--image-strategy replicate) and "
                          "the model's own causal attention (--image-attention causal)")

@@ -6,6 +6,7 @@ flag is a one-line error before any process spawns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -39,6 +40,9 @@ class TrainConfig:
     """How the CP group computes the complete image embeddings (Note [vlmcp vision placement modes])."""
     attention: AttentionBackend = "ring"
     """CP attention backend."""
+    ulysses_size: int | None = None
+    """``attention="usp"`` only: ranks per Ulysses group U (a divisor of ``cp`` and of
+    ``heads``); None: ``gcd(kv_heads, cp)``, ms-swift's choice (no K/V head repeated)."""
     image_attention: ImageAttention = "causal"
     """Whether image tokens of one image see each other in both directions."""
     image_strategy: ImageStrategyChoice = "replicate"
@@ -122,6 +126,13 @@ class TrainConfig:
             # kv_heads need not divide: Ulysses replicates K/V heads then
             raise ValueError(
                 f"--attention ulysses needs --heads ({self.heads}) divisible by --cp ({self.cp})")
+        if self.ulysses_size is not None:
+            if self.attention != "usp":
+                raise ValueError(f"--ulysses-size needs --attention usp, got --attention {self.attention}")
+            U = self.ulysses_size
+            if isinstance(U, bool) or not isinstance(U, int) or U < 1 or self.cp % U or self.heads % U:
+                raise ValueError(f"--ulysses-size must divide --cp ({self.cp}) and --heads ({self.heads}), "
+                                 f"got {U!r}")
         if self.vision_mode == "hidden_shard" and self.hidden % self.cp:
             raise ValueError(f"--vision-mode hidden_shard needs --hidden ({self.hidden}) divisible by "
                              f"--cp ({self.cp})")
@@ -133,6 +144,13 @@ class TrainConfig:
     def loss_curve_png(self) -> Path | None:
         """The loss-curve picture beside :attr:`metrics_jsonl` (its suffix replaced by ``.png``)."""
         return None if self.metrics_jsonl is None else Path(self.metrics_jsonl).with_suffix(".png")
+
+    @property
+    def usp_size(self) -> int | None:
+        """The Ulysses group size in effect under ``attention="usp"`` (None for other backends)."""
+        if self.attention != "usp":
+            return None
+        return self.ulysses_size if self.ulysses_size is not None else math.gcd(self.kv_heads, self.cp)
 
     @property
     def world_size(self) -> int:

@@ -74,6 +74,9 @@ class HFTrainConfig:
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")
+        if self.attention == "usp":
+            raise ValueError("--attention usp is for the reference VLM; a Hugging Face model takes ring "
+                             "or ulysses")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.checkpoint_every < 0:

@@ -19,6 +19,7 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
+from vlmcp.attention import usp_groups
 from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import CostModel
@@ -163,6 +164,8 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
     cp_group, dp_group = dp_cp_groups(group, cfg.cp)
+    if cfg.usp_size is not None:
+        usp_groups(cp_group, cfg.usp_size)  # every rank, here: new_group is collective over the job
     rank, cp_rank, dp_rank = dist.get_rank(group), dist.get_rank(cp_group), dist.get_rank(dp_group)
     dtype = TORCH_DTYPES[cfg.dtype]
 
@@ -193,7 +196,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
             group_["lr"] = lr_at(cfg, step)
         optimizer.zero_grad(set_to_none=True)
         out = forward_backward(model, row, plan.for_rank(cp_rank), cp_group, backend=cfg.attention,
-                               image_attention=cfg.image_attention)
+                               image_attention=cfg.image_attention, ulysses_size=cfg.usp_size)
         reduce_gradients(model, cp_group, dp_group)
         norms = grad_norms(parts, cp_group)
         optimizer.step()

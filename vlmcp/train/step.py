@@ -7,17 +7,19 @@ row, then sharded (PITFALLS: a chunk's last label lives on another rank).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
+from vlmcp.attention import cp_attention
 from vlmcp.data import PackedRow
 from vlmcp.layout import RankShard, position_ids
 from vlmcp.loss import CPLoss, cp_cross_entropy
 from vlmcp.models import VLM
 
-__all__ = ["LocalInputs", "forward_backward", "local_inputs"]
+__all__ = ["LocalInputs", "UspAttention", "forward_backward", "local_inputs"]
 
 
 class LocalInputs(NamedTuple):
@@ -37,6 +39,18 @@ def local_inputs(row: PackedRow, shard: RankShard) -> LocalInputs:
     return LocalInputs(shard.shard(row.input_ids), shard.shard_labels(row.labels), shard.shard(pos))
 
 
+@dataclass(frozen=True)
+class UspAttention:
+    """``cp_attention(..., backend="usp", ulysses_size=U)`` as the model's attention callable
+    ``(q, k, v, shard, group, image_attention) -> out`` (see :class:`vlmcp.models.llm.DecoderLLM`)."""
+
+    ulysses_size: int
+    """U, the Ulysses group size."""
+
+    def __call__(self, q, k, v, shard, group, image_attention):
+        return cp_attention(q, k, v, shard, group, "usp", image_attention, ulysses_size=self.ulysses_size)
+
+
 def forward_backward(
     model: VLM,
     row: PackedRow,
@@ -46,6 +60,7 @@ def forward_backward(
     backend: str = "ring",
     image_attention: str = "causal",
     loss_scale: float = 1.0,
+    ulysses_size: int | None = None,
 ) -> CPLoss:
     """Forward and backward of this rank's share of ``row``'s loss.
 
@@ -58,17 +73,19 @@ def forward_backward(
         row: the packed row (the same on every rank of the CP group).
         shard: this rank's part of the plan of ``row``.
         group: the CP group, or None for a single process.
-        backend: attention backend.
+        backend: attention backend (``"ring"``, ``"ulysses"``, ``"usp"``).
         image_attention: ``"causal"`` or ``"bidirectional"``.
         loss_scale: multiplies the loss before backward (the CP size under the torch
             DDP convention).
+        ulysses_size: ``backend="usp"`` only: the Ulysses group size U.
 
     Returns:
         :class:`CPLoss`; ``.mean`` is the row's mean token loss, the same on every rank.
     """
     inputs = local_inputs(row, shard)
+    attention = UspAttention(ulysses_size) if backend == "usp" else backend
     logits = model(inputs.input_ids, inputs.position_ids, row.images, shard, group,
-                   backend=backend, image_attention=image_attention)
+                   backend=attention, image_attention=image_attention)
     out = cp_cross_entropy(logits, inputs.labels, group)
     (out.loss * loss_scale).backward()
     return out
