@@ -10,7 +10,10 @@ import vlmcp
 def test_design_contract_names():
     assert list(inspect.signature(vlmcp.plan_cp).parameters)[:4] == [
         "is_image", "cp_size", "cu_seqlens", "image_strategy"]
-    assert inspect.signature(vlmcp.plan_cp).parameters["image_strategy"].default == "replicate"
+    plan_params = inspect.signature(vlmcp.plan_cp).parameters
+    assert plan_params["image_strategy"].default == "replicate"
+    # beyond the contract: image identity (issue 9) and whole-sample placement (issue 12)
+    assert plan_params["image_ids"].default is None and plan_params["sample_placement"].default == "split"
     params = inspect.signature(vlmcp.cp_attention).parameters
     assert list(params)[:6] == ["q", "k", "v", "shard", "group", "backend"]
     assert params["backend"].default == "ring"
