@@ -13,7 +13,8 @@ all-to-all::
                |                                                     -> attention (travelling q,
                |  out (T_r, H, D) <-- inverse all-to-all <-----------/   and images after text)
                |  out of images after text (I_t, H, D) <-- all-gather over heads
-               `-- images of a sample's leading image run: q (all heads) x their K/V (local)
+               `-- images of a sample's leading image run, and whole samples (sample_placement):
+                   q (all heads) x their K/V (local, no communication)
 
 Image queries. An image at the start of its sample (before any text) sees only
 image keys, which every rank holds whole: each rank computes it for all heads
