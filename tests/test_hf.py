@@ -51,7 +51,9 @@ P2_WHOLE_CASES = (
     + [_case("qwen2_vl", "ulysses", "scatter", dtype="float32", rows="mixed", placement="auto")]
 )
 P3_CASES = [_case(a, b, m) for a in TINY_ARCHS for b in BACKENDS for m in MODES] + [
-    _case("qwen2_5_vl", "ulysses", "broadcast", gc=True)]
+    _case("qwen2_5_vl", "ulysses", "broadcast", gc=True),
+    _case("qwen2_vl", "ulysses", "hidden_shard", rows="mixed", placement="auto"),  # whole [0, 2, 2, 1, -1]
+    _case("llava", "ring", "scatter", rows="mixed", placement="whole")]  # whole [1, 1, 2, 2, 0]
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,7 @@ def test_shard_inputs_sample_placement_errors():
 def test_parity_p3_every_arch_backend_mode(p3):
     assert len(p3) == len(P3_CASES)
     assert not _failures(p3), "\n".join(_failures(p3))
+    assert [r["whole"] for r in p3[-2:]] == [[0, 2, 2, 1, -1], [1, 1, 2, 2, 0]]
 
 
 def test_tolerances_are_the_issues(p2):
