@@ -35,7 +35,15 @@ from vlmcp.train.loop import dp_cp_groups
 PROMPT_FIRST = ((5, (1, 4, 4), 9),)
 TWO_IMAGES = ((3, (1, 4, 8), 4, (1, 4, 4), 7),)
 PACKED = ((5, (1, 4, 4), 9), (12,), (3, (1, 4, 8), 4, (1, 4, 4), 7))
-ROWS = {"prompt_first": PROMPT_FIRST, "two_images": TWO_IMAGES, "packed": PACKED}
+# Whole-sample placement: four short samples (three with an image, one text-only) and one
+# longer sample with an image. At P=2 "whole" puts the long one on rank 0 and the short
+# ones on rank 1; "auto" keeps the long one split (its image on both ranks) and places
+# the short ones whole, two per rank. LONE_IMAGE under "whole" leaves rank 1 no image
+# token at all: it must still join every vision collective and its dual.
+MIXED = ((3, (1, 4, 4), 5), (4, (1, 4, 4), 3), (6,), (2, (1, 4, 4), 6), (40, (1, 4, 4), 80))
+LONE_IMAGE = ((3, (1, 4, 4), 5), (12,))
+ROWS = {"prompt_first": PROMPT_FIRST, "two_images": TWO_IMAGES, "packed": PACKED, "mixed": MIXED,
+        "lone_image": LONE_IMAGE}
 
 
 def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:

@@ -23,13 +23,15 @@ MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
 BACKENDS = ("ring", "ulysses")
 
 
-def _case(arch, attention="ring", mode="replicate", dtype="float64", rows="packed", gc=False):
+def _case(arch, attention="ring", mode="replicate", dtype="float64", rows="packed", gc=False,
+          placement="split"):
     return HFParityCase(model=f"hf:{arch}", attention=attention, vision_mode=mode, dtype=dtype,
-                        gradient_checkpointing=gc, samples=hf_cases.ROWS[rows])
+                        gradient_checkpointing=gc, samples=hf_cases.ROWS[rows], sample_placement=placement)
 
 
 def _failures(results: list[dict]) -> list[str]:
     return [f"{r['model']} {r['attention']} {r['vision_mode']} {r['dtype']} gc={r['gradient_checkpointing']} "
+            f"placement={r['sample_placement']} "
             f"samples={r['samples']}: loss {r['loss_rel_error']:.1e}, grad {r['max_rel_grad_error']:.1e} "
             f"({r['worst_param']})" for r in results if not r["passed"]]
 
@@ -41,13 +43,22 @@ P2_CASES = (
     + [_case(a, "ring", "replicate", dtype="float32") for a in TINY_ARCHS]
     + [_case(a, "ring", m, gc=True) for a in TINY_ARCHS for m in ("replicate", "hidden_shard")]
 )
+WHOLE_ARCHS = ("qwen2_vl", "llava")
+P2_WHOLE_CASES = (
+    [_case(a, b, m, rows="mixed", placement=p) for a in WHOLE_ARCHS for b in BACKENDS for m in MODES
+     for p in ("whole", "auto")]
+    + [_case(a, "ring", m, rows="lone_image", placement="whole") for a in WHOLE_ARCHS for m in MODES]
+    + [_case("qwen2_vl", "ulysses", "scatter", dtype="float32", rows="mixed", placement="auto")]
+)
 P3_CASES = [_case(a, b, m) for a in TINY_ARCHS for b in BACKENDS for m in MODES] + [
-    _case("qwen2_5_vl", "ulysses", "broadcast", gc=True)]
+    _case("qwen2_5_vl", "ulysses", "broadcast", gc=True),
+    _case("qwen2_vl", "ulysses", "hidden_shard", rows="mixed", placement="auto"),  # whole [0, 2, 2, 1, -1]
+    _case("llava", "ring", "scatter", rows="mixed", placement="whole")]  # whole [1, 1, 2, 2, 0]
 
 
 @pytest.fixture(scope="module")
 def p2():
-    return run_on_ranks(hf_cases.suite, 2, P2_CASES, timeout=240)[0]
+    return run_on_ranks(hf_cases.suite, 2, P2_CASES + P2_WHOLE_CASES, timeout=240)[0]
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +67,48 @@ def p3():
 
 
 def test_parity_p2_every_arch_backend_mode_dtype_row_and_checkpointing(p2):
-    results = p2["parity"]
-    assert len(results) == len(P2_CASES)
+    results = p2["parity"][:len(P2_CASES)]
+    assert len(p2["parity"]) == len(P2_CASES) + len(P2_WHOLE_CASES)
     assert not _failures(results), "\n".join(_failures(results))
     for r in results:  # the vision tower was trained, not skipped
         assert r["vision_params_with_grad"] > 0, r
 
 
+def test_parity_p2_whole_and_auto_sample_placement(p2):
+    results = p2["parity"][len(P2_CASES):]
+    assert [r["sample_placement"] for r in results] == [c.sample_placement for c in P2_WHOLE_CASES]
+    assert not _failures(results), "\n".join(_failures(results))
+    for r in results:
+        assert r["vision_params_with_grad"] > 0, r
+        if r["samples"] == [list(s) for s in hf_cases.LONE_IMAGE]:
+            # rank 1 holds no image token, yet joined every collective and its dual
+            assert r["whole"] == [0, 1] and r["image_tokens_per_rank"][1] == 0, r
+        elif r["sample_placement"] == "whole":  # the long sample on rank 0, the short ones on rank 1
+            assert r["whole"] == [1, 1, 1, 1, 0], r
+        else:  # auto: the long sample (and its image) split, the short ones whole, two per rank
+            assert r["whole"] == [0, 0, 1, 1, -1], r
+    worst = max(r["max_rel_grad_error"] for r in results if r["dtype"] == "float64")
+    assert worst <= 1e-9
+
+
+def test_shard_inputs_sample_placement_errors():
+    model = tiny_model("qwen2_vl", torch.float32)
+    vlmcp.hf.parallelize(model, None)
+    inputs, labels, cu = synthetic_row(model, hf_cases.MIXED)
+    with pytest.raises(ValueError, match="sample_placement must be one of"):
+        vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu, sample_placement="all")
+    other = tiny_model("llava", torch.float32)
+    other.config.model_type = "my_vlm"  # no adapter: HF's own get_image_features, all images everywhere
+    vlmcp.hf.parallelize(other, None)
+    one, one_labels, _ = synthetic_row(other, hf_cases.PROMPT_FIRST)
+    with pytest.raises(ValueError, match="needs a vlmcp adapter"):
+        vlmcp.hf.shard_inputs(other, one, None, labels=one_labels, sample_placement="whole")
+
+
 def test_parity_p3_every_arch_backend_mode(p3):
     assert len(p3) == len(P3_CASES)
     assert not _failures(p3), "\n".join(_failures(p3))
+    assert [r["whole"] for r in p3[-2:]] == [[0, 2, 2, 1, -1], [1, 1, 2, 2, 0]]
 
 
 def test_tolerances_are_the_issues(p2):
@@ -152,9 +195,10 @@ def test_cli_verify_model_dir(tmp_path, capsys):
 
     tiny_model("qwen2_vl", torch.float64).save_pretrained(tmp_path / "m")
     assert main(["verify", "--model", str(tmp_path / "m"), "--cp", "2", "--vision-mode", "broadcast",
-                 "--json"]) == 0
+                 "--sample-placement", "whole", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["passed"] and result["max_rel_grad_error"] <= 1e-9 and result["cp"] == 2
+    assert result["sample_placement"] == "whole" and min(result["whole"]) >= 0
 
 
 def test_cli_verify_model_errors(capsys):

@@ -125,7 +125,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
     case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
-                        dtype=args.dtype, seed=args.seed)
+                        dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement)
     try:
         result = spawn_ranks(hf_parity, args.cp, case, timeout=args.timeout)[0]
     except RankFailure as err:
@@ -135,7 +135,8 @@ def _run_hf(args: argparse.Namespace) -> int:
         print(json.dumps(result, sort_keys=True))
     else:
         print(f"vlmcp verify: {args.model} P={result['cp']} vision_mode={case.vision_mode} "
-              f"attention={case.attention} dtype={case.dtype}: loss {result['loss']:.6f} (relative error "
+              f"attention={case.attention} dtype={case.dtype} sample_placement={case.sample_placement} "
+              f"(whole: {result['whole']}): loss {result['loss']:.6f} (relative error "
               f"{result['loss_rel_error']:.2e}), max relative gradient error "
               f"{result['max_rel_grad_error']:.2e} "
               f"over {result['params_checked']} parameters, worst {result['worst_param']} (tolerance "

@@ -10,9 +10,12 @@ sharded (PITFALLS, Hugging Face section):
 * positions: the model's own rope index (Qwen M-RoPE ``get_rope_index``) per sample, as
   if the sample ran alone, then sharded; padding gets position 0, never -1 (HF's
   packed-sequence detection uses ``min()``; vlmcp's attention ignores it anyway);
-* image tokens stay whole on every rank (``image_strategy="replicate"``), so the local
-  ``input_ids`` hold every image placeholder and HF's merge fills them with all images'
-  features in order; padding slots get the pad token, never the image token.
+* image tokens stay whole (``image_strategy="replicate"``): a split sample's on every
+  rank, a whole sample's (``sample_placement="whole"``/``"auto"``) on its owner only.
+  The local ``input_ids`` hold the placeholders of exactly those images, and the vision
+  wrapper hands HF's merge their features in order (Note [vlmcp HF vision placement]);
+  padding slots get the pad token, never the image token. A whole sample's slots are
+  not replicated, so its targets stay on its owner and count once.
 
 No ``attention_mask`` is passed: the plan is the mask. Every check runs on metadata
 every rank holds, before any collective.
@@ -21,7 +24,7 @@ every rank holds, before any collective.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
@@ -30,6 +33,7 @@ from torch import nn
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
+from vlmcp.layout.placement import SamplePlacement
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = ["HFBatch", "shard_inputs", "shift_hf_labels"]
@@ -115,6 +119,7 @@ def shard_inputs(
     cp_group: dist.ProcessGroup | None,
     labels: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    sample_placement: SamplePlacement = "split",
 ) -> HFBatch:
     """This rank's inputs, targets and shard for one (packed) processor row.
 
@@ -129,14 +134,20 @@ def shard_inputs(
             ``input_ids`` with image tokens at -100.
         cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample. Samples
             are independent (no attention across them, positions restart).
+        sample_placement: ``"split"`` (every sample zigzagged over the group), ``"whole"``
+            (each sample on one rank, balanced by cost) or ``"auto"`` (short samples
+            whole, long ones split, chosen per row by the default cost model); see Note
+            [vlmcp whole-sample placement]. Every vision mode works with each: all ranks
+            still compute (or gather) all images' features, and each merges its own.
 
     Returns:
         :class:`HFBatch` with ``model_inputs``, ``labels`` and ``shard``.
 
     Raises:
         ValueError: bad shapes, labels not matching ``input_ids``, ``cu_seqlens`` not
-            covering the row, image tokens not matching the images, videos, or a group
-            other than the model's (all before any communication).
+            covering the row, image tokens not matching the images, videos, a group
+            other than the model's, or whole placement of a row with images on a model
+            without a vlmcp adapter (all before any communication).
     """
     state = parallel_state(model)
     if cp_group is not state.group:
@@ -183,9 +194,16 @@ def shard_inputs(
             "hidden_shard under FSDP: the projector slice differs per CP rank and must stay out of FSDP; "
             "pass fully_shard(..., ignored_params={p for n, p in model.named_parameters() if n in "
             "vlmcp.ddp_ignored_params(model)}) and call vlmcp.finish_ddp_gradients after backward")
+    placements = get_args(SamplePlacement)
+    if sample_placement not in placements:
+        raise ValueError(f"sample_placement must be one of {placements}, got {sample_placement!r}")
+    if sample_placement != "split" and has_pixels and not adapter.vision_modules:
+        raise ValueError(f"sample_placement={sample_placement!r} with images needs a vlmcp adapter (the "
+                         "vision wrapper gives each rank its own images' features); this model has none: "
+                         "use sample_placement='split' or register one (vlmcp.hf.register_adapter)")
     cp_size = state.cp_size
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
-    plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate")
+    plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate", sample_placement=sample_placement)
     shard = plan.for_rank(rank)
 
     ids_cpu = ids.cpu()

@@ -88,15 +88,21 @@ def reference_step(model: nn.Module, inputs: dict, labels: torch.Tensor,
 
 
 def cp_step(model: nn.Module, inputs: dict, labels: torch.Tensor, cu_seqlens: torch.Tensor | None,
-            group: dist.ProcessGroup | None, loss_scale: float = 1.0, reduce: bool = True) -> torch.Tensor:
+            group: dist.ProcessGroup | None, loss_scale: float = 1.0, reduce: bool = True,
+            sample_placement: str = "split") -> torch.Tensor:
     """One CP forward + backward (+ ``reduce_gradients``); returns the group's mean loss."""
-    batch = shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu_seqlens)
+    return _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale, reduce, sample_placement)[0]
+
+
+def _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale=1.0, reduce=True, sample_placement="split"):
+    batch = shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu_seqlens,
+                         sample_placement=sample_placement)
     out = model(**batch.model_inputs)
     loss, mean = vlmcp.cp_cross_entropy(out.logits[0], batch.labels, group)
     (loss * loss_scale).backward()
     if reduce:
         vlmcp.reduce_gradients(model, group)
-    return mean
+    return mean, batch
 
 
 def _full(g: torch.Tensor) -> torch.Tensor:
@@ -139,6 +145,8 @@ class HFParityCase:
     samples: tuple = field(default=DEFAULT_SAMPLES)
     markers: bool = True
     """Qwen-VL: wrap images in vision start/end tokens (text before every image)."""
+    sample_placement: str = "split"
+    """``shard_inputs``' ``sample_placement``: ``"split"``, ``"whole"`` or ``"auto"``."""
 
 
 def _rms_norm_in_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -250,7 +258,7 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
         model.gradient_checkpointing_enable()
     parallelize(model, group, attention=case.attention, vision_mode=case.vision_mode)
     with float64_exact(DTYPES[case.dtype]):
-        loss = cp_step(model, inputs, labels, cu, group)
+        loss, batch = _cp_step(model, inputs, labels, cu, group, sample_placement=case.sample_placement)
     err, worst = compare_gradients(model, ref, group)
     ref_loss = float(reference.loss)
     loss_err = abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-300)
@@ -259,7 +267,9 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
     return {**asdict(case), "samples": [list(s) for s in case.samples],
             "cp": 1 if group is None else dist.get_world_size(group), "loss": float(loss),
             "ref_loss": ref_loss, "loss_rel_error": loss_err, "max_rel_grad_error": err,
-            "worst_param": worst, "params_checked": sum(1 for _ in model.parameters()),
+            "worst_param": worst, "whole": batch.shard.plan.whole.tolist(),
+            "image_tokens_per_rank": [int(s.is_image.sum()) for s in batch.shard.plan.shards()],
+            "params_checked": sum(1 for _ in model.parameters()),
             "vision_params_with_grad": sum(p.grad is not None for p in vision),
             "tolerance": tol, "passed": bool(err <= tol and loss_err <= tol)}
 

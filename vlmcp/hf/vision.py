@@ -23,6 +23,19 @@ carry the same rules as under :func:`vlmcp.place_vision` (Note [vlmcp gradient r
 recorded per vision module so :func:`vlmcp.reduce_gradients` re-applies them. Every
 decision reads metadata the CP group shares (image count and grids).
 
+Whole samples (``shard_inputs(..., sample_placement="whole"|"auto")``, Note [vlmcp
+whole-sample placement]): a rank's ``input_ids`` then hold only the placeholders of its
+own samples' images (and of the split samples' replicated ones), so after the mode has
+given every rank all images' features, :func:`_local_features` keeps the rows of the
+image tokens this rank holds, in row order (an ``index_select``). Every rank still runs
+the mode's collectives on all images, so they match across ranks; the selection's
+backward scatters the local rows' gradient into zeros of the full features, so a rank
+holding no image token still joins every dual (with a zero gradient)::
+
+    features (all images, every rank) ──index_select(local image slots)──> HF's merge
+    whole:  rank 0 [ a a a a | d d ]  takes the rows of a's and d's images
+            rank 1 [ b b | c c c ]    takes b's and c's
+
 Text-only rows: HF skips the ViT when there is no ``pixel_values``. Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
@@ -133,7 +146,31 @@ def _placed_image_features(self: nn.Module, *args, **kwargs):
         emb = run(pixels)
         if world > 1:
             emb = all_gather(emb, group, dim=1)
+    if ctx is not None and ctx.shard.plan.sample_placement != "split":
+        return BaseModelOutputWithPooling(pooler_output=_local_features(emb, tokens, ctx.shard))
     return BaseModelOutputWithPooling(pooler_output=tuple(emb.split(tokens, 0)))
+
+
+def _local_features(emb: torch.Tensor, tokens: list[int], shard) -> tuple[torch.Tensor, ...]:
+    """The feature rows of the image tokens ``shard`` holds, in local (= row) order, per image.
+
+    Row i of ``emb`` fills the row's i-th image token (HF's merge order), so the local
+    image slots' ranks among the row's image tokens index it. Differentiable; at least
+    one (possibly empty) tensor, so HF's ``torch.cat`` never gets an empty tuple.
+    """
+    plan = shard.plan
+    order = torch.cumsum(plan.is_image.long(), 0) - 1  # each image token's row in emb
+    rows = order[shard.positions[shard.is_image]]
+    ends = torch.cumsum(torch.as_tensor(tokens, dtype=torch.long), 0)
+    image = torch.bucketize(rows, ends, right=True)
+    counts = torch.bincount(image, minlength=len(tokens))
+    held = counts > 0
+    if not bool((counts[held] == torch.as_tensor(tokens, dtype=torch.long)[held]).all()):
+        raise RuntimeError("vlmcp: a rank holds part of an image's tokens; whole-sample placement keeps "
+                           "every image whole on the ranks that hold it")
+    local = emb.index_select(0, rows.to(emb.device))
+    split = counts[held].tolist()
+    return tuple(local.split(split, 0)) if split else (local,)
 
 
 def _projector_last(base: nn.Module, pl: HFVisionPlacement) -> nn.Module:
