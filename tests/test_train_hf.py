@@ -127,7 +127,8 @@ def test_llava_cp2_learns_and_saves_what_it_trained(llava_run):
 
 @needs_hf_cp
 @pytest.mark.parametrize("arch, options", [
-    ("qwen2_vl", dict(vision_mode="hidden_shard")),  # the saved projector is gathered from its slices
+    # the saved projector is gathered from its slices; every conversation whole on one rank
+    ("qwen2_vl", dict(vision_mode="hidden_shard", sample_placement="whole")),
     ("qwen2_5_vl", dict(attention="ulysses", vision_mode="allreduce_hook", activation_checkpointing=True)),
 ])
 def test_qwen_cp2_learns_and_saves_what_it_trained(models, data, tmp_path, arch, options):

@@ -70,7 +70,8 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
             raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
     if args.image_strategy != "replicate":
         raise ValueError("--model keeps images whole on every rank: --image-strategy must be replicate")
-    fields = ("cp", "dp", "vision_mode", "attention", "steps", "seq_len", "dtype", "seed", "lr", "fsdp",
+    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "steps", "seq_len", "dtype", "seed",
+              "lr", "fsdp",
               "activation_checkpointing", "checkpoint_dir", "checkpoint_every", "resume", "metrics_jsonl",
               "timeout", "image_root", "strict", "nan_at_step")
     return HFTrainConfig(model=str(args.model), data=str(args.data), output_dir=str(args.output_dir),

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import get_args
 
-from vlmcp.train.config import AttentionBackend, DType, VisionMode
+from vlmcp.train.config import AttentionBackend, DType, SamplePlacement, VisionMode
 
 __all__ = ["HFTrainConfig"]
 
@@ -38,6 +38,9 @@ class HFTrainConfig:
     """How the CP group computes the image features (``vlmcp.hf.parallelize``)."""
     attention: AttentionBackend = "ring"
     """CP attention backend of the language model."""
+    sample_placement: SamplePlacement = "split"
+    """Split every conversation over the CP group, place each whole on one rank, or ``auto``
+    (short ones whole, long ones split, by the cost model): ``vlmcp.hf.shard_inputs``."""
     steps: int = 100
     """Total optimizer steps (a resumed run with the same value finishes it)."""
     seq_len: int = 2048
@@ -70,7 +73,8 @@ class HFTrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend), ("dtype", DType)):
+        for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend), ("dtype", DType),
+                              ("sample_placement", SamplePlacement)):
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")
