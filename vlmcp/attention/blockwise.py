@@ -28,35 +28,90 @@ causal call per sample it owns, about S/P, and no ring step or merge touches the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 
-from vlmcp.attention.kernels import AttentionKernel, select_kernel
-from vlmcp.attention.masks import Block, Segment, self_blocks
+from vlmcp.attention.kernels import AttentionKernel, VarlenRound, select_kernel
+from vlmcp.attention.masks import Block, MaskKind, Segment, self_blocks
 from vlmcp.attention.merge import accumulator_dtype, merge_
 from vlmcp.layout.images import row_images
 from vlmcp.layout.validate import check_cu_seqlens, check_is_image
 
-__all__ = ["blocks_backward", "blocks_forward", "blockwise_attention", "varlen_attention"]
+__all__ = ["VarlenPlan", "blocks_backward", "blocks_forward", "blockwise_attention", "varlen_attention",
+           "varlen_plan"]
 
 
-def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
-                   out: torch.Tensor, lse: torch.Tensor, touched: torch.Tensor) -> None:
-    """Compute ``blocks`` and merge them into the accumulators, in place.
+class VarlenPlan:
+    """A block list split for batching kernels: varlen rounds, and the blocks left per-block.
 
-    One kernel call per block, on purpose: Note [vlmcp one kernel call per block].
+    ``FULL`` blocks and square ``CAUSAL`` blocks are coloured greedily, by query start,
+    into rounds of one kind whose query ranges are disjoint (interval colouring, so the
+    fewest rounds: the most key blocks any query row has of that kind). ``MASKED`` and
+    non-square ``CAUSAL`` blocks stay in :attr:`rest`. Host metadata is built once;
+    :meth:`on` copies the index tensors to a device once (no host-device copy per call).
 
-    Args:
-        kernel: the local kernel.
-        q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``. Block indices address dim 1.
-        blocks: non-empty blocks (see :mod:`vlmcp.attention.masks`).
-        scale: softmax scale.
-        out: ``(H, Nq, D)`` accumulator (float32/64), zero where nothing was seen.
-        lse: ``(H, Nq)`` accumulator, ``-inf`` where nothing was seen.
-        touched: ``BoolTensor[Nq]``, rows already written; rows of a block that
-            nobody wrote yet are copied instead of merged. Updated in place.
+    Attributes:
+        rounds: the :class:`VarlenRound` s (CPU tensors), full rounds first.
+        rest: the blocks computed one call each.
+        rows: ``LongTensor``, every query row some round writes (marks ``touched``).
     """
+
+    def __init__(self, blocks: Sequence[Block]):
+        groups: dict[bool, list[list[Block]]] = {False: [], True: []}
+        ends: dict[bool, list[int]] = {False: [], True: []}
+        self.rest: tuple[Block, ...] = tuple(
+            b for b in blocks if not (b.kind is MaskKind.FULL or _square_causal(b)))
+        for b in sorted((b for b in blocks if b.kind is MaskKind.FULL or _square_causal(b)),
+                        key=lambda b: (b.q_start, b.k_start)):
+            causal = b.kind is MaskKind.CAUSAL
+            free = next((i for i, e in enumerate(ends[causal]) if e <= b.q_start), None)
+            if free is None:
+                groups[causal].append([b])
+                ends[causal].append(b.q_end)
+            else:
+                groups[causal][free].append(b)
+                ends[causal][free] = b.q_end
+        self.rounds = tuple(_round(causal, g) for causal in (False, True) for g in groups[causal])
+        self.rows = torch.cat([torch.zeros(0, dtype=torch.long), *(r.q_index for r in self.rounds)])
+        self._on: dict = {}
+
+    def on(self, device: torch.device) -> tuple[VarlenRound, ...]:
+        """:attr:`rounds` with their tensors on ``device`` (copied once per device)."""
+        rounds = self._on.get(device)
+        if rounds is None:
+            rounds = self._on[device] = tuple(r.to(device) for r in self.rounds)
+        return rounds
+
+
+def _square_causal(b: Block) -> bool:
+    return b.kind is MaskKind.CAUSAL and b.q_end - b.q_start == b.k_end - b.k_start
+
+
+def _round(causal: bool, blocks: list[Block]) -> VarlenRound:
+    lq = [b.q_end - b.q_start for b in blocks]
+    lk = [b.k_end - b.k_start for b in blocks]
+    return VarlenRound(
+        causal,
+        torch.cat([torch.arange(b.q_start, b.q_end) for b in blocks]),
+        torch.cat([torch.arange(b.k_start, b.k_end) for b in blocks]),
+        torch.tensor([0, *lq], dtype=torch.int64).cumsum(0).to(torch.int32),
+        torch.tensor([0, *lk], dtype=torch.int64).cumsum(0).to(torch.int32),
+        max(lq), max(lk))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(blocks: tuple[Block, ...]) -> VarlenPlan:
+    return VarlenPlan(blocks)
+
+
+def varlen_plan(blocks: Sequence[Block]) -> VarlenPlan:
+    """The :class:`VarlenPlan` of ``blocks``, cached by value (schedules reuse their block lists)."""
+    return _cached_plan(tuple(blocks))
+
+
+def _per_block_forward(kernel, q, k, v, blocks, scale, out, lse, touched):
     for b in blocks:
         qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
         bo, bl = kernel.forward(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], b, scale)
@@ -68,17 +123,72 @@ def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], sc
             touched[qs:qe] = True
 
 
+def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
+                   out: torch.Tensor, lse: torch.Tensor, touched: torch.Tensor,
+                   plan: VarlenPlan | None = None) -> None:
+    """Compute ``blocks`` and merge them into the accumulators, in place.
+
+    One kernel call per block, or, where ``kernel.batches(q)`` (flash-attn on CUDA), one
+    varlen call per round of :class:`VarlenPlan`: Note [vlmcp one kernel call per block].
+
+    Args:
+        kernel: the local kernel.
+        q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``. Block indices address dim 1.
+        blocks: non-empty blocks (see :mod:`vlmcp.attention.masks`).
+        scale: softmax scale.
+        out: ``(H, Nq, D)`` accumulator (float32/64), zero where nothing was seen.
+        lse: ``(H, Nq)`` accumulator, ``-inf`` where nothing was seen.
+        touched: ``BoolTensor[Nq]`` (CPU), rows already written; rows of a block that
+            nobody wrote yet are copied instead of merged. Updated in place.
+        plan: ``varlen_plan(blocks)`` when the caller caches it (the ring's schedule).
+    """
+    if not blocks or not kernel.batches(q):
+        _per_block_forward(kernel, q, k, v, blocks, scale, out, lse, touched)
+        return
+    plan = varlen_plan(blocks) if plan is None else plan
+    _per_block_forward(kernel, q, k, v, plan.rest, scale, out, lse, touched)
+    qr, kr, vr = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (N, H, D) views
+    for rnd in plan.on(q.device):
+        bo, bl = kernel.forward_varlen(qr.index_select(0, rnd.q_index), kr.index_select(0, rnd.k_index),
+                                       vr.index_select(0, rnd.k_index), rnd, scale)
+        # rows are disjoint within a round; merging into untouched rows (0, -inf) is a copy
+        o, l_ = out.index_select(1, rnd.q_index), lse.index_select(1, rnd.q_index)
+        merge_(o, l_, bo.transpose(0, 1), bl)
+        out.index_copy_(1, rnd.q_index, o)
+        lse.index_copy_(1, rnd.q_index, l_)
+    touched[plan.rows] = True
+
+
 def blocks_backward(kernel: AttentionKernel, dout, q, k, v, out, lse, blocks: Sequence[Block],
-                    scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+                    scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                    plan: VarlenPlan | None = None) -> None:
     """Accumulate the gradients of ``blocks`` into ``dq``, ``dk``, ``dv`` (in place).
+
+    Batched like :func:`blocks_forward`; each round's dQ/dK/dV are added with
+    ``index_add_`` into the float32/64 accumulators (dK/dV rows repeat across blocks).
 
     Args:
         dout, out: ``(H, Nq, D)`` in the input dtype; ``out`` is the final output.
         lse: ``(H, Nq)`` final log-sum-exp (accumulator dtype).
         q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``.
         dq: ``(H, Nq, D)``; dk, dv: ``(Hk, Nk, D)`` accumulators (float32/64).
+        plan: as for :func:`blocks_forward`.
     """
-    for b in blocks:
+    rest = blocks
+    if blocks and kernel.batches(q):
+        plan = varlen_plan(blocks) if plan is None else plan
+        rest = plan.rest
+        rows = [x.transpose(0, 1) for x in (dout, q, k, v, out)]  # (N, H, D) views
+        dqr, dkr, dvr = dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+        for rnd in plan.on(q.device):
+            qi, ki = rnd.q_index, rnd.k_index
+            do_, q_, k_, v_, o_ = (x.index_select(0, i)
+                                   for x, i in zip(rows, (qi, qi, ki, ki, qi), strict=True))
+            gq, gk, gv = kernel.backward_varlen(do_, q_, k_, v_, o_, lse.index_select(1, qi), rnd, scale)
+            dqr.index_add_(0, qi, gq.to(dq.dtype))
+            dkr.index_add_(0, ki, gk.to(dk.dtype))
+            dvr.index_add_(0, ki, gv.to(dv.dtype))
+    for b in rest:
         qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
         gq, gk, gv = kernel.backward(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke],
                                      out[:, qs:qe], lse[:, qs:qe], b, scale)

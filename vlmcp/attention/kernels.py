@@ -60,14 +60,15 @@ from __future__ import annotations
 import functools
 import math
 import re
+from typing import NamedTuple
 
 import torch
 
 from vlmcp.attention.masks import Block, MaskKind, dense_mask
 from vlmcp.attention.merge import accumulator_dtype
 
-__all__ = ["KERNELS", "AttentionKernel", "cuda_kernel_name", "flash_attn_runs_on", "flash_attn_supports",
-           "flash_attn_version", "select_kernel"]
+__all__ = ["KERNELS", "AttentionKernel", "VarlenRound", "cuda_kernel_name", "flash_attn_runs_on",
+           "flash_attn_supports", "flash_attn_version", "select_kernel"]
 
 FLASH_ATTN_MIN_VERSION = (2, 7)
 """The internal varlen API this module calls (``window_size_left/right``, four return values)."""
@@ -85,6 +86,51 @@ class AttentionKernel:
 
     def backward(self, dout, q, k, v, out, lse, block: Block, scale: float):
         raise NotImplementedError
+
+    def batches(self, q: torch.Tensor) -> bool:
+        """Whether :meth:`forward_varlen` / :meth:`backward_varlen` run blocks of ``q``'s
+        dtype and head_dim (a host-side check, no device read). Default: no, one call per block."""
+        return False
+
+    def forward_varlen(self, q, k, v, rnd: VarlenRound, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call for the blocks of ``rnd``: packed ``q (Tq, H, D)``, ``k, v (Tk, Hk, D)``
+        (contiguous) -> ``out (Tq, H, D)`` in q's dtype and ``lse (H, Tq)`` float32."""
+        raise NotImplementedError
+
+    def backward_varlen(self, dout, q, k, v, out, lse, rnd: VarlenRound, scale: float):
+        """The gradients of :meth:`forward_varlen`: packed ``dq (Tq, H, D)``, ``dk, dv (Tk, Hk, D)``.
+
+        ``out``, ``dout``: ``(Tq, H, D)``; ``lse``: ``(H, Tq)``, the final values (as in
+        :meth:`backward`)."""
+        raise NotImplementedError
+
+
+class VarlenRound(NamedTuple):
+    """Blocks that one varlen call computes: sequence i is block i's query rows against its keys.
+
+    No two blocks of a round share a query row (so one merge per row), all have the
+    same kind: ``causal`` (square ``CAUSAL`` blocks, where flash-attn's bottom-right
+    alignment is vlmcp's top-left) or full. Built on the host once per block list and
+    copied to each device once (:func:`vlmcp.attention.blockwise.varlen_plan`).
+
+    Attributes:
+        causal: the kernel's causal flag.
+        q_index, k_index: ``LongTensor[Tq]`` / ``[Tk]``, the storage rows packed, block by block.
+        cu_q, cu_k: ``IntTensor[B+1]``, the packed sequences' boundaries.
+        max_q, max_k: host ints, the longest query / key range.
+    """
+
+    causal: bool
+    q_index: torch.Tensor
+    k_index: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+    def to(self, device) -> VarlenRound:
+        names = ("q_index", "k_index", "cu_q", "cu_k")
+        return self._replace(**{n: getattr(self, n).to(device) for n in names})
 
 
 def _seen(block: Block, lq: int, lk: int, device) -> torch.Tensor:
@@ -385,6 +431,25 @@ class FlashAttnKernel(AttentionKernel):
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _cu_seqlens(lq, q.device),
             _cu_seqlens(lk, q.device), lq, lk, 0.0, scale, block.kind is MaskKind.CAUSAL)
         return out.transpose(0, 1), lse.float()
+
+    def batches(self, q):
+        """Full and square causal blocks go to one varlen call per round where flash-attn runs q."""
+        return self._fallback(q) is None
+
+    def forward_varlen(self, q, k, v, rnd, scale):
+        out, lse, _, _ = self._fa._flash_attn_varlen_forward(
+            q, k, v, rnd.cu_q, rnd.cu_k, rnd.max_q, rnd.max_k, 0.0, scale, rnd.causal)
+        return out, lse.float()
+
+    def backward_varlen(self, dout, q, k, v, out, lse, rnd, scale):
+        dead = torch.isneginf(lse)  # see _backward_rows; (H, Tq) against (Tq, H, D)
+        dout = dout.masked_fill(dead.t().unsqueeze(-1), 0).contiguous()
+        lse = lse.float().masked_fill(dead, float("inf")).contiguous()
+        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+        self._fa._flash_attn_varlen_backward(
+            dout, q, k, v, out.contiguous(), lse, dq, dk, dv, rnd.cu_q, rnd.cu_k, rnd.max_q, rnd.max_k,
+            0.0, scale, rnd.causal, -1, -1, 0.0, None, False)
+        return dq, dk, dv
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         other = self._delegate(q, k, block)
