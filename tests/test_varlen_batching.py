@@ -74,12 +74,13 @@ def _row(samples, heads, kv_heads, d, dtype, seed, device):
 
 
 def simulate_ring(kernel, samples, P, image_attention, dtype=torch.float16, heads=4, kv_heads=2, d=16,
-                  device="cpu", seed=0):
+                  device="cpu", seed=0, per_rank=None):
     """Ring attention of every rank, step by step, in one process (what ``_RingAttention`` computes).
 
     Returns the global ``(out, lse, dq, dk, dv)`` (float64, CPU), the float64 reference on the
     same rounded inputs, and per rank and step ``[forward varlen calls, backward varlen calls,
-    rounds of the step's plan, blocks of the step]``.
+    rounds of the step's plan, blocks of the step]``. ``per_rank``: a list to receive each
+    rank's local ``[out, lse, dq, dk, dv]`` (accumulator dtype, out in ``dtype``).
     """
     is_image, cu, ids, (q, k, v, dout) = _row(samples, heads, kv_heads, d, dtype, seed, device)
     L = q.shape[0]
@@ -126,6 +127,8 @@ def simulate_ring(kernel, samples, P, image_attention, dtype=torch.float16, head
                 idx = scheds[owner].send_index(device)
                 grads[owner][1].index_add_(0, idx, dk)
                 grads[owner][2].index_add_(0, idx, dv)
+    if per_rank is not None:
+        per_rank.extend([outs[r][0], outs[r][1], *grads[r]] for r in range(P))
     got = []
     for i, shape in enumerate(((L, heads, d), (L, heads), (L, heads, d), (L, kv_heads, d), (L, kv_heads, d))):
         total = torch.zeros(shape, dtype=torch.float64)
@@ -267,6 +270,67 @@ def test_batched_path_never_reads_device_data_on_the_host(monkeypatch):
                     sched.plan(0))
     monkeypatch.undo()
     assert bool(touched[shard.positions >= 0].all())
+
+
+def _install_stand_ins():
+    """What the ``fake_flash`` and ``sdpa`` fixtures do, for a spawned rank (which exits after)."""
+    import sys  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    from tests import test_cuda_review as T  # noqa: PLC0415
+
+    pkg, iface = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.flash_attn_interface")
+    iface._flash_attn_varlen_forward = T._flash_attn_varlen_forward
+    iface._flash_attn_varlen_backward = T._flash_attn_varlen_backward
+    pkg.flash_attn_interface, pkg.__version__ = iface, "2.8.3"
+    sys.modules.update({"flash_attn": pkg, "flash_attn.flash_attn_interface": iface})
+    K._capability = lambda device: (9, 0)
+    K.flash_attn_version.cache_clear()
+    stand_in = T.SdpaStandIn()
+    torch.ops.aten._scaled_dot_product_efficient_attention = stand_in.forward
+    torch.ops.aten._scaled_dot_product_efficient_attention_backward = stand_in.backward
+
+
+def ring_rank(group, samples, modes):
+    """The real ring (gloo) with the flash kernel on the stand-ins: per image-attention mode, this
+    rank's ``[out, lse, dq, dk, dv]``, its varlen calls and its plans' rounds."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    _install_stand_ins()
+    rank, P = dist.get_rank(group), dist.get_world_size(group)
+    is_image, cu, ids, (q, k, v, dout) = _row(samples, 4, 2, 16, torch.float16, 0, "cpu")
+    shard = vlmcp.plan_cp(is_image, P, cu, image_ids=ids).for_rank(rank)
+    results = []
+    for image_attention in modes:
+        x = [shard.shard(t).requires_grad_() for t in (q, k, v)]
+        ldout = shard.shard(dout)
+        ldout[shard.replicated] *= share_of(rank, P)
+        n = len(FLASH_VARLEN)
+        out, lse = ring_attention(*x, shard, group, image_attention, 16 ** -0.5, K.FlashAttnKernel())
+        grads = torch.autograd.grad((out * ldout).sum(), x)
+        sched = ring_schedule(shard, image_attention)
+        results.append(([t.detach() for t in (out, lse, *grads)], len(FLASH_VARLEN) - n,
+                        sum(len(sched.plan(s).rounds) for s in range(P))))
+    return results
+
+
+@stand_ins
+def test_real_ring_on_two_ranks_equals_the_simulation():
+    """``_RingAttention`` over gloo at P = 2 gives the simulation's results exactly (so the
+    reference parity above holds for it), with one varlen call per round, step and direction."""
+    from vlmcp.testing import run_on_ranks  # noqa: PLC0415
+
+    modes = ("causal", "bidirectional")
+    results = run_on_ranks(ring_rank, 2, SHORT, modes, timeout=120)
+    for m, image_attention in enumerate(modes):
+        sim_ranks = []
+        simulate_ring(K.FlashAttnKernel(), SHORT, 2, image_attention, per_rank=sim_ranks)
+        for rank, sim in enumerate(sim_ranks):
+            tensors, n_calls, rounds = results[rank][m]
+            assert n_calls == 2 * rounds  # forward and backward
+            for name, mine, want in zip(("out", "lse", "dq", "dk", "dv"), tensors, sim, strict=True):
+                # the ring returns gradients in the input dtype: the simulation's fp32 sums, rounded once
+                assert torch.equal(mine, want.to(mine.dtype)), (image_attention, rank, name)
 
 
 # ---------------------------------------------------------------- GPU: the real kernels

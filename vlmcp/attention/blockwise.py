@@ -19,11 +19,43 @@ the CPU it does not pay (torch 2.13, one thread, 8 heads of 64, float32, measure
     whole fwd+bwd, two ranks        431-886 ms per-block, 779-1767 ms batched (2 runs)
 
 Packed rows of real data also have few blocks of equal shape, and a block-diagonal
-dense mask would compute every cross-sample pair. So each block is its own call. What pays
-instead is calling less: ``plan_cp(..., sample_placement="whole"|"auto")`` puts short
-samples whole on one rank (Note [vlmcp whole-sample placement]), so a rank makes one
-causal call per sample it owns, about S/P, and no ring step or merge touches them;
-``vlmcp bench attention --samples N --sample-placement auto`` measures it.
+dense mask would compute every cross-sample pair. So on the CPU each block is its own
+call. What pays there is calling less: ``plan_cp(..., sample_placement="whole"|"auto")``
+puts short samples whole on one rank (Note [vlmcp whole-sample placement]), so a rank
+makes one causal call per sample it owns, about S/P, and no ring step or merge touches
+them; ``vlmcp bench attention --samples N --sample-placement auto`` measures it.
+
+On CUDA with flash-attn (``kernel.batches(q)``: fp16/bf16, head_dim <= 256 and % 8,
+sm80+, flash-attn >= 2.7) blocks of any shape batch without padding: one
+``flash_attn_varlen_func``-style call (``_flash_attn_varlen_forward/backward``) takes
+every block as one packed sequence. :class:`VarlenPlan` splits a step's blocks into
+
+    rounds   FULL blocks and square CAUSAL blocks, coloured greedily by query start
+             into rounds of one kind whose query ranges are disjoint (interval
+             colouring: the fewest rounds, the most blocks of that kind any query row
+             has). One call per round, causal=True for causal rounds; flash-attn's
+             bottom-right causal equals vlmcp's top-left one only on square blocks.
+    rest     MASKED and non-square CAUSAL blocks: one call each, as before
+             (FlashAttnKernel sends them to SDPA / math).
+
+A zigzag ring step is then one call per direction (causal step 0: every sample is one
+square causal block; steps >= 1 are full blocks with disjoint query runs), two at step
+0 under bidirectional images (the full blocks, then the causal ones); tested on the
+stand-ins in ``tests/test_varlen_batching.py``. Per round: ``index_select`` packs the
+q/k/v rows (and, backward, dout/out rows and the lse columns), the round's (out, lse)
+is merged into gathered accumulator rows with the fp32 :func:`merge_` and written back
+with ``index_copy_`` (rows are disjoint inside a round; merging into untouched rows,
+``out = 0`` and ``lse = -inf``, is an exact copy); dQ/dK/dV are added with
+``index_add_`` into the fp32/64 accumulators (key rows repeat across blocks: on CUDA
+the order of those adds is not fixed unless ``torch.use_deterministic_algorithms``).
+dK/dV are rounded to the input dtype once per block, as in the per-block path, so
+batched and per-block results agree (bitwise on the CPU stand-ins). The index
+tensors and ``cu_seqlens`` are built on the host once per block list (the ring caches
+one plan per step on its :class:`~vlmcp.attention.ring.RingSchedule`; ``_BlockwiseAttention``,
+Ulysses and :func:`varlen_attention` use an LRU cache keyed by the blocks) and copied
+to each device once, so a layer makes no host-device copy or sync. Without
+flash-attn (fp32, head_dim > 256, older GPUs or flash-attn) the SDPA kernel keeps one
+call per block: that is the fallback. The batched path has not yet run on a GPU.
 """
 
 from __future__ import annotations

@@ -15,6 +15,16 @@ A query that sees no key has ``out = 0`` and ``lse = -inf``. In ``backward``,
 queries, which makes the block's gradients exact parts of the total. The inputs may
 be strided views (the ring passes ``(N, H, D)`` storage seen as ``(H, N, D)``).
 
+A kernel that can batch (``batches(q)`` true: flash-attn on CUDA) also computes many
+blocks in one call::
+
+    forward_varlen(q, k, v, round, scale) -> (out, lse)
+    backward_varlen(dout, q, k, v, out, lse, round, scale) -> (dq, dk, dv)
+
+on packed row-major tensors (``q, out, dout, dq: (Tq, H, D)``; ``k, v, dk, dv: (Tk, Hk, D)``;
+``lse: (H, Tq)`` float32), one varlen sequence per block of the :class:`VarlenRound`
+(Note [vlmcp one kernel call per block] in :mod:`vlmcp.attention.blockwise`).
+
 Kernels: ``flash_cpu`` (PyTorch's flash kernel for CPU, which returns the
 log-sum-exp), ``math`` (pure torch, any device: the reference), ``sdpa`` (CUDA,
 PyTorch's memory-efficient kernel, which returns the log-sum-exp) and ``flash_attn``
@@ -46,6 +56,16 @@ transformers/cuda``, flash-attn 2.6.3-2.8.3 ``flash_attn_interface.py`` and
                                 backward); sm8x or sm90 up to 2.7.2, cc_major >= 8 from
                                 2.7.3; lse (H, total_q) float32; an empty key set gets
                                 lse = +inf (like the memory-efficient kernel's padding).
+    flash-attn varlen           q/k/v packed (total, H, D), last dim contiguous;
+                                cu_seqlens_q/k int32 (B+1,) on the device, one k range
+                                per q range; max_seqlen_q/k host ints >= every length
+                                (they size the grid: computed once, on the host). Each
+                                sequence is attended alone, so sequences must not
+                                share query rows (each writes its own out/lse rows) but
+                                may repeat key rows (gathered: dK/dV come back per
+                                copy and are index_add-ed). causal=True is aligned
+                                bottom-right: only square CAUSAL blocks are batched
+                                as causal, where it equals vlmcp's top-left causal.
 
 A row that saw no key (final ``lse = -inf``) is handed to every backward with
 ``dout = 0`` and ``lse = +inf``: both kernels then compute ``p = exp(s - lse) = 0``
