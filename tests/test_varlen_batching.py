@@ -52,6 +52,9 @@ def test_varlen_plan_colours_blocks_into_rounds_without_shared_query_rows():
     assert plan.rounds[1].q_index.tolist() == [4, 5, 6, 7] and plan.rounds[1].k_index.tolist() == [2, 3]
     assert (plan.rounds[0].max_q, plan.rounds[0].max_k) == (4, 8)
     assert VarlenPlan(blocks[:3] + [Block(6, 9, 8, 10, F)]).rounds[2].cu_q.tolist() == [0, 3]
+    # rows tiling one range are sliced (views), others gathered
+    spans = [((4, 10), None), ((4, 8), (2, 4)), ((0, 8), (0, 8))]
+    assert [(r.q_span, r.k_span) for r in plan.rounds] == spans
     assert all(r.cu_q.dtype == torch.int32 for r in plan.rounds)
     for r in plan.rounds:  # no query row twice in a round
         assert r.q_index.unique().numel() == r.q_index.numel()

@@ -28,7 +28,7 @@ them; ``vlmcp bench attention --samples N --sample-placement auto`` measures it.
 On CUDA with flash-attn (``kernel.batches(q)``: fp16/bf16, head_dim <= 256 and % 8,
 sm80+, flash-attn >= 2.7) blocks of any shape batch without padding: one
 ``flash_attn_varlen_func``-style call (``_flash_attn_varlen_forward/backward``) takes
-every block as one packed sequence. :class:`VarlenPlan` splits a step's blocks into
+every block as one packed sequence. :class:`VarlenPlan` splits a step's blocks into::
 
     rounds   FULL blocks and square CAUSAL blocks, coloured greedily by query start
              into rounds of one kind whose query ranges are disjoint (interval
@@ -41,8 +41,10 @@ every block as one packed sequence. :class:`VarlenPlan` splits a step's blocks i
 A zigzag ring step is then one call per direction (causal step 0: every sample is one
 square causal block; steps >= 1 are full blocks with disjoint query runs), two at step
 0 under bidirectional images (the full blocks, then the causal ones); tested on the
-stand-ins in ``tests/test_varlen_batching.py``. Per round: ``index_select`` packs the
-q/k/v rows (and, backward, dout/out rows and the lse columns), the round's (out, lse)
+stand-ins in ``tests/test_varlen_batching.py``. Per round: a slice (a view) when the
+round's query (key) ranges tile one contiguous range, e.g. one long sample's causal
+block, so a single-block round costs what one block's call did; else ``index_select``
+packs the q/k/v rows (and, backward, dout/out rows and the lse columns), the round's (out, lse)
 is merged into gathered accumulator rows with the fp32 :func:`merge_` and written back
 with ``index_copy_`` (rows are disjoint inside a round; merging into untouched rows,
 ``out = 0`` and ``lse = -inf``, is an exact copy); dQ/dK/dV are added with
@@ -121,6 +123,12 @@ def _square_causal(b: Block) -> bool:
     return b.kind is MaskKind.CAUSAL and b.q_end - b.q_start == b.k_end - b.k_start
 
 
+def _span(ranges: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """``(start, stop)`` when the ranges, in order, tile one contiguous range."""
+    tiles = all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    return (ranges[0][0], ranges[-1][1]) if tiles else None
+
+
 def _round(causal: bool, blocks: list[Block]) -> VarlenRound:
     lq = [b.q_end - b.q_start for b in blocks]
     lk = [b.k_end - b.k_start for b in blocks]
@@ -130,7 +138,21 @@ def _round(causal: bool, blocks: list[Block]) -> VarlenRound:
         torch.cat([torch.arange(b.k_start, b.k_end) for b in blocks]),
         torch.tensor([0, *lq], dtype=torch.int64).cumsum(0).to(torch.int32),
         torch.tensor([0, *lk], dtype=torch.int64).cumsum(0).to(torch.int32),
-        max(lq), max(lk))
+        max(lq), max(lk),
+        _span([(b.q_start, b.q_end) for b in blocks]), _span([(b.k_start, b.k_end) for b in blocks]))
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+    """Rows of ``x (N, ...)``: a slice (a view, no copy) for a contiguous span, else a gather."""
+    return x[span[0]:span[1]] if span is not None else x.index_select(0, index)
+
+
+def _add_rows(acc: torch.Tensor, index: torch.Tensor, span: tuple[int, int] | None, x: torch.Tensor) -> None:
+    """``acc[rows] += x`` (rows may repeat when gathered: ``index_add_``)."""
+    if span is not None:
+        acc[span[0]:span[1]] += x
+    else:
+        acc.index_add_(0, index, x.to(acc.dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -181,9 +203,14 @@ def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], sc
     _per_block_forward(kernel, q, k, v, plan.rest, scale, out, lse, touched)
     qr, kr, vr = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (N, H, D) views
     for rnd in plan.on(q.device):
-        bo, bl = kernel.forward_varlen(qr.index_select(0, rnd.q_index), kr.index_select(0, rnd.k_index),
-                                       vr.index_select(0, rnd.k_index), rnd, scale)
+        ki, ks = rnd.k_index, rnd.k_span
+        bo, bl = kernel.forward_varlen(_rows(qr, rnd.q_index, rnd.q_span), _rows(kr, ki, ks),
+                                       _rows(vr, ki, ks), rnd, scale)
         # rows are disjoint within a round; merging into untouched rows (0, -inf) is a copy
+        if rnd.q_span is not None:
+            a, b = rnd.q_span
+            merge_(out[:, a:b], lse[:, a:b], bo.transpose(0, 1), bl)
+            continue
         o, l_ = out.index_select(1, rnd.q_index), lse.index_select(1, rnd.q_index)
         merge_(o, l_, bo.transpose(0, 1), bl)
         out.index_copy_(1, rnd.q_index, o)
@@ -213,13 +240,14 @@ def blocks_backward(kernel: AttentionKernel, dout, q, k, v, out, lse, blocks: Se
         rows = [x.transpose(0, 1) for x in (dout, q, k, v, out)]  # (N, H, D) views
         dqr, dkr, dvr = dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
         for rnd in plan.on(q.device):
-            qi, ki = rnd.q_index, rnd.k_index
-            do_, q_, k_, v_, o_ = (x.index_select(0, i)
-                                   for x, i in zip(rows, (qi, qi, ki, ki, qi), strict=True))
-            gq, gk, gv = kernel.backward_varlen(do_, q_, k_, v_, o_, lse.index_select(1, qi), rnd, scale)
-            dqr.index_add_(0, qi, gq.to(dq.dtype))
-            dkr.index_add_(0, ki, gk.to(dk.dtype))
-            dvr.index_add_(0, ki, gv.to(dv.dtype))
+            qi, ki, qs, ks = rnd.q_index, rnd.k_index, rnd.q_span, rnd.k_span
+            do_, q_, k_, v_, o_ = (_rows(x, i, sp) for x, i, sp in
+                                   zip(rows, (qi, qi, ki, ki, qi), (qs, qs, ks, ks, qs), strict=True))
+            lse_ = lse[:, qs[0]:qs[1]] if qs is not None else lse.index_select(1, qi)
+            gq, gk, gv = kernel.backward_varlen(do_, q_, k_, v_, o_, lse_, rnd, scale)
+            _add_rows(dqr, qi, qs, gq)
+            _add_rows(dkr, ki, ks, gk)
+            _add_rows(dvr, ki, ks, gv)
     for b in rest:
         qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
         gq, gk, gv = kernel.backward(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke],

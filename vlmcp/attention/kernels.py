@@ -138,6 +138,8 @@ class VarlenRound(NamedTuple):
         q_index, k_index: ``LongTensor[Tq]`` / ``[Tk]``, the storage rows packed, block by block.
         cu_q, cu_k: ``IntTensor[B+1]``, the packed sequences' boundaries.
         max_q, max_k: host ints, the longest query / key range.
+        q_span, k_span: ``(start, stop)`` when ``q_index`` / ``k_index`` is that one
+            contiguous range (then rows are sliced, not gathered and scattered), else None.
     """
 
     causal: bool
@@ -147,6 +149,8 @@ class VarlenRound(NamedTuple):
     cu_k: torch.Tensor
     max_q: int
     max_k: int
+    q_span: tuple[int, int] | None = None
+    k_span: tuple[int, int] | None = None
 
     def to(self, device) -> VarlenRound:
         names = ("q_index", "k_index", "cu_q", "cu_k")
@@ -457,6 +461,7 @@ class FlashAttnKernel(AttentionKernel):
         return self._fallback(q) is None
 
     def forward_varlen(self, q, k, v, rnd, scale):
+        q, k, v = (x.contiguous() for x in (q, k, v))  # no copy for the ring's (N, H, D) storage
         out, lse, _, _ = self._fa._flash_attn_varlen_forward(
             q, k, v, rnd.cu_q, rnd.cu_k, rnd.max_q, rnd.max_k, 0.0, scale, rnd.causal)
         return out, lse.float()
@@ -465,6 +470,7 @@ class FlashAttnKernel(AttentionKernel):
         dead = torch.isneginf(lse)  # see _backward_rows; (H, Tq) against (Tq, H, D)
         dout = dout.masked_fill(dead.t().unsqueeze(-1), 0).contiguous()
         lse = lse.float().masked_fill(dead, float("inf")).contiguous()
+        q, k, v = (x.contiguous() for x in (q, k, v))
         dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
         self._fa._flash_attn_varlen_backward(
             dout, q, k, v, out.contiguous(), lse, dq, dk, dv, rnd.cu_q, rnd.cu_k, rnd.max_q, rnd.max_k,
