@@ -156,6 +156,28 @@ def _flash_attend(q, k, v, scale, causal, lse=None):
     return _attend(qh, kh, vh, scale, allowed, None, None if lse is None else lse[None])
 
 
+FLASH_VARLEN: list[tuple[str, int, bool]] = []
+"""Every stand-in varlen call: (direction, number of sequences, causal)."""
+
+
+def _flash_sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q, total_k):
+    """The ``(q rows, k rows)`` slices of each packed sequence, checked as flash_api.cpp does.
+
+    Reads the int32 boundaries through numpy (the stand-in's own host read, not the caller's).
+    """
+    for cu in (cu_seqlens_q, cu_seqlens_k):
+        assert cu.dtype == torch.int32 and cu.dim() == 1 and cu.is_contiguous(), "cu_seqlens must be int32"
+    assert cu_seqlens_q.shape == cu_seqlens_k.shape, "one k range per q range"
+    a, b = cu_seqlens_q.numpy().tolist(), cu_seqlens_k.numpy().tolist()
+    assert a[0] == 0 and b[0] == 0 and a[-1] == total_q and b[-1] == total_k, (a, b, total_q, total_k)
+    seqs = []
+    for i in range(len(a) - 1):
+        lq, lk = a[i + 1] - a[i], b[i + 1] - b[i]
+        assert 0 <= lq <= max_seqlen_q and 0 <= lk <= max_seqlen_k, "max_seqlen below a sequence length"
+        seqs.append((slice(a[i], a[i + 1]), slice(b[i], b[i + 1])))
+    return seqs
+
+
 @torch.library.custom_op("vlmcp_test_flash::_flash_attn_varlen_forward", mutates_args=(), device_types="cpu")
 def _flash_attn_varlen_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
@@ -165,13 +187,21 @@ def _flash_attn_varlen_forward(
     block_table: torch.Tensor | None = None, leftpad_k: torch.Tensor | None = None,
     seqused_k: torch.Tensor | None = None, zero_tensors: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """flash-attn 2.8.3's signature; one sequence (``cu_seqlens = [0, L]``)."""
+    """flash-attn 2.8.3's signature; ``(total, H, D)`` packed sequences, each attended on its own.
+
+    lse is ``(H, total_q)`` float32; a sequence with no key gets out 0 and lse +inf."""
     _flash_check(q, k, v)
-    assert cu_seqlens_q.dtype == torch.int32 and cu_seqlens_q.is_contiguous()
+    seqs = _flash_sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
     FLASH_CALLS.append("forward")
-    out, lse, _ = _flash_attend(q, k, v, softmax_scale, causal)
-    return (out[0].transpose(0, 1).to(q.dtype).contiguous(), lse[0].float(), torch.empty(0, dtype=q.dtype),
-            torch.zeros(2, dtype=torch.int64))
+    FLASH_VARLEN.append(("forward", len(seqs), causal))
+    out = torch.zeros(q.shape, dtype=q.dtype)
+    lse = torch.full((q.shape[1], q.shape[0]), float("inf"))
+    for sq, sk in seqs:
+        if sk.stop > sk.start and sq.stop > sq.start:
+            o, l_, _ = _flash_attend(q[sq], k[sk], v[sk], softmax_scale, causal)
+            out[sq] = o[0].transpose(0, 1).to(q.dtype)
+            lse[:, sq] = l_[0].float()
+    return out, lse, torch.empty(0, dtype=q.dtype), torch.zeros(2, dtype=torch.int64)
 
 
 @torch.library.custom_op("vlmcp_test_flash::_flash_attn_varlen_backward", mutates_args=("dq", "dk", "dv"),
@@ -184,22 +214,34 @@ def _flash_attn_varlen_backward(
     softcap: float, alibi_slopes: torch.Tensor | None, deterministic: bool,
     rng_state: torch.Tensor | None = None, zero_tensors: bool = False,
 ) -> torch.Tensor:
-    """flash-attn 2.8.3's signature: writes dq, dk, dv in place, returns softmax_d."""
+    """flash-attn 2.8.3's signature: writes dq, dk, dv in place (per packed sequence), returns softmax_d."""
     _flash_check(dout, q, k, v, out)
+    assert softmax_lse.shape == (q.shape[1], q.shape[0]) and softmax_lse.dtype == torch.float32
+    seqs = _flash_sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
     FLASH_CALLS.append("backward")
+    FLASH_VARLEN.append(("backward", len(seqs), causal))
     g = q.shape[1] // k.shape[1]
-    _, _, p = _flash_attend(q, k, v, softmax_scale, causal, softmax_lse)
-    do, o = dout.transpose(0, 1)[None].to(p.dtype), out.transpose(0, 1)[None].to(p.dtype)
-    delta = (do * o).sum(-1, keepdim=True)
-    kh, vh = (x.repeat_interleave(g, 1).transpose(0, 1)[None].to(p.dtype) for x in (k, v))
-    ds = p * (torch.matmul(do, vh.transpose(-1, -2)) - delta)
-    gq = torch.matmul(ds, kh)[0] * softmax_scale
-    gk = (torch.matmul(ds.transpose(-1, -2), q.transpose(0, 1)[None].to(p.dtype))[0] * softmax_scale)
-    gv = torch.matmul(p.transpose(-1, -2), do)[0]
-    dq.copy_(gq.transpose(0, 1))
-    dk.copy_(gk.unflatten(0, (k.shape[1], g)).sum(1).transpose(0, 1))
-    dv.copy_(gv.unflatten(0, (k.shape[1], g)).sum(1).transpose(0, 1))
-    return delta[0, ..., 0]
+    dq.zero_()
+    dk.zero_()
+    dv.zero_()
+    delta_all = torch.zeros(q.shape[1], q.shape[0])
+    for sq, sk in seqs:
+        if sk.stop == sk.start or sq.stop == sq.start:
+            continue
+        qs, ks, vs = q[sq], k[sk], v[sk]
+        _, _, p = _flash_attend(qs, ks, vs, softmax_scale, causal, softmax_lse[:, sq])
+        do, o = dout[sq].transpose(0, 1)[None].to(p.dtype), out[sq].transpose(0, 1)[None].to(p.dtype)
+        delta = (do * o).sum(-1, keepdim=True)
+        kh, vh = (x.repeat_interleave(g, 1).transpose(0, 1)[None].to(p.dtype) for x in (ks, vs))
+        ds = p * (torch.matmul(do, vh.transpose(-1, -2)) - delta)
+        gq = torch.matmul(ds, kh)[0] * softmax_scale
+        gk = (torch.matmul(ds.transpose(-1, -2), qs.transpose(0, 1)[None].to(p.dtype))[0] * softmax_scale)
+        gv = torch.matmul(p.transpose(-1, -2), do)[0]
+        dq[sq] = gq.transpose(0, 1).to(dq.dtype)
+        dk[sk] = gk.unflatten(0, (k.shape[1], g)).sum(1).transpose(0, 1).to(dk.dtype)
+        dv[sk] = gv.unflatten(0, (k.shape[1], g)).sum(1).transpose(0, 1).to(dv.dtype)
+        delta_all[:, sq] = delta[0, ..., 0].float()
+    return delta_all
 
 
 @pytest.fixture
@@ -215,6 +257,7 @@ def fake_flash(monkeypatch):
     monkeypatch.setattr(K, "_capability", lambda device: (9, 0))
     K.flash_attn_version.cache_clear()
     FLASH_CALLS.clear()
+    FLASH_VARLEN.clear()
 
     def set_version(text):
         pkg.__version__ = text

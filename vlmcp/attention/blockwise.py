@@ -19,44 +19,153 @@ the CPU it does not pay (torch 2.13, one thread, 8 heads of 64, float32, measure
     whole fwd+bwd, two ranks        431-886 ms per-block, 779-1767 ms batched (2 runs)
 
 Packed rows of real data also have few blocks of equal shape, and a block-diagonal
-dense mask would compute every cross-sample pair. So each block is its own call. What pays
-instead is calling less: ``plan_cp(..., sample_placement="whole"|"auto")`` puts short
-samples whole on one rank (Note [vlmcp whole-sample placement]), so a rank makes one
-causal call per sample it owns, about S/P, and no ring step or merge touches them;
-``vlmcp bench attention --samples N --sample-placement auto`` measures it.
+dense mask would compute every cross-sample pair. So on the CPU each block is its own
+call. What pays there is calling less: ``plan_cp(..., sample_placement="whole"|"auto")``
+puts short samples whole on one rank (Note [vlmcp whole-sample placement]), so a rank
+makes one causal call per sample it owns, about S/P, and no ring step or merge touches
+them; ``vlmcp bench attention --samples N --sample-placement auto`` measures it.
+
+On CUDA with flash-attn (``kernel.batches(q)``: fp16/bf16, head_dim <= 256 and % 8,
+sm80+, flash-attn >= 2.7) blocks of any shape batch without padding: one
+``flash_attn_varlen_func``-style call (``_flash_attn_varlen_forward/backward``) takes
+every block as one packed sequence. :class:`VarlenPlan` splits a step's blocks into::
+
+    rounds   FULL blocks and square CAUSAL blocks, coloured greedily by query start
+             into rounds of one kind whose query ranges are disjoint (interval
+             colouring: the fewest rounds, the most blocks of that kind any query row
+             has). One call per round, causal=True for causal rounds; flash-attn's
+             bottom-right causal equals vlmcp's top-left one only on square blocks.
+    rest     MASKED and non-square CAUSAL blocks: one call each, as before
+             (FlashAttnKernel sends them to SDPA / math).
+
+A zigzag ring step is then one call per direction (causal step 0: every sample is one
+square causal block; steps >= 1 are full blocks with disjoint query runs), two at step
+0 under bidirectional images (the full blocks, then the causal ones); tested on the
+stand-ins in ``tests/test_varlen_batching.py``. Per round: a slice (a view) when the
+round's query (key) ranges tile one contiguous range, e.g. one long sample's causal
+block, so a single-block round costs what one block's call did; else ``index_select``
+packs the q/k/v rows (and, backward, dout/out rows and the lse columns), the round's (out, lse)
+is merged into gathered accumulator rows with the fp32 :func:`merge_` and written back
+with ``index_copy_`` (rows are disjoint inside a round; merging into untouched rows,
+``out = 0`` and ``lse = -inf``, is an exact copy); dQ/dK/dV are added with
+``index_add_`` into the fp32/64 accumulators (key rows repeat across blocks: on CUDA
+the order of those adds is not fixed unless ``torch.use_deterministic_algorithms``).
+dK/dV are rounded to the input dtype once per block, as in the per-block path, so
+batched and per-block results agree (bitwise on the CPU stand-ins). The index
+tensors and ``cu_seqlens`` are built on the host once per block list (the ring caches
+one plan per step on its :class:`~vlmcp.attention.ring.RingSchedule`; ``_BlockwiseAttention``,
+Ulysses and :func:`varlen_attention` use an LRU cache keyed by the blocks) and copied
+to each device once, so a layer makes no host-device copy or sync. Without
+flash-attn (fp32, head_dim > 256, older GPUs or flash-attn) the SDPA kernel keeps one
+call per block: that is the fallback. The batched path has not yet run on a GPU.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 
-from vlmcp.attention.kernels import AttentionKernel, select_kernel
-from vlmcp.attention.masks import Block, Segment, self_blocks
+from vlmcp.attention.kernels import AttentionKernel, VarlenRound, select_kernel
+from vlmcp.attention.masks import Block, MaskKind, Segment, self_blocks
 from vlmcp.attention.merge import accumulator_dtype, merge_
 from vlmcp.layout.images import row_images
 from vlmcp.layout.validate import check_cu_seqlens, check_is_image
 
-__all__ = ["blocks_backward", "blocks_forward", "blockwise_attention", "varlen_attention"]
+__all__ = ["VarlenPlan", "blocks_backward", "blocks_forward", "blockwise_attention", "varlen_attention",
+           "varlen_plan"]
 
 
-def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
-                   out: torch.Tensor, lse: torch.Tensor, touched: torch.Tensor) -> None:
-    """Compute ``blocks`` and merge them into the accumulators, in place.
+class VarlenPlan:
+    """A block list split for batching kernels: varlen rounds, and the blocks left per-block.
 
-    One kernel call per block, on purpose: Note [vlmcp one kernel call per block].
+    ``FULL`` blocks and square ``CAUSAL`` blocks are coloured greedily, by query start,
+    into rounds of one kind whose query ranges are disjoint (interval colouring, so the
+    fewest rounds: the most key blocks any query row has of that kind). ``MASKED`` and
+    non-square ``CAUSAL`` blocks stay in :attr:`rest`. Host metadata is built once;
+    :meth:`on` copies the index tensors to a device once (no host-device copy per call).
 
-    Args:
-        kernel: the local kernel.
-        q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``. Block indices address dim 1.
-        blocks: non-empty blocks (see :mod:`vlmcp.attention.masks`).
-        scale: softmax scale.
-        out: ``(H, Nq, D)`` accumulator (float32/64), zero where nothing was seen.
-        lse: ``(H, Nq)`` accumulator, ``-inf`` where nothing was seen.
-        touched: ``BoolTensor[Nq]``, rows already written; rows of a block that
-            nobody wrote yet are copied instead of merged. Updated in place.
+    Attributes:
+        rounds: the :class:`VarlenRound` s (CPU tensors), full rounds first.
+        rest: the blocks computed one call each.
+        rows: ``LongTensor``, every query row some round writes (marks ``touched``).
     """
+
+    def __init__(self, blocks: Sequence[Block]):
+        groups: dict[bool, list[list[Block]]] = {False: [], True: []}
+        ends: dict[bool, list[int]] = {False: [], True: []}
+        self.rest: tuple[Block, ...] = tuple(
+            b for b in blocks if not (b.kind is MaskKind.FULL or _square_causal(b)))
+        for b in sorted((b for b in blocks if b.kind is MaskKind.FULL or _square_causal(b)),
+                        key=lambda b: (b.q_start, b.k_start)):
+            causal = b.kind is MaskKind.CAUSAL
+            free = next((i for i, e in enumerate(ends[causal]) if e <= b.q_start), None)
+            if free is None:
+                groups[causal].append([b])
+                ends[causal].append(b.q_end)
+            else:
+                groups[causal][free].append(b)
+                ends[causal][free] = b.q_end
+        self.rounds = tuple(_round(causal, g) for causal in (False, True) for g in groups[causal])
+        self.rows = torch.cat([torch.zeros(0, dtype=torch.long), *(r.q_index for r in self.rounds)])
+        self._on: dict = {}
+
+    def on(self, device: torch.device) -> tuple[VarlenRound, ...]:
+        """:attr:`rounds` with their tensors on ``device`` (copied once per device)."""
+        rounds = self._on.get(device)
+        if rounds is None:
+            rounds = self._on[device] = tuple(r.to(device) for r in self.rounds)
+        return rounds
+
+
+def _square_causal(b: Block) -> bool:
+    return b.kind is MaskKind.CAUSAL and b.q_end - b.q_start == b.k_end - b.k_start
+
+
+def _span(ranges: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """``(start, stop)`` when the ranges, in order, tile one contiguous range."""
+    tiles = all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    return (ranges[0][0], ranges[-1][1]) if tiles else None
+
+
+def _round(causal: bool, blocks: list[Block]) -> VarlenRound:
+    lq = [b.q_end - b.q_start for b in blocks]
+    lk = [b.k_end - b.k_start for b in blocks]
+    return VarlenRound(
+        causal,
+        torch.cat([torch.arange(b.q_start, b.q_end) for b in blocks]),
+        torch.cat([torch.arange(b.k_start, b.k_end) for b in blocks]),
+        torch.tensor([0, *lq], dtype=torch.int64).cumsum(0).to(torch.int32),
+        torch.tensor([0, *lk], dtype=torch.int64).cumsum(0).to(torch.int32),
+        max(lq), max(lk),
+        _span([(b.q_start, b.q_end) for b in blocks]), _span([(b.k_start, b.k_end) for b in blocks]))
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor, span: tuple[int, int] | None) -> torch.Tensor:
+    """Rows of ``x (N, ...)``: a slice (a view, no copy) for a contiguous span, else a gather."""
+    return x[span[0]:span[1]] if span is not None else x.index_select(0, index)
+
+
+def _add_rows(acc: torch.Tensor, index: torch.Tensor, span: tuple[int, int] | None, x: torch.Tensor) -> None:
+    """``acc[rows] += x`` (rows may repeat when gathered: ``index_add_``)."""
+    if span is not None:
+        acc[span[0]:span[1]] += x
+    else:
+        acc.index_add_(0, index, x.to(acc.dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(blocks: tuple[Block, ...]) -> VarlenPlan:
+    return VarlenPlan(blocks)
+
+
+def varlen_plan(blocks: Sequence[Block]) -> VarlenPlan:
+    """The :class:`VarlenPlan` of ``blocks``, cached by value (schedules reuse their block lists)."""
+    return _cached_plan(tuple(blocks))
+
+
+def _per_block_forward(kernel, q, k, v, blocks, scale, out, lse, touched):
     for b in blocks:
         qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
         bo, bl = kernel.forward(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], b, scale)
@@ -68,17 +177,78 @@ def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], sc
             touched[qs:qe] = True
 
 
+def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
+                   out: torch.Tensor, lse: torch.Tensor, touched: torch.Tensor,
+                   plan: VarlenPlan | None = None) -> None:
+    """Compute ``blocks`` and merge them into the accumulators, in place.
+
+    One kernel call per block, or, where ``kernel.batches(q)`` (flash-attn on CUDA), one
+    varlen call per round of :class:`VarlenPlan`: Note [vlmcp one kernel call per block].
+
+    Args:
+        kernel: the local kernel.
+        q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``. Block indices address dim 1.
+        blocks: non-empty blocks (see :mod:`vlmcp.attention.masks`).
+        scale: softmax scale.
+        out: ``(H, Nq, D)`` accumulator (float32/64), zero where nothing was seen.
+        lse: ``(H, Nq)`` accumulator, ``-inf`` where nothing was seen.
+        touched: ``BoolTensor[Nq]`` (CPU), rows already written; rows of a block that
+            nobody wrote yet are copied instead of merged. Updated in place.
+        plan: ``varlen_plan(blocks)`` when the caller caches it (the ring's schedule).
+    """
+    if not blocks or not kernel.batches(q):
+        _per_block_forward(kernel, q, k, v, blocks, scale, out, lse, touched)
+        return
+    plan = varlen_plan(blocks) if plan is None else plan
+    _per_block_forward(kernel, q, k, v, plan.rest, scale, out, lse, touched)
+    qr, kr, vr = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (N, H, D) views
+    for rnd in plan.on(q.device):
+        ki, ks = rnd.k_index, rnd.k_span
+        bo, bl = kernel.forward_varlen(_rows(qr, rnd.q_index, rnd.q_span), _rows(kr, ki, ks),
+                                       _rows(vr, ki, ks), rnd, scale)
+        # rows are disjoint within a round; merging into untouched rows (0, -inf) is a copy
+        if rnd.q_span is not None:
+            a, b = rnd.q_span
+            merge_(out[:, a:b], lse[:, a:b], bo.transpose(0, 1), bl)
+            continue
+        o, l_ = out.index_select(1, rnd.q_index), lse.index_select(1, rnd.q_index)
+        merge_(o, l_, bo.transpose(0, 1), bl)
+        out.index_copy_(1, rnd.q_index, o)
+        lse.index_copy_(1, rnd.q_index, l_)
+    touched[plan.rows] = True
+
+
 def blocks_backward(kernel: AttentionKernel, dout, q, k, v, out, lse, blocks: Sequence[Block],
-                    scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+                    scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                    plan: VarlenPlan | None = None) -> None:
     """Accumulate the gradients of ``blocks`` into ``dq``, ``dk``, ``dv`` (in place).
+
+    Batched like :func:`blocks_forward`; each round's dQ/dK/dV are added with
+    ``index_add_`` into the float32/64 accumulators (dK/dV rows repeat across blocks).
 
     Args:
         dout, out: ``(H, Nq, D)`` in the input dtype; ``out`` is the final output.
         lse: ``(H, Nq)`` final log-sum-exp (accumulator dtype).
         q: ``(H, Nq, D)``; k, v: ``(Hk, Nk, D)``.
         dq: ``(H, Nq, D)``; dk, dv: ``(Hk, Nk, D)`` accumulators (float32/64).
+        plan: as for :func:`blocks_forward`.
     """
-    for b in blocks:
+    rest = blocks
+    if blocks and kernel.batches(q):
+        plan = varlen_plan(blocks) if plan is None else plan
+        rest = plan.rest
+        rows = [x.transpose(0, 1) for x in (dout, q, k, v, out)]  # (N, H, D) views
+        dqr, dkr, dvr = dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+        for rnd in plan.on(q.device):
+            qi, ki, qs, ks = rnd.q_index, rnd.k_index, rnd.q_span, rnd.k_span
+            do_, q_, k_, v_, o_ = (_rows(x, i, sp) for x, i, sp in
+                                   zip(rows, (qi, qi, ki, ki, qi), (qs, qs, ks, ks, qs), strict=True))
+            lse_ = lse[:, qs[0]:qs[1]] if qs is not None else lse.index_select(1, qi)
+            gq, gk, gv = kernel.backward_varlen(do_, q_, k_, v_, o_, lse_, rnd, scale)
+            _add_rows(dqr, qi, qs, gq)
+            _add_rows(dkr, ki, ks, gk)
+            _add_rows(dvr, ki, ks, gv)
+    for b in rest:
         qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
         gq, gk, gv = kernel.backward(dout[:, qs:qe], q[:, qs:qe], k[:, ks:ke], v[:, ks:ke],
                                      out[:, qs:qe], lse[:, qs:qe], b, scale)

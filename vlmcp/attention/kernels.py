@@ -15,6 +15,16 @@ A query that sees no key has ``out = 0`` and ``lse = -inf``. In ``backward``,
 queries, which makes the block's gradients exact parts of the total. The inputs may
 be strided views (the ring passes ``(N, H, D)`` storage seen as ``(H, N, D)``).
 
+A kernel that can batch (``batches(q)`` true: flash-attn on CUDA) also computes many
+blocks in one call::
+
+    forward_varlen(q, k, v, round, scale) -> (out, lse)
+    backward_varlen(dout, q, k, v, out, lse, round, scale) -> (dq, dk, dv)
+
+on packed row-major tensors (``q, out, dout, dq: (Tq, H, D)``; ``k, v, dk, dv: (Tk, Hk, D)``;
+``lse: (H, Tq)`` float32), one varlen sequence per block of the :class:`VarlenRound`
+(Note [vlmcp one kernel call per block] in :mod:`vlmcp.attention.blockwise`).
+
 Kernels: ``flash_cpu`` (PyTorch's flash kernel for CPU, which returns the
 log-sum-exp), ``math`` (pure torch, any device: the reference), ``sdpa`` (CUDA,
 PyTorch's memory-efficient kernel, which returns the log-sum-exp) and ``flash_attn``
@@ -46,6 +56,16 @@ transformers/cuda``, flash-attn 2.6.3-2.8.3 ``flash_attn_interface.py`` and
                                 backward); sm8x or sm90 up to 2.7.2, cc_major >= 8 from
                                 2.7.3; lse (H, total_q) float32; an empty key set gets
                                 lse = +inf (like the memory-efficient kernel's padding).
+    flash-attn varlen           q/k/v packed (total, H, D), last dim contiguous;
+                                cu_seqlens_q/k int32 (B+1,) on the device, one k range
+                                per q range; max_seqlen_q/k host ints >= every length
+                                (they size the grid: computed once, on the host). Each
+                                sequence is attended alone, so sequences must not
+                                share query rows (each writes its own out/lse rows) but
+                                may repeat key rows (gathered: dK/dV come back per
+                                copy and are index_add-ed). causal=True is aligned
+                                bottom-right: only square CAUSAL blocks are batched
+                                as causal, where it equals vlmcp's top-left causal.
 
 A row that saw no key (final ``lse = -inf``) is handed to every backward with
 ``dout = 0`` and ``lse = +inf``: both kernels then compute ``p = exp(s - lse) = 0``
@@ -60,14 +80,15 @@ from __future__ import annotations
 import functools
 import math
 import re
+from typing import NamedTuple
 
 import torch
 
 from vlmcp.attention.masks import Block, MaskKind, dense_mask
 from vlmcp.attention.merge import accumulator_dtype
 
-__all__ = ["KERNELS", "AttentionKernel", "cuda_kernel_name", "flash_attn_runs_on", "flash_attn_supports",
-           "flash_attn_version", "select_kernel"]
+__all__ = ["KERNELS", "AttentionKernel", "VarlenRound", "cuda_kernel_name", "flash_attn_runs_on",
+           "flash_attn_supports", "flash_attn_version", "select_kernel"]
 
 FLASH_ATTN_MIN_VERSION = (2, 7)
 """The internal varlen API this module calls (``window_size_left/right``, four return values)."""
@@ -85,6 +106,55 @@ class AttentionKernel:
 
     def backward(self, dout, q, k, v, out, lse, block: Block, scale: float):
         raise NotImplementedError
+
+    def batches(self, q: torch.Tensor) -> bool:
+        """Whether :meth:`forward_varlen` / :meth:`backward_varlen` run blocks of ``q``'s
+        dtype and head_dim (a host-side check, no device read). Default: no, one call per block."""
+        return False
+
+    def forward_varlen(self, q, k, v, rnd: VarlenRound, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call for the blocks of ``rnd``: packed ``q (Tq, H, D)``, ``k, v (Tk, Hk, D)``
+        (contiguous) -> ``out (Tq, H, D)`` in q's dtype and ``lse (H, Tq)`` float32."""
+        raise NotImplementedError
+
+    def backward_varlen(self, dout, q, k, v, out, lse, rnd: VarlenRound, scale: float):
+        """The gradients of :meth:`forward_varlen`: packed ``dq (Tq, H, D)``, ``dk, dv (Tk, Hk, D)``.
+
+        ``out``, ``dout``: ``(Tq, H, D)``; ``lse``: ``(H, Tq)``, the final values (as in
+        :meth:`backward`)."""
+        raise NotImplementedError
+
+
+class VarlenRound(NamedTuple):
+    """Blocks that one varlen call computes: sequence i is block i's query rows against its keys.
+
+    No two blocks of a round share a query row (so one merge per row), all have the
+    same kind: ``causal`` (square ``CAUSAL`` blocks, where flash-attn's bottom-right
+    alignment is vlmcp's top-left) or full. Built on the host once per block list and
+    copied to each device once (:func:`vlmcp.attention.blockwise.varlen_plan`).
+
+    Attributes:
+        causal: the kernel's causal flag.
+        q_index, k_index: ``LongTensor[Tq]`` / ``[Tk]``, the storage rows packed, block by block.
+        cu_q, cu_k: ``IntTensor[B+1]``, the packed sequences' boundaries.
+        max_q, max_k: host ints, the longest query / key range.
+        q_span, k_span: ``(start, stop)`` when ``q_index`` / ``k_index`` is that one
+            contiguous range (then rows are sliced, not gathered and scattered), else None.
+    """
+
+    causal: bool
+    q_index: torch.Tensor
+    k_index: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    q_span: tuple[int, int] | None = None
+    k_span: tuple[int, int] | None = None
+
+    def to(self, device) -> VarlenRound:
+        names = ("q_index", "k_index", "cu_q", "cu_k")
+        return self._replace(**{n: getattr(self, n).to(device) for n in names})
 
 
 def _seen(block: Block, lq: int, lk: int, device) -> torch.Tensor:
@@ -385,6 +455,27 @@ class FlashAttnKernel(AttentionKernel):
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _cu_seqlens(lq, q.device),
             _cu_seqlens(lk, q.device), lq, lk, 0.0, scale, block.kind is MaskKind.CAUSAL)
         return out.transpose(0, 1), lse.float()
+
+    def batches(self, q):
+        """Full and square causal blocks go to one varlen call per round where flash-attn runs q."""
+        return self._fallback(q) is None
+
+    def forward_varlen(self, q, k, v, rnd, scale):
+        q, k, v = (x.contiguous() for x in (q, k, v))  # no copy for the ring's (N, H, D) storage
+        out, lse, _, _ = self._fa._flash_attn_varlen_forward(
+            q, k, v, rnd.cu_q, rnd.cu_k, rnd.max_q, rnd.max_k, 0.0, scale, rnd.causal)
+        return out, lse.float()
+
+    def backward_varlen(self, dout, q, k, v, out, lse, rnd, scale):
+        dead = torch.isneginf(lse)  # see _backward_rows; (H, Tq) against (Tq, H, D)
+        dout = dout.masked_fill(dead.t().unsqueeze(-1), 0).contiguous()
+        lse = lse.float().masked_fill(dead, float("inf")).contiguous()
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+        self._fa._flash_attn_varlen_backward(
+            dout, q, k, v, out.contiguous(), lse, dq, dk, dv, rnd.cu_q, rnd.cu_k, rnd.max_q, rnd.max_k,
+            0.0, scale, rnd.causal, -1, -1, 0.0, None, False)
+        return dq, dk, dv
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
         other = self._delegate(q, k, block)

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from vlmcp.attention.blockwise import blocks_backward, blocks_forward
+from vlmcp.attention.blockwise import VarlenPlan, blocks_backward, blocks_forward
 from vlmcp.attention.comm import RingComm
 from vlmcp.attention.exchange import Exchange, exchange_of
 from vlmcp.attention.kernels import AttentionKernel
@@ -82,6 +82,15 @@ class RingSchedule:
     exchange: Exchange
     step_blocks: tuple[tuple[Block, ...], ...]
     _send_index: dict = field(default_factory=dict, repr=False, compare=False)
+    _plans: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def plan(self, step: int) -> VarlenPlan:
+        """The :class:`~vlmcp.attention.blockwise.VarlenPlan` of step ``step`` (built once, for
+        kernels that batch: Note [vlmcp one kernel call per block])."""
+        plan = self._plans.get(step)
+        if plan is None:
+            plan = self._plans[step] = VarlenPlan(self.step_blocks[step])
+        return plan
 
     def send_index(self, device: torch.device) -> torch.Tensor:
         """``exchange.send_index`` on ``device``, copied once (not once per layer and direction)."""
@@ -179,7 +188,8 @@ class _RingAttention(torch.autograd.Function):
                 kh, vh = _heads(k), _heads(v)
             else:
                 kh, vh = _heads(kv[0]), _heads(kv[1])
-            blocks_forward(kernel, _heads(q), kh, vh, sched.step_blocks[s], scale, oh, lh, touched)
+            blocks_forward(kernel, _heads(q), kh, vh, sched.step_blocks[s], scale, oh, lh, touched,
+                           sched.plan(s))
             if s + 1 < P:
                 comm.wait()
                 kv = nxt
@@ -203,7 +213,7 @@ class _RingAttention(torch.autograd.Function):
         idx = sched.send_index(q.device)
         if P == 1:
             blocks_backward(kernel, *args, _heads(k), _heads(v), *tail, sched.step_blocks[0], scale,
-                            _heads(dq), _heads(dk), _heads(dv))
+                            _heads(dq), _heads(dk), _heads(dv), sched.plan(0))
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
         kv_comm, dkv_comm = RingComm(ctx.group), RingComm(ctx.group)
         kv = torch.stack([k[idx], v[idx]])
@@ -214,11 +224,11 @@ class _RingAttention(torch.autograd.Function):
                 kv_comm.commit()
             if s == 0:
                 blocks_backward(kernel, *args, _heads(k), _heads(v), *tail, sched.step_blocks[0], scale,
-                                _heads(dq), _heads(dk), _heads(dv))
+                                _heads(dq), _heads(dk), _heads(dv), sched.plan(0))
             else:
                 dkv = kv.new_zeros(kv.shape, dtype=acc)
                 blocks_backward(kernel, *args, _heads(kv[0]), _heads(kv[1]), *tail, sched.step_blocks[s],
-                                scale, _heads(dq), _heads(dkv[0]), _heads(dkv[1]))
+                                scale, _heads(dq), _heads(dkv[0]), _heads(dkv[1]), sched.plan(s))
                 if s >= 2:
                     dkv_comm.wait()
                     dkv += partial
