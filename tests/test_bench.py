@@ -61,6 +61,12 @@ def test_attention_bench_places_short_samples_whole(capsys):
     assert len(re.findall(rf"rank \d: {NUM} ms = {NUM} x single", _line(out, "ring", "single process"))) == 2
 
 
+def test_attention_bench_runs_usp(capsys):
+    out = bench(capsys, "attention", "--image-tokens", "8", "--text-tokens", "56", "--heads", "2",
+                "--head-dim", "8", "--cp", "2", "--repeats", "1", "--backend", "usp", "--ulysses-size", "2")
+    assert len(re.findall(rf"rank \d: {NUM} ms = {NUM} x single", _line(out, "usp", "single process"))) == 2
+
+
 def _line(out, backend, what):
     lines = [line for line in out.splitlines() if line.startswith(f"[{backend}] {what}")]
     assert len(lines) == 1, out

@@ -81,7 +81,8 @@ def _bench(group, args, backend):
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
 
     def cp():
-        return cp_attention(*local, shard, group, backend, args.image_attention)
+        extra = {"ulysses_size": args.ulysses_size} if backend == "usp" else {}
+        return cp_attention(*local, shard, group, backend, args.image_attention, **extra)
 
     def single():
         return varlen_attention(*whole, cu, is_image, args.image_attention)[0]
@@ -111,7 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     parser.add_argument("--cp", type=int, default=2)
-    parser.add_argument("--backend", default="both", choices=["ring", "ulysses", "both"])
+    parser.add_argument("--backend", default="both", choices=["ring", "ulysses", "usp", "both"],
+                        help="both: ring and ulysses")
+    parser.add_argument("--ulysses-size", type=int, default=None,
+                        help="usp only: ranks per Ulysses group (default gcd(kv_heads, P))")
     parser.add_argument("--image-strategy", default="replicate", choices=["replicate", "shard"])
     parser.add_argument("--image-attention", default="causal", choices=["causal", "bidirectional"])
     parser.add_argument("--sample-placement", default="split", choices=["split", "whole", "auto"],
