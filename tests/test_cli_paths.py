@@ -213,3 +213,12 @@ def test_other_flag_errors_found_by_a_new_user(argv, match, no_ranks, capsys):
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == f"vlmcp {argv[0]}: error: {match}\n"
+
+
+def test_hf_commands_without_the_hf_extra_name_it(monkeypatch, tmp_path, capsys):
+    """A plain install has no transformers: init-model says which extra to install (exit 2)."""
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # import -> ModuleNotFoundError
+    assert main(["init-model", "--arch", "qwen2_vl", "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "needs the Hugging Face extra" in err and "pip install 'vlmcp[hf]'" in err
+    assert "Traceback" not in err

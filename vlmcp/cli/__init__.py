@@ -15,6 +15,9 @@ from vlmcp.cli import verify as verify_cmd
 
 __all__ = ["main"]
 
+_HF_EXTRA = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "PIL")
+"""Modules the ``hf`` extra brings (``init-model``, ``data shapes``, ``train --model``)."""
+
 _COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd,
              "bench": bench_cmd, "init-model": init_model_cmd, "data": data_cmd}
 
@@ -43,3 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, NotImplementedError) as err:
         print(f"vlmcp {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] in _HF_EXTRA:
+            # a plain install has no transformers: say which extra brings it, not a traceback
+            print(f"vlmcp {args.command}: error: this needs the Hugging Face extra ({err.name} is not "
+                  "installed): pip install 'vlmcp[hf]'", file=sys.stderr)
+            return 2
+        raise
