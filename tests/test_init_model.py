@@ -116,3 +116,11 @@ def test_unwritable_out_is_one_line_before_any_work(tmp_path, capsys):
         assert len(err) == 1 and "--out" in err[0] and "is a file, not a directory" in err[0], err
     assert main(["data", "shapes", "--out", str(tmp_path / "d"), "--samples", "0"]) == 2
     assert "--samples must be" in capsys.readouterr().err
+
+
+def test_init_model_refuses_a_directory_with_files(tmp_path, capsys):
+    """A trained --output-dir must not be replaced by a random model by mistake; --force overwrites."""
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["init-model", "--arch", "llava", "--out", str(tmp_path)]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert (tmp_path / "config.json").read_text() == "{}"

@@ -19,15 +19,23 @@ def add_parser(sub) -> None:
     p.add_argument("--arch", required=True, choices=ARCHS, help="model architecture")
     p.add_argument("--out", required=True, metavar="DIR", help="the model directory to write")
     p.add_argument("--seed", type=int, default=0, help="weight initialization seed")
+    p.add_argument("--force", action="store_true",
+                   help="write into --out even if it already holds files (a trained model there is lost)")
 
 
 def run(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub
+    from pathlib import Path
+
     from vlmcp.cli.paths import check_writable_dir
     from vlmcp.hf.init_model import init_model
 
+    out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise ValueError(f"--out {args.out} already holds files (a model trained there would be replaced); "
+                         "pass --force to overwrite it, or choose an empty directory")
     check_writable_dir("--out", args.out)
 
     out = init_model(args.arch, args.out, seed=args.seed)
