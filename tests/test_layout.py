@@ -9,6 +9,7 @@ import vlmcp
 from tests import rows
 from vlmcp.attention import reference_mask
 from vlmcp.bench.chat_rows import chat_rows
+from vlmcp.bench.plan import equal_chunk_text_balance
 from vlmcp.layout import TokenKind, keys_per_query
 
 
@@ -210,21 +211,6 @@ def test_chat_rows_are_balanced_by_causal_work(P):
     assert sum(balanced) / len(balanced) <= 1.01 and max(balanced) <= 1.02, balanced
     assert sum(plain) / len(plain) > sum(balanced) / len(balanced) + 0.01, (plain, balanced)
 
-
-def equal_chunk_text_balance(plan):
-    """max/mean text-query work if every sample's text were cut into equal chunks (the baseline)."""
-    from vlmcp.layout.cuts import equal_cuts
-
-    P = plan.cp_size
-    work = torch.zeros(P, dtype=torch.long)
-    keys = plan.images.offsets + 1
-    for s in range(plan.num_samples):
-        a, b = int(plan.cu_seqlens[s]), int(plan.cu_seqlens[s + 1])
-        w = keys[a:b][~plan.is_image[a:b]]
-        cuts = equal_cuts(w.numel(), P)
-        for j in range(2 * P):
-            work[j if j < P else 2 * P - 1 - j] += int(w[cuts[j]:cuts[j + 1]].sum())
-    return float(work.max() / work.double().mean())
 
 
 def test_shard_selects_and_fills():

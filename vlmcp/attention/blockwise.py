@@ -68,7 +68,7 @@ from collections.abc import Sequence
 import torch
 
 from vlmcp.attention.kernels import AttentionKernel, VarlenRound, select_kernel
-from vlmcp.attention.masks import Block, MaskKind, Segment, self_blocks
+from vlmcp.attention.masks import Block, MaskKind, segments, self_blocks
 from vlmcp.attention.merge import accumulator_dtype, merge_
 from vlmcp.layout.images import row_images
 from vlmcp.layout.validate import check_cu_seqlens, check_is_image
@@ -324,13 +324,12 @@ def varlen_attention(q, k, v, cu_seqlens, is_image=None, image_attention: str = 
     L = q.shape[0]
     cu_t = check_cu_seqlens(cu_seqlens, L)
     cu = cu_t.tolist()
-    images: list[list[tuple[int, int]]] = [[] for _ in range(len(cu) - 1)]
+    spans = []
     if image_attention == "bidirectional" and is_image is not None:
         check_is_image(is_image)
         row = row_images(is_image.detach().cpu(), cu_t, image_ids)
-        for s, (a, b) in zip(row.samples.tolist(), row.spans.tolist(), strict=True):
-            images[s].append((a, b))
-    segs = [Segment(cu[s], cu[s + 1] - cu[s], tuple(images[s])) for s in range(len(cu) - 1)]
+        spans = [(s, a, b) for s, (a, b) in zip(row.samples.tolist(), row.spans.tolist(), strict=True)]
+    segs = segments(len(cu) - 1, cu[:-1], [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)], spans)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return blockwise_attention(q, k, v, self_blocks(segs), scale,
                                select_kernel(q.device, q.dtype, kernel))

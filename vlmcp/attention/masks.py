@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Block", "MaskKind", "Run", "Segment", "block_kind", "cross_blocks", "dense_mask", "runs_of",
-           "self_blocks"]
+__all__ = ["Block", "MaskKind", "Run", "Segment", "block_kind", "cross_blocks", "dense_mask", "image_runs",
+           "runs_of", "sample_runs", "segments", "self_blocks"]
 
 
 class MaskKind(enum.Enum):
@@ -233,3 +233,49 @@ def self_blocks(segments: Sequence[Segment]) -> list[Block]:
                     blocks.append(Block(lo, hi, start, lo, MaskKind.FULL))
                 blocks.append(Block(lo, hi, lo, hi, MaskKind.CAUSAL))
     return _coalesce(blocks)
+
+
+def sample_runs(mask: torch.Tensor, sample_ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(sample, a, b)`` for each maximal run ``[a, b)`` of True in ``mask`` within one sample."""
+    idx = torch.nonzero(mask).flatten()
+    if idx.numel() == 0:
+        return []
+    s = sample_ids[idx]
+    brk = torch.ones(idx.numel(), dtype=torch.bool)
+    brk[1:] = (idx[1:] != idx[:-1] + 1) | (s[1:] != s[:-1])
+    first = torch.nonzero(brk).flatten()
+    last = torch.cat([first[1:], first.new_tensor([idx.numel()])]) - 1
+    return list(zip(s[first].tolist(), idx[first].tolist(), (idx[last] + 1).tolist(), strict=True))
+
+
+def image_runs(image_ids: torch.Tensor, image_samples: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(sample, a, b)``: the storage range of each image among stored tokens in global order.
+
+    Args:
+        image_ids: ``LongTensor[N]``, the image of each stored token (-1: text or padding);
+            an image's stored tokens are contiguous (storage is in global order).
+        image_samples: ``LongTensor[n]``, the sample of each image of the row.
+    """
+    at = torch.nonzero(image_ids >= 0).flatten()
+    if at.numel() == 0:
+        return []
+    ids, counts = torch.unique_consecutive(image_ids[at], return_counts=True)
+    first = at[torch.cumsum(counts, 0) - counts]
+    return [(int(image_samples[i]), f, f + c)
+            for i, f, c in zip(ids.tolist(), first.tolist(), counts.tolist(), strict=True)]
+
+
+def segments(n_samples: int, starts: Sequence[int], lens: Sequence[int],
+             images: Sequence[tuple[int, int, int]] = (),
+             queries: Sequence[tuple[int, int, int]] | None = None) -> list[Segment]:
+    """One :class:`Segment` per sample from ``(sample, a, b)`` image and query ranges."""
+    per_image: list[list[tuple[int, int]]] = [[] for _ in range(n_samples)]
+    for s, a, b in images:
+        per_image[s].append((a, b))
+    per_query: list[list[tuple[int, int]]] | None = None
+    if queries is not None:
+        per_query = [[] for _ in range(n_samples)]
+        for s, a, b in queries:
+            per_query[s].append((a, b))
+    return [Segment(starts[s], lens[s], tuple(per_image[s]),
+                    None if per_query is None else tuple(per_query[s])) for s in range(n_samples)]

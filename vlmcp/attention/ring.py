@@ -61,7 +61,7 @@ from vlmcp.attention.blockwise import VarlenPlan, blocks_backward, blocks_forwar
 from vlmcp.attention.comm import RingComm
 from vlmcp.attention.exchange import Exchange, exchange_of
 from vlmcp.attention.kernels import AttentionKernel
-from vlmcp.attention.masks import Block, Segment, cross_blocks, runs_of, self_blocks
+from vlmcp.attention.masks import Block, Segment, cross_blocks, image_runs, runs_of, segments, self_blocks
 from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.layout.plan import RankShard
 
@@ -115,15 +115,8 @@ def local_segments(shard: RankShard, bidirectional: bool) -> list[Segment]:
     n_samples = shard.plan.num_samples
     valid = torch.zeros(n_samples, dtype=torch.long).index_add_(
         0, shard.sample_ids, (shard.positions >= 0).long())
-    images: list[list[tuple[int, int]]] = [[] for _ in range(n_samples)]
-    if bidirectional:
-        slots = torch.nonzero(shard.image_index >= 0).flatten()
-        ids, counts = torch.unique_consecutive(shard.image_index[slots], return_counts=True)
-        first = torch.cumsum(counts, 0) - counts
-        for i, f, c in zip(ids.tolist(), slots[first].tolist(), counts.tolist(), strict=True):
-            images[int(shard.plan.images.samples[i])].append((f, f + c))
-    starts = shard.cu_seqlens[:-1].tolist()
-    return [Segment(starts[s], int(valid[s]), tuple(images[s])) for s in range(n_samples)]
+    spans = image_runs(shard.image_index, shard.plan.images.samples) if bidirectional else []
+    return segments(n_samples, shard.cu_seqlens[:-1].tolist(), valid.tolist(), spans)
 
 
 def buffer_runs(shard: RankShard, positions: torch.Tensor, bidirectional: bool) -> list:

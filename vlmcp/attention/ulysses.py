@@ -54,7 +54,7 @@ import torch.distributed as dist
 from vlmcp.attention.blockwise import blockwise_attention
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.kernels import AttentionKernel
-from vlmcp.attention.masks import Block, Segment, self_blocks
+from vlmcp.attention.masks import Block, image_runs, sample_runs, segments, self_blocks
 from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.comm import all_gather
 from vlmcp.layout.plan import RankShard
@@ -101,30 +101,15 @@ class UlyssesSchedule:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _ranges(mask: torch.Tensor, sample_ids: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(sample, a, b)`` for each maximal run of True in ``mask`` within one sample."""
-    idx = torch.nonzero(mask).flatten()
-    if idx.numel() == 0:
-        return []
-    s = sample_ids[idx]
-    brk = torch.ones(idx.numel(), dtype=torch.bool)
-    brk[1:] = (idx[1:] != idx[:-1] + 1) | (s[1:] != s[:-1])
-    first = torch.nonzero(brk).flatten()
-    last = torch.cat([first[1:], first.new_tensor([idx.numel()])]) - 1
-    return list(zip(s[first].tolist(), idx[first].tolist(), (idx[last] + 1).tolist(), strict=True))
-
-
-def _segments(n_samples: int, starts: list[int], lens: list[int], images, queries=None) -> list[Segment]:
-    per_image: list[list[tuple[int, int]]] = [[] for _ in range(n_samples)]
-    for s, a, b in images:
-        per_image[s].append((a, b))
-    per_query: list[list[tuple[int, int]]] | None = None
-    if queries is not None:
-        per_query = [[] for _ in range(n_samples)]
-        for s, a, b in queries:
-            per_query[s].append((a, b))
-    return [Segment(starts[s], lens[s], tuple(per_image[s]),
-                    None if per_query is None else tuple(per_query[s])) for s in range(n_samples)]
+def local_blocks(shard: RankShard, local_index: torch.Tensor, bidirectional: bool) -> list[Block]:
+    """Blocks of local queries that see only local keys (a sample's leading images, whole
+    samples) over themselves, stored compactly in ``local_index`` (local slots, global order)."""
+    images, S = shard.plan.images, shard.plan.num_samples
+    pos = shard.positions[local_index]
+    lens = torch.bincount(images.sample_ids[pos], minlength=S)
+    starts = (torch.cumsum(lens, 0) - lens).tolist()
+    spans = image_runs(images.image_ids[pos], images.samples) if bidirectional else []
+    return self_blocks(segments(S, starts, lens.tolist(), spans))
 
 
 def ulysses_schedule(shard: RankShard, image_attention: str,
@@ -160,26 +145,15 @@ def ulysses_schedule(shard: RankShard, image_attention: str,
     if bidir:
         spans = [(int(images.samples[i]), int(compact[a]), int(compact[a]) + b - a)
                  for i, (a, b) in enumerate(images.spans.tolist()) if bool(in_row[a])]
-    row_blocks = self_blocks(_segments(S, row_starts, row_lens.tolist(), spans,
-                                       _ranges(computed[in_row], row_sid)))
+    row_blocks = self_blocks(segments(S, row_starts, row_lens.tolist(), spans,
+                                      sample_runs(computed[in_row], row_sid)))
     # computed locally for all heads, compact: each split sample's leading images (they see
     # image keys only) and the whole samples on this rank (every key they see is here)
     local = lead.clone()
     local |= (plan.owner == shard.rank) & ~plan.travelling
     valid = shard.positions >= 0
     lead_index = torch.nonzero(valid & local[shard.positions.clamp(min=0)]).flatten()
-    lead_pos = shard.positions[lead_index]
-    lead_sid = images.sample_ids[lead_pos]
-    lead_lens = torch.bincount(lead_sid, minlength=S)
-    lead_starts = (torch.cumsum(lead_lens, 0) - lead_lens).tolist()
-    lead_img = []
-    if bidir and lead_pos.numel():
-        at = torch.nonzero(images.image_ids[lead_pos] >= 0).flatten()
-        ids, counts = torch.unique_consecutive(images.image_ids[lead_pos[at]], return_counts=True)
-        first = at[torch.cumsum(counts, 0) - counts]
-        lead_img = [(int(images.samples[i]), f, f + c)
-                    for i, f, c in zip(ids.tolist(), first.tolist(), counts.tolist(), strict=True)]
-    lead_blocks = self_blocks(_segments(S, lead_starts, lead_lens.tolist(), lead_img))
+    lead_blocks = local_blocks(shard, lead_index, bidir)
     sched = UlyssesSchedule(
         counts=ex.counts, send_index=ex.send_index.to(device), image_index=rep.to(device),
         row_order=torch.cat([travelling, rep_pos]).argsort().to(device),

@@ -65,9 +65,9 @@ import torch.distributed as dist
 from vlmcp.attention.blockwise import blockwise_attention
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.kernels import AttentionKernel
-from vlmcp.attention.masks import Block, self_blocks
+from vlmcp.attention.masks import Block, sample_runs, self_blocks
 from vlmcp.attention.ring import RingSchedule, _RingAttention, local_segments, ring_schedule
-from vlmcp.attention.ulysses import _heads_to_seq, _HeadsToSeq, _ranges, _segments, _SeqToHeads
+from vlmcp.attention.ulysses import _heads_to_seq, _HeadsToSeq, _SeqToHeads, local_blocks
 from vlmcp.attention.usp_groups import UspGroups
 from vlmcp.comm import all_gather
 from vlmcp.layout.plan import CPPlan, RankShard
@@ -140,23 +140,6 @@ def _leading(plan: CPPlan) -> torch.Tensor:
     return (before == 0) & (plan.owner < 0)
 
 
-def _local_blocks(shard: RankShard, local_index: torch.Tensor, bidir: bool) -> list[Block]:
-    """Blocks of the local queries (leading images, whole samples) over themselves, stored
-    compactly in ``local_index`` order: every key they see is among them, in global order."""
-    images, S = shard.plan.images, shard.plan.num_samples
-    pos = shard.positions[local_index]
-    lens = torch.bincount(images.sample_ids[pos], minlength=S)
-    starts = (torch.cumsum(lens, 0) - lens).tolist()
-    spans = []
-    at = torch.nonzero(images.image_ids[pos] >= 0).flatten()
-    if bidir and at.numel():
-        ids, counts = torch.unique_consecutive(images.image_ids[pos[at]], return_counts=True)
-        first = at[torch.cumsum(counts, 0) - counts]
-        spans = [(int(images.samples[i]), f, f + c)
-                 for i, f, c in zip(ids.tolist(), first.tolist(), counts.tolist(), strict=True)]
-    return self_blocks(_segments(S, starts, lens.tolist(), spans))
-
-
 def _merged_ring(merged: RankShard, lead: torch.Tensor, image_attention: str) -> RingSchedule:
     """The merged shard's ring schedule with the leading images' queries left out of step 0
     (later steps give them no block: every key they see is an image key, held locally)."""
@@ -164,7 +147,7 @@ def _merged_ring(merged: RankShard, lead: torch.Tensor, image_attention: str) ->
     valid = merged.positions >= 0
     computed = valid & ~lead[merged.positions.clamp(min=0)]
     queries: list[list[tuple[int, int]]] = [[] for _ in range(merged.plan.num_samples)]
-    for s, a, b in _ranges(computed, merged.sample_ids):
+    for s, a, b in sample_runs(computed, merged.sample_ids):
         queries[s].append((a, b))
     segments = [seg._replace(queries=tuple(queries[s]))
                 for s, seg in enumerate(local_segments(merged, bidir))]
@@ -205,7 +188,7 @@ def usp_schedule(shard: RankShard, ulysses_size: int, image_attention: str,
         travelling_slots=on(travelling), ring=_merged_ring(merged, lead, image_attention),
         late_slots=on(rep[~is_lead]), late_merged=on(slot_of[rep_pos[~is_lead]]),
         local_index=on(local_index),
-        local_blocks=tuple(_local_blocks(shard, local_index, image_attention == "bidirectional")))
+        local_blocks=tuple(local_blocks(shard, local_index, image_attention == "bidirectional")))
     per_shard[key] = sched
     return sched
 

@@ -95,8 +95,7 @@ def _place_samples(cu, is_image, images, cp_size, image_strategy, sample_placeme
     """``LongTensor[S]`` of whole-sample ranks (-1: split), or None to split every sample."""
     if sample_placement == "split" or cp_size == 1:
         return None
-    costs = sample_costs(images, cu, is_image, model.flops_per_pair, model.flops_per_token,
-                         model.image_attention)
+    costs = sample_costs(images, cu, model.flops_per_pair, model.flops_per_token, model.image_attention)
     if sample_placement == "whole":
         return lpt_assign(costs, cp_size)
     seqlens = cu[1:] - cu[:-1]

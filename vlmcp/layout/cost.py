@@ -77,7 +77,7 @@ from typing import get_args
 import torch
 
 from vlmcp.layout.plan import CPPlan
-from vlmcp.layout.work import ImageAttention, row_keys_per_query
+from vlmcp.layout.work import ImageAttention, attended_pairs
 
 __all__ = ["CostEstimate", "CostModel", "estimate_cost"]
 
@@ -237,17 +237,14 @@ def estimate_cost(plan: CPPlan, cost_model: CostModel | None = None) -> CostEsti
     """Price ``plan``'s busiest rank (see Note [vlmcp cost model: replicate or shard image tokens]).
 
     Computed from the plan's per-token owners in O(L), without building any rank's
-    shard; the pairs equal :func:`~vlmcp.layout.work.attended_pairs` and the bytes
+    shard; the pairs are :func:`~vlmcp.layout.work.attended_pairs`' and the bytes
     equal ``vlmcp.attention.exchange.ring_bytes_sent`` summed over both directions.
     """
     model = CostModel() if cost_model is None else cost_model
     if not isinstance(model, CostModel):
         raise TypeError(f"cost_model must be a CostModel, got {type(model).__name__}")
     P = plan.cp_size
-    keys = row_keys_per_query(plan, model.image_attention)
-    rank = torch.where(plan.owner >= 0, plan.owner, P)  # P: replicated, computed on every rank
-    per_rank = torch.bincount(rank, weights=keys.double(), minlength=P + 1).long()
-    pairs = per_rank[:P] + per_rank[P]
+    pairs = attended_pairs(plan, model.image_attention).total_pairs
     travelling = torch.bincount(plan.owner[plan.travelling], minlength=P)
     local_tokens = plan.num_slots
     fits = model.max_local_tokens is None or local_tokens <= model.max_local_tokens

@@ -48,6 +48,14 @@ class RowImages:
         """``LongTensor[n]``: tokens of each image."""
         return self.spans[:, 1] - self.spans[:, 0]
 
+    def keys_per_query(self, image_attention: str = "causal") -> torch.Tensor:
+        """``LongTensor[L]``: keys each token attends to: its offset + 1, or under
+        ``"bidirectional"`` attention, for an image token, every key before its image's end."""
+        keys = self.offsets + 1
+        if image_attention == "bidirectional":
+            keys = torch.where(self.image_ids >= 0, self.span_end_offsets(), keys)
+        return keys
+
     def span_end_offsets(self) -> torch.Tensor:
         """``LongTensor[L]``: for an image token, the sample offset one past its image's end; else -1."""
         if not self.num_images:

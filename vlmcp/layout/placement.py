@@ -46,12 +46,10 @@ __all__ = ["SamplePlacement", "lpt_assign", "sample_costs"]
 SamplePlacement = Literal["split", "whole", "auto"]
 
 
-def sample_costs(images, cu: torch.Tensor, is_image: torch.Tensor, flops_per_pair: float,
-                 flops_per_token: float, image_attention: str = "causal") -> torch.Tensor:
+def sample_costs(images, cu: torch.Tensor, flops_per_pair: float, flops_per_token: float,
+                 image_attention: str = "causal") -> torch.Tensor:
     """``DoubleTensor[S]``: the cost of computing each sample whole on one rank (one layer)."""
-    keys = images.offsets + 1
-    if image_attention == "bidirectional":
-        keys = torch.where(is_image, images.span_end_offsets(), keys)
+    keys = images.keys_per_query(image_attention)
     S = cu.numel() - 1
     pairs = torch.zeros(S, dtype=torch.float64).index_add_(0, images.sample_ids, keys.double())
     return flops_per_pair * pairs + flops_per_token * (cu[1:] - cu[:-1]).double()

@@ -33,10 +33,7 @@ def _check_image_attention(image_attention) -> None:
 def row_keys_per_query(plan: CPPlan, image_attention: ImageAttention = "causal") -> torch.Tensor:
     """``LongTensor[L]``: how many keys each token of the global row attends to."""
     _check_image_attention(image_attention)
-    keys = plan.images.offsets + 1
-    if image_attention == "bidirectional":
-        keys = torch.where(plan.is_image, plan.images.span_end_offsets(), keys)
-    return keys
+    return plan.images.keys_per_query(image_attention)
 
 
 def keys_per_query(shard: RankShard, image_attention: ImageAttention = "causal") -> torch.Tensor:
