@@ -16,8 +16,9 @@ takes chunks r and 2P-1-r. P = 2, text ``t`` chunked ``a b c d``::
 
 A rank's tokens of a sample stay in global order, images included, so its local row
 is itself a packed row (local ``cu_seqlens``) whose own-K/V attention is one causal
-block per sample. Every rank gives sample s the same number of slots (the most any
-rank holds of it); padding (``-1``) is the segment's suffix. Where the cuts fall is
+block per sample. Every rank gives a split sample the same number of slots (the most
+any rank holds of it); padding (``-1``) is the segment's suffix. (A sample placed whole
+on one rank, Note [vlmcp whole-sample placement], is a segment of that rank alone.) Where the cuts fall is
 Note [vlmcp zigzag cut points: equal chunks or equal causal work] in
 :mod:`vlmcp.layout.cuts`: equal chunks (megatron-core's order) for text-only samples
 whose length divides by 2P, equal causal work for the others, so a short prompt
@@ -238,11 +239,6 @@ class CPPlan:
         """
         split = (self.replicated_lens + self.rank_lens.max(dim=1).values)[:, None].expand_as(self.rank_lens)
         return torch.where((self.whole >= 0)[:, None], self.rank_lens, split)
-
-    @property
-    def local_lens(self) -> torch.Tensor:
-        """``LongTensor[S]``: the largest segment of each sample over ranks (split samples: every rank's)."""
-        return self.segment_lens.max(dim=1).values
 
     @property
     def num_slots(self) -> int:
