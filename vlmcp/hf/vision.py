@@ -61,6 +61,7 @@ from vlmcp.comm import all_gather, broadcast
 from vlmcp.grads import GradRule, grad_tag, set_grad_rule
 from vlmcp.hf.adapters import HFAdapter, submodule
 from vlmcp.hf.attention import CONTEXT_KEY
+from vlmcp.models.merge import image_rows
 from vlmcp.vision.assign import assign_images, vit_cost
 from vlmcp.vision.placement import VisionMode, _column_slice
 
@@ -158,9 +159,7 @@ def _local_features(emb: torch.Tensor, tokens: list[int], shard) -> tuple[torch.
     image slots' ranks among the row's image tokens index it. Differentiable; at least
     one (possibly empty) tensor, so HF's ``torch.cat`` never gets an empty tuple.
     """
-    plan = shard.plan
-    order = torch.cumsum(plan.is_image.long(), 0) - 1  # each image token's row in emb
-    rows = order[shard.positions[shard.is_image]]
+    rows = image_rows(shard)[shard.is_image]  # each local image token's row in emb
     ends = torch.cumsum(torch.as_tensor(tokens, dtype=torch.long), 0)
     image = torch.bucketize(rows, ends, right=True)
     counts = torch.bincount(image, minlength=len(tokens))
