@@ -26,7 +26,7 @@ from vlmcp.hf.verify import (
     reference_for,
     reference_step,
 )
-from vlmcp.train.loop import dp_cp_groups
+from vlmcp.train.reference.loop import dp_cp_groups
 
 # The rows: prompt text before the image; two images in one sample with text
 # between; a packed row of three samples, one of them text-only (Qwen grids; LLaVA

@@ -20,8 +20,8 @@ from vlmcp.data import (
     pack_row,
     pack_rows,
 )
-from vlmcp.data.shapes import COLOUR_RGB
-from vlmcp.data.vocab import COLS, ROWS
+from vlmcp.data.builtin.shapes import COLOUR_RGB
+from vlmcp.data.builtin.vocab import COLS, ROWS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor  # noqa: E40
 from transformers.utils import is_torchvision_available  # noqa: E402
 
 from vlmcp.cli import main  # noqa: E402
-from vlmcp.data.processor import load_processor  # noqa: E402
+from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.hf.init_model import ARCHS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,7 +79,7 @@ def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens)
 
 
 def test_saved_processor_round_trips(model_dirs, tmp_path):
-    from vlmcp.data.processor import save_processor
+    from vlmcp.data.hf.processor import save_processor
 
     for arch in ARCHS:
         processor = load_processor(model_dirs / arch)

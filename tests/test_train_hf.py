@@ -18,13 +18,13 @@ pytest.importorskip("transformers")
 
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
-from vlmcp.data.export import export_shapes  # noqa: E402
-from vlmcp.data.hf_encode import encode_conversation  # noqa: E402
-from vlmcp.data.hf_rows import build_row  # noqa: E402
+from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
+from vlmcp.data.hf.export import export_shapes  # noqa: E402
+from vlmcp.data.hf.rows import build_row  # noqa: E402
 from vlmcp.hf.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
-from vlmcp.train.hf_config import HFTrainConfig  # noqa: E402
-from vlmcp.train.hf_loop import train_hf_rank  # noqa: E402
+from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
+from vlmcp.train.hf.loop import train_hf_rank  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 STEPS, SEQ = 6, 128
@@ -99,7 +99,7 @@ def llava_run(models, data, tmp_path_factory):
 def _check_trained(summary, index, cfg):
     from transformers import AutoModelForImageTextToText
 
-    from vlmcp.data.processor import load_processor
+    from vlmcp.data.hf.processor import load_processor
 
     losses = summary["losses"]
     assert len(losses) == STEPS and losses[-1] < losses[0] - 0.1, losses
@@ -283,7 +283,7 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
 
 def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
     from vlmcp.cli.train_hf import _report
-    from vlmcp.data.hf_rows import DataIndex
+    from vlmcp.data.hf.rows import DataIndex
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
     index = DataIndex(conversations=[], lengths=[], rows=[[0]], skipped=[3, 7], seq_len=64)
@@ -301,8 +301,8 @@ def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, ca
 def _plan_check(group):
     import torch.distributed as dist
 
-    from vlmcp.data.hf_rows import DataIndex
-    from vlmcp.train.hf_loop import _check_same_plan
+    from vlmcp.data.hf.rows import DataIndex
+    from vlmcp.train.hf.loop import _check_same_plan
 
     index = DataIndex(conversations=[], lengths=[10 + dist.get_rank(group)], rows=[[0]], seq_len=16)
     try:

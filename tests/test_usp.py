@@ -17,7 +17,7 @@ import vlmcp
 from tests import attention_cases, usp_cases
 from vlmcp.cli import main
 from vlmcp.testing import run_on_ranks
-from vlmcp.train.config import TrainConfig
+from vlmcp.train.reference.config import TrainConfig
 
 ROWS = [
     ["t3 i5 t4 i2 i3 t6", "t7", "t2 i6"],  # images after text, back to back (image_ids), ending a sample

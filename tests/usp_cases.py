@@ -15,7 +15,7 @@ from tests.attention_cases import CommLog, make_row, parity_grid, run_case
 from vlmcp.attention import cp_attention, usp_groups
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.usp import _leading
-from vlmcp.train.loop import dp_cp_groups
+from vlmcp.train.reference.loop import dp_cp_groups
 from vlmcp.verify import ParityCase, parity_case
 
 HEAD_DIM = 8

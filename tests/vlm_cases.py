@@ -16,7 +16,7 @@ def double_count_trap(group):
 
     from vlmcp.grads import reduce_gradients
     from vlmcp.models import VLM
-    from vlmcp.train.step import forward_backward
+    from vlmcp.train.reference.step import forward_backward
     from vlmcp.verify import builtin_row, verify_model_config
     from vlmcp.vision import place_vision
 
@@ -54,7 +54,7 @@ def bad_image_count(group):
     import torch.distributed as dist
 
     from vlmcp.models import VLM
-    from vlmcp.train.step import forward_backward
+    from vlmcp.train.reference.step import forward_backward
     from vlmcp.verify import builtin_row, verify_model_config
     from vlmcp.vision import place_vision
 
@@ -90,7 +90,7 @@ def real_ddp_convention(group, modes):
 
     from vlmcp.grads import ddp_ignored_params, finish_ddp_gradients, local_part
     from vlmcp.models import VLM
-    from vlmcp.train.step import forward_backward
+    from vlmcp.train.reference.step import forward_backward
     from vlmcp.verify import builtin_row, verify_model_config
     from vlmcp.vision import place_vision
 
@@ -128,7 +128,7 @@ def copied_model_state(group):
     import torch.distributed as dist
 
     from vlmcp.models import VLM
-    from vlmcp.train.state import full_state, load_full_state
+    from vlmcp.train.reference.state import full_state, load_full_state
     from vlmcp.verify import verify_model_config
     from vlmcp.vision import place_vision
 

@@ -25,9 +25,9 @@ from vlmcp.data import PackedRow, random_row
 from vlmcp.launch import spawn_ranks
 from vlmcp.memory import SavedTensorMeter
 from vlmcp.models import VLM
-from vlmcp.train.config import TrainConfig
-from vlmcp.train.loop import model_config
-from vlmcp.train.step import forward_backward
+from vlmcp.train.reference.config import TrainConfig
+from vlmcp.train.reference.loop import model_config
+from vlmcp.train.reference.step import forward_backward
 from vlmcp.vision import place_vision
 
 PATCH = 8

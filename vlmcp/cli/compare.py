@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from vlmcp.compare import compare_rank, markdown_table
     from vlmcp.data import ShapesDataset, pack_row
     from vlmcp.launch import RankFailure, spawn_ranks
-    from vlmcp.train.config import TrainConfig
-    from vlmcp.train.loop import dataset_config, model_config
+    from vlmcp.train.reference.config import TrainConfig
+    from vlmcp.train.reference.loop import dataset_config, model_config
 
     cfg = TrainConfig(cp=args.cp, seq_len=args.seq_len, seed=args.seed)
     row = pack_row(ShapesDataset(dataset_config(cfg)), cfg.seq_len, 0)

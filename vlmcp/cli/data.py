@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vlmcp.cli.paths import check_writable_dir
-    from vlmcp.data.export import export_shapes
+    from vlmcp.data.hf.export import export_shapes
 
     if args.samples < 1:
         raise ValueError(f"--samples must be an integer >= 1, got {args.samples}")

@@ -19,7 +19,7 @@ from typing import get_args
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
-from vlmcp.train.config import (
+from vlmcp.train.reference.config import (
     AttentionBackend,
     DType,
     ImageAttention,
@@ -86,7 +86,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if not uses_costs and cfg.flops_per_byte != TrainConfig().flops_per_byte:
         raise ValueError("--flops-per-byte only applies to --image-strategy auto or --sample-placement "
                          "whole/auto")
-    from vlmcp.train.loop import dataset_config
+    from vlmcp.train.reference.loop import dataset_config
 
     dataset_config(cfg)  # raises if --seq-len cannot hold the longest built-in sample
     return cfg
@@ -100,7 +100,7 @@ def check_outputs(cfg: TrainConfig) -> None:
     """
     if cfg.checkpoint_dir:
         check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
-        from vlmcp.train.checkpoint import latest_checkpoint
+        from vlmcp.train.reference.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(cfg.checkpoint_dir)
         if latest is not None and not cfg.resume:
@@ -124,8 +124,8 @@ def _under_torchrun() -> bool:
 
 def _resume_preflight(cfg: TrainConfig) -> bool:
     """Check ``--resume`` before any rank starts; returns False when there is nothing to do."""
-    from vlmcp.train.checkpoint import load_latest_checkpoint
-    from vlmcp.train.loop import check_resumable
+    from vlmcp.train.reference.checkpoint import load_latest_checkpoint
+    from vlmcp.train.reference.loop import check_resumable
 
     ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
     if ckpt is None:
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.resume and not _under_torchrun() and not _resume_preflight(cfg):
         return 0
     on_step = functools.partial(_kill_at, *args._fault) if args._fault else None
-    from vlmcp.train.loop import train_rank
+    from vlmcp.train.reference.loop import train_rank
 
     if _under_torchrun():
         import torch

@@ -16,8 +16,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
-from vlmcp.train.config import TrainConfig
-from vlmcp.train.hf_config import HFTrainConfig
+from vlmcp.train.hf.config import HFTrainConfig
+from vlmcp.train.reference.config import TrainConfig
 
 __all__ = ["add_hf_arguments", "check_reference_args", "run_hf"]
 
@@ -92,9 +92,9 @@ def plan_data(cfg: HFTrainConfig):
     """Load the processor, read and check the data, plan the rows (errors name the line)."""
     if not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
-    from vlmcp.data.conversations import read_conversations
-    from vlmcp.data.hf_rows import build_index
-    from vlmcp.data.processor import load_processor
+    from vlmcp.data.hf.conversations import read_conversations
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
     conversations = read_conversations(cfg.data, cfg.image_root)
@@ -109,7 +109,7 @@ def _say(line: str) -> None:
 
 def _resume_preflight(cfg: HFTrainConfig) -> bool:
     """Check ``--resume`` (or a fresh run's empty checkpoint dir); False: nothing to do."""
-    from vlmcp.train.hf_checkpoint import check_resumable, latest_step
+    from vlmcp.train.hf.checkpoint import check_resumable, latest_step
 
     found = latest_step(cfg.checkpoints, cfg.fsdp)
     if not cfg.resume:
@@ -178,7 +178,7 @@ def _report(cfg: HFTrainConfig, index, s: dict) -> int:
 def run_hf(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to download
-    from vlmcp.train.hf_loop import train_hf_rank
+    from vlmcp.train.hf.loop import train_hf_rank
 
     under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     check_outputs(cfg)

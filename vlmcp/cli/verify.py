@@ -15,7 +15,7 @@ import sys
 from typing import get_args
 
 from vlmcp.layout.plan import ImageStrategy
-from vlmcp.train.config import AttentionBackend, DType, ImageAttention, VisionMode
+from vlmcp.train.reference.config import AttentionBackend, DType, ImageAttention, VisionMode
 
 
 def add_parser(sub) -> None:

@@ -24,7 +24,7 @@ from typing import Literal, get_args
 
 import torch
 
-from vlmcp.data.processor import save_processor
+from vlmcp.data.hf.processor import save_processor
 
 __all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
 
@@ -74,8 +74,8 @@ MAX_PIXELS = 64 * 64
 
 def _corpus() -> list[str]:
     """Text the BPE is trained on: every built-in caption word and the template's words."""
-    from vlmcp.data.export import PROMPTS
-    from vlmcp.data.vocab import SPECIAL_TOKENS, WORDS
+    from vlmcp.data.builtin.vocab import SPECIAL_TOKENS, WORDS
+    from vlmcp.data.hf.export import PROMPTS
 
     words = [w for w in WORDS if w not in SPECIAL_TOKENS]
     lines = [" ".join(words), "\n".join(words), *PROMPTS.values()]
@@ -129,8 +129,8 @@ def build_processor(arch: Arch):
         from transformers import Qwen2_5_VLProcessor as cls
     from transformers.utils import is_torchvision_available
 
-    if not is_torchvision_available():  # see vlmcp.data.processor
-        from vlmcp.data.processor import processor_without_video
+    if not is_torchvision_available():  # see vlmcp.data.hf.processor
+        from vlmcp.data.hf.processor import processor_without_video
 
         return processor_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch])
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor

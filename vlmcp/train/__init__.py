@@ -4,13 +4,14 @@ Main entry points:
 
 * :func:`save_checkpoint`, :func:`load_checkpoint`, :func:`latest_checkpoint`,
   :func:`load_latest_checkpoint`: atomic checkpoints (see Note [vlmcp checkpoints:
-  atomic write, newest good file wins] in :mod:`vlmcp.train.checkpoint`);
+  atomic write, newest good file wins] in :mod:`vlmcp.train.reference.checkpoint`);
   :func:`capture_rng_state` / :func:`restore_rng_state` for exact resume.
 * :class:`ProgressBar` (rank 0's terminal) and :class:`MetricsWriter` /
   :func:`read_metrics` (one JSON object per step, resumable without duplicates).
 """
 
-from vlmcp.train.checkpoint import (
+from vlmcp.train.progress import METRIC_FIELDS, MetricsWriter, ProgressBar, format_duration, read_metrics
+from vlmcp.train.reference.checkpoint import (
     Checkpoint,
     capture_rng_state,
     checkpoint_path,
@@ -21,7 +22,6 @@ from vlmcp.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from vlmcp.train.progress import METRIC_FIELDS, MetricsWriter, ProgressBar, format_duration, read_metrics
 
 __all__ = [
     "METRIC_FIELDS", "Checkpoint", "MetricsWriter", "ProgressBar", "capture_rng_state",

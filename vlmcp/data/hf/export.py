@@ -1,7 +1,7 @@
 """The built-in shapes-and-captions data as a JSONL conversations file with PNG images.
 
 One line per sample of :class:`vlmcp.data.ShapesDataset`, in the LLaMA-Factory /
-ms-swift format that :mod:`vlmcp.data.conversations` reads::
+ms-swift format that :mod:`vlmcp.data.hf.conversations` reads::
 
     {"messages": [{"role": "user", "content": "Describe the picture. <image>"},
                   {"role": "assistant", "content": "a red circle top left"}],
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlmcp.data.config import ShapesConfig
-from vlmcp.data.dataset import ShapesDataset
+from vlmcp.data.builtin.config import ShapesConfig
+from vlmcp.data.builtin.dataset import ShapesDataset
 
 __all__ = ["COMPARE_PROMPT", "IMAGE_PROMPT", "PROMPTS", "TEXT_PROMPT", "VIDEO_PROMPT", "export_shapes"]
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vlmcp.data.config import ShapesConfig
-from vlmcp.data.shapes import caption_words, render, sample_scene, sentence_words
-from vlmcp.data.vocab import BOS_ID, EOS_ID, IMAGE_ID, encode
+from vlmcp.data.builtin.config import ShapesConfig
+from vlmcp.data.builtin.shapes import caption_words, render, sample_scene, sentence_words
+from vlmcp.data.builtin.vocab import BOS_ID, EOS_ID, IMAGE_ID, encode
 
 __all__ = ["Sample", "ShapesDataset"]
 

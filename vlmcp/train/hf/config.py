@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import get_args
 
-from vlmcp.train.config import AttentionBackend, DType, SamplePlacement, VisionMode
+from vlmcp.train.reference.config import AttentionBackend, DType, SamplePlacement, VisionMode
 
 __all__ = ["HFTrainConfig"]
 

@@ -20,7 +20,7 @@ Template or tokenizer behaviour that breaks either property is an error naming t
 
 Token counts are known before any image is decoded (an image's count needs only its
 size, read from the file header), so packing is planned up front; the pixels are
-decoded later, by the row loader (:mod:`vlmcp.data.hf_rows`).
+decoded later, by the row loader (:mod:`vlmcp.data.hf.rows`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.data.conversations import IMAGE_PLACEHOLDER, Conversation
+from vlmcp.data.hf.conversations import IMAGE_PLACEHOLDER, Conversation
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["EncodedSample", "encode_conversation", "image_sizes", "sample_length"]

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vlmcp.data.conversations import Conversation
-from vlmcp.data.hf_encode import EncodedSample, encode_conversation, sample_length
+from vlmcp.data.hf.conversations import Conversation
+from vlmcp.data.hf.encode import EncodedSample, encode_conversation, sample_length
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]

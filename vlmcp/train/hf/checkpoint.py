@@ -3,8 +3,8 @@
 Two kinds, by ``--fsdp``:
 
 * without FSDP every rank holds the whole model: the atomic single file of
-  :mod:`vlmcp.train.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
-  wins]) with the layout-free state of :mod:`vlmcp.train.state`, so it resumes at another
+  :mod:`vlmcp.train.reference.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
+  wins]) with the layout-free state of :mod:`vlmcp.train.reference.state`, so it resumes at another
   CP size;
 * with FSDP each rank holds a shard: ``torch.distributed.checkpoint`` writes every rank's
   shard into ``.step_N.tmp/`` (on a directory all ranks share), rank 0 adds
@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import local_part, partition_of
-from vlmcp.train.checkpoint import load_latest_checkpoint, save_checkpoint
-from vlmcp.train.state import full_state, load_full_state
+from vlmcp.train.reference.checkpoint import load_latest_checkpoint, save_checkpoint
+from vlmcp.train.reference.state import full_state, load_full_state
 
 __all__ = ["latest_step", "load_hf_checkpoint", "save_hf_checkpoint", "save_trained_model"]
 
@@ -221,7 +221,7 @@ def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGrou
     """
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from vlmcp.data.processor import save_processor
+    from vlmcp.data.hf.processor import save_processor
 
     state = _gathered_state(model, cp_group, cfg.fsdp)
     out = Path(cfg.output_dir)

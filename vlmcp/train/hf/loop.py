@@ -27,15 +27,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vlmcp.data.hf_rows import DataIndex, RowLoader
-from vlmcp.data.processor import load_processor
+from vlmcp.data.hf.processor import load_processor
+from vlmcp.data.hf.rows import DataIndex, RowLoader
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
 from vlmcp.loss import cp_cross_entropy
-from vlmcp.train.config import TORCH_DTYPES
-from vlmcp.train.hf_checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
-from vlmcp.train.hf_config import HFTrainConfig
-from vlmcp.train.loop import dp_cp_groups, lr_at  # the reference trainer's schedule (lr, steps)
+from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
+from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.progress import MetricsWriter, ProgressBar
+from vlmcp.train.reference.config import TORCH_DTYPES
+from vlmcp.train.reference.loop import dp_cp_groups, lr_at  # the reference trainer's schedule (lr, steps)
 
 __all__ = ["load_parallel_model", "part_of", "train_hf_rank"]
 def part_of(name: str) -> str:
@@ -190,7 +190,7 @@ def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex
     Args:
         group: the world (DP x CP) group; the CP and DP groups are split from it.
         cfg: the run.
-        index: the planned dataset (:func:`vlmcp.data.hf_rows.build_index`), the same on every rank.
+        index: the planned dataset (:func:`vlmcp.data.hf.rows.build_index`), the same on every rank.
         on_finish: tests: ``on_finish(model, processor, index, cp_group)`` after the last step;
             its result is the summary's ``"probe"``.
 
@@ -270,7 +270,7 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
 
 
 def _newest(cfg: HFTrainConfig) -> str:
-    from vlmcp.train.hf_checkpoint import latest_step
+    from vlmcp.train.hf.checkpoint import latest_step
 
     found = latest_step(cfg.checkpoints, cfg.fsdp)
     if found is None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.data.dataset import ShapesDataset
-from vlmcp.data.vocab import IMAGE_ID, PAD_ID, VOCAB_SIZE
+from vlmcp.data.builtin.dataset import ShapesDataset
+from vlmcp.data.builtin.vocab import IMAGE_ID, PAD_ID, VOCAB_SIZE
 from vlmcp.layout.choose import plan_cp
 from vlmcp.layout.labels import IGNORE_INDEX, shift_labels
 from vlmcp.layout.plan import CPPlan

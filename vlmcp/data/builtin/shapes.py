@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vlmcp.data.config import ShapesConfig
-from vlmcp.data.vocab import COLOURS, COLS, ROWS, SHAPES
+from vlmcp.data.builtin.config import ShapesConfig
+from vlmcp.data.builtin.vocab import COLOURS, COLS, ROWS, SHAPES
 
 __all__ = ["COLOUR_RGB", "SceneObject", "caption_words", "render", "sample_scene", "sentence_words"]
 
@@ -30,8 +30,8 @@ class SceneObject:
     """One shape of a scene.
 
     Attributes:
-        colour: a name from :data:`vlmcp.data.vocab.COLOURS`.
-        shape: a name from :data:`vlmcp.data.vocab.SHAPES`.
+        colour: a name from :data:`vlmcp.data.builtin.vocab.COLOURS`.
+        shape: a name from :data:`vlmcp.data.builtin.vocab.SHAPES`.
         cell: row-major cell index in ``[0, grid**2)``.
         scale: shape radius as a fraction of the half cell (its shorter side).
         offset: ``(dy, dx)`` shift of the shape centre, as a fraction of the half cell.

@@ -1,7 +1,7 @@
 """``vlmcp train``'s loop, run on every rank of a DP x CP world.
 
 Each step every CP group takes one packed row of the built-in dataset (DP replicas
-take consecutive rows), runs :func:`vlmcp.train.step.forward_backward`, makes the
+take consecutive rows), runs :func:`vlmcp.train.reference.step.forward_backward`, makes the
 gradients exact with :func:`vlmcp.reduce_gradients` (sum over CP, mean over DP),
 and steps AdamW. Rank 0 draws the progress bar, writes the metrics and the
 checkpoints. Nothing random happens after initialization (no dropout, data is a
@@ -24,17 +24,17 @@ from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import CostModel
 from vlmcp.models import VLM, LLMConfig, VLMConfig
-from vlmcp.train.checkpoint import (
+from vlmcp.train.progress import MetricsWriter, ProgressBar
+from vlmcp.train.reference.checkpoint import (
     Checkpoint,
     capture_rng_state,
     load_latest_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
-from vlmcp.train.config import TORCH_DTYPES, TrainConfig
-from vlmcp.train.progress import MetricsWriter, ProgressBar
-from vlmcp.train.state import full_state, load_full_state
-from vlmcp.train.step import forward_backward
+from vlmcp.train.reference.config import TORCH_DTYPES, TrainConfig
+from vlmcp.train.reference.state import full_state, load_full_state
+from vlmcp.train.reference.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 
 __all__ = ["check_resumable", "cost_model", "dataset_config", "dp_cp_groups", "lr_at", "model_config",

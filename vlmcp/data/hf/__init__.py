@@ -1,0 +1,15 @@
+"""Conversations files for Hugging Face models (``vlmcp train --model``; needs transformers).
+
+The pipeline, one module per step:
+
+* :mod:`~vlmcp.data.hf.conversations`: read and check ``--data`` files into
+  :class:`~vlmcp.data.hf.conversations.Conversation` objects;
+* :mod:`~vlmcp.data.hf.encode`: one conversation -> processor inputs with labels on the
+  trained turns;
+* :mod:`~vlmcp.data.hf.rows`: plan and pack rows, decode them ahead of training;
+* :mod:`~vlmcp.data.hf.processor`: load and save a model directory's processor;
+* :mod:`~vlmcp.data.hf.export`: the built-in data written as such a file
+  (``vlmcp data shapes``).
+
+Nothing here imports transformers at import time.
+"""

@@ -1,0 +1,7 @@
+"""``vlmcp train --model DIR --data FILE``: a Hugging Face VLM trained under CP.
+
+* :mod:`~vlmcp.train.hf.config` (:class:`HFTrainConfig`), validated up front;
+* :mod:`~vlmcp.train.hf.loop`: the run on every rank of a DP x CP world;
+* :mod:`~vlmcp.train.hf.checkpoint`: plain and FSDP (DCP) checkpoints, the final
+  ``save_pretrained``.
+"""
