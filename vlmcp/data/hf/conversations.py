@@ -20,38 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, Media, Message
 
 __all__ = ["IMAGE_PLACEHOLDER", "Conversation", "read_conversations"]
 
-IMAGE_PLACEHOLDER = "<image>"
-"""Where an image goes in a message's text (both formats)."""
-
 _ROLES = {"system": "system", "user": "user", "assistant": "assistant",
           "human": "user", "gpt": "assistant"}  # LLaVA's names -> chat-template roles
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """One training sample.
-
-    Attributes:
-        line: its 1-based line number in the JSONL file (for messages).
-        messages: ``[{"role": ..., "content": str}, ...]``, roles system/user/assistant.
-        images: absolute paths, in placeholder order.
-        source: the JSONL file.
-    """
-
-    line: int
-    messages: tuple[dict, ...]
-    images: tuple[Path, ...]
-    source: str = ""
-
-    @property
-    def where(self) -> str:
-        """``file:line``, how error messages name the conversation."""
-        return f"{self.source}:{self.line}" if self.source else f"line {self.line}"
 
 
 def _messages(record: dict, where: str) -> tuple[list[dict], list]:
@@ -80,10 +56,10 @@ def _messages(record: dict, where: str) -> tuple[list[dict], list]:
         if not isinstance(content, str):
             raise ValueError(f"{where}: message {i}'s \"{text_key}\" must be a string, got "
                              f"{type(content).__name__}")
-        messages.append({"role": _ROLES[role], "content": content})
-    if not any(m["role"] == "assistant" for m in messages):
+        messages.append(Message(role=_ROLES[role], content=content))
+    if not any(m.role == "assistant" for m in messages):
         raise ValueError(f"{where}: no assistant message, so nothing to learn")
-    if messages[0]["role"] == "assistant":
+    if messages[0].role == "assistant":
         raise ValueError(f"{where}: the conversation opens with an assistant message; "
                          "it needs a user (or system) message first")
     return messages, images
@@ -132,12 +108,12 @@ def read_conversations(path: str | os.PathLike, image_root: str | os.PathLike | 
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
             messages, images = _messages(record, where)
-            placeholders = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+            placeholders = sum(m.content.count(IMAGE_PLACEHOLDER) for m in messages)
             if placeholders != len(images):
                 raise ValueError(f"{where}: {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but "
                                  f"{len(images)} image(s); each image needs one {IMAGE_PLACEHOLDER} "
                                  "where it goes")
-            resolved = tuple(_resolve(name, base, where) for name in images)
+            resolved = tuple(Media("image", path=_resolve(name, base, where)) for name in images)
             out.append(Conversation(line=number, messages=tuple(messages), images=resolved, source=str(path)))
     if not out:
         raise ValueError(f"--data {path}: the file holds no conversation")

@@ -40,12 +40,12 @@ def _structured(messages) -> list[dict]:
     out = []
     for m in messages:
         parts = []
-        for k, text in enumerate(m["content"].split(IMAGE_PLACEHOLDER)):
+        for k, text in enumerate(m.content.split(IMAGE_PLACEHOLDER)):
             if k:
                 parts.append({"type": "image"})
             if text:
                 parts.append({"type": "text", "text": text})
-        out.append({"role": m["role"], "content": parts})
+        out.append({"role": m.role, "content": parts})
     return out
 
 
@@ -69,15 +69,13 @@ def _render(processor, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
 
 def image_sizes(conv: Conversation) -> list[tuple[int, int]]:
     """``(height, width)`` of each image, from the file headers (no decoding)."""
-    from PIL import Image
-
     sizes = []
-    for path in conv.images:
+    for media in conv.images:
         try:
-            with Image.open(path) as im:
+            with media.open_image() as im:
                 sizes.append((im.height, im.width))
         except (OSError, SyntaxError) as err:
-            raise ValueError(f"{conv.where}: cannot read image {path}: {err}") from None
+            raise ValueError(f"{conv.where}: cannot read image {media.name}: {err}") from None
     return sizes
 
 
@@ -146,15 +144,13 @@ def encode_conversation(processor, conv: Conversation) -> EncodedSample:
             tokens differ from the tokenizer's (see Note [vlmcp data: assistant tokens
             from the chat template]).
     """
-    from PIL import Image
-
     images = []
-    for path in conv.images:
+    for media in conv.images:
         try:
-            with Image.open(path) as im:
+            with media.open_image() as im:
                 images.append(im.convert("RGB"))
         except (OSError, SyntaxError) as err:
-            raise ValueError(f"{conv.where}: cannot decode image {path}: {err}") from None
+            raise ValueError(f"{conv.where}: cannot decode image {media.name}: {err}") from None
     counts = _image_token_counts(processor, [(im.height, im.width) for im in images])
     text, ids, mask = _tokens(processor, conv, counts)
     out = processor(text=[text], images=images or None, return_tensors="pt")

@@ -1,0 +1,150 @@
+"""One training conversation, as every ``--data`` format becomes it (the data model).
+
+Every format reader (:mod:`vlmcp.data.hf.formats`) turns a line into a
+:class:`Conversation`; everything after that (encoding, packing, ``vlmcp data show``)
+reads only this. So the fields here are the complete list of what a line can make
+vlmcp train: a field of a line that has no place here must be refused by its reader,
+never dropped.
+
+* :class:`Message`: a role, a string content with one placeholder per image
+  (``<image>``) or video (``<video>``) where it goes, and whether it carries loss.
+* :class:`Media`: one image (or video) file: a local path or inline bytes.
+* :class:`Conversation`: messages, images and videos in placeholder order, and where
+  the line came from (``file:line``) for every message that names it.
+* :class:`Skipped` / :class:`ConversationSet`: what a read kept, and what it skipped and why.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+__all__ = ["IMAGE_PLACEHOLDER", "ROLES", "TRAINED_BY_DEFAULT", "VIDEO_PLACEHOLDER", "Conversation",
+           "ConversationSet", "Media", "Message", "Role", "Skipped"]
+
+IMAGE_PLACEHOLDER = "<image>"
+"""Where an image goes in a message's text."""
+VIDEO_PLACEHOLDER = "<video>"
+"""Where a video goes in a message's text."""
+
+Role = Literal["system", "user", "assistant", "tool_call", "tool_response"]
+ROLES: tuple[str, ...] = get_args(Role)
+TRAINED_BY_DEFAULT: tuple[str, ...] = ("assistant", "tool_call")
+"""Roles whose tokens carry loss unless the message says otherwise (``"loss": false``)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant``, ``tool_call`` (the assistant calling a
+            tool; ``content`` is the call, a JSON object with ``name`` and ``arguments``)
+            or ``tool_response`` (the tool's answer).
+        content: the text, with one :data:`IMAGE_PLACEHOLDER` / :data:`VIDEO_PLACEHOLDER`
+            per image / video of the conversation, in order.
+        loss: ``True``/``False`` as the line says (ms-swift's per-message ``loss``), or
+            ``None``: trained when the role is in :data:`TRAINED_BY_DEFAULT`.
+    """
+
+    role: Role
+    content: str
+    loss: bool | None = None
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if not isinstance(self.content, str):
+            raise TypeError(f"content must be a string, got {type(self.content).__name__}")
+        if self.loss is not None and not isinstance(self.loss, bool):
+            raise TypeError(f"loss must be True, False or None, got {self.loss!r}")
+
+    @property
+    def trained(self) -> bool:
+        """Whether this message's tokens carry loss."""
+        return self.role in TRAINED_BY_DEFAULT if self.loss is None else self.loss
+
+
+@dataclass(frozen=True)
+class Media:
+    """One image or video: a local file, or the file's bytes given inline.
+
+    Attributes:
+        kind: ``"image"`` or ``"video"``.
+        path: the resolved local file, or None for inline bytes.
+        data: the inline bytes (LLaMA-Factory / ms-swift ``{"bytes": ...}``), or None.
+    """
+
+    kind: Literal["image", "video"]
+    path: Path | None = None
+    data: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if (self.path is None) == (self.data is None):
+            raise ValueError("a Media is a path or inline bytes, exactly one of them")
+
+    @property
+    def name(self) -> str:
+        """How messages name it: the path, or ``<N bytes>``."""
+        return str(self.path) if self.path is not None else f"<{len(self.data)} inline bytes>"
+
+    def open_image(self):
+        """The image as a PIL image (lazy: only the header is read until pixels are used)."""
+        from PIL import Image
+
+        return Image.open(self.path if self.path is not None else io.BytesIO(self.data))
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One training sample.
+
+    Attributes:
+        line: its 1-based line number in the file (JSONL), or its 1-based index in a
+            JSON list.
+        messages: the turns, in order; a top-level ``system`` field is the first message.
+        images: in :data:`IMAGE_PLACEHOLDER` order.
+        source: the file.
+        videos: in :data:`VIDEO_PLACEHOLDER` order.
+        dropped_turns: turns the format's reader dropped by its documented rule (LLaVA: a
+            leading ``gpt`` turn), counted so the run can report them.
+    """
+
+    line: int
+    messages: tuple[Message, ...]
+    images: tuple[Media, ...] = ()
+    source: str = ""
+    videos: tuple[Media, ...] = ()
+    dropped_turns: int = 0
+
+    @property
+    def where(self) -> str:
+        """``file:line``, how error messages name the conversation."""
+        return f"{self.source}:{self.line}" if self.source else f"line {self.line}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A line (or conversation) left out of training, and why."""
+
+    where: str
+    """``file:line``."""
+    reason: str
+    """One line, e.g. ``nothing left to train after dropping a leading gpt turn``."""
+
+
+@dataclass(frozen=True)
+class ConversationSet:
+    """What reading one or more ``--data`` files gives."""
+
+    conversations: list[Conversation]
+    """The kept conversations, files in the order given, each in file order."""
+    skipped: list[Skipped] = field(default_factory=list)
+    """Lines a format's documented rule leaves out (counted and reported, never silent)."""
+
+    @property
+    def dropped_turns(self) -> int:
+        """Turns dropped by a format's rule, over all kept conversations."""
+        return sum(c.dropped_turns for c in self.conversations)
