@@ -97,7 +97,7 @@ def plan_data(cfg: HFTrainConfig):
     from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
-    conversations = read_conversations(cfg.data, cfg.image_root)
+    conversations = read_conversations(cfg.data, cfg.image_root).conversations
     return build_index(processor, conversations, cfg.seq_len, strict=cfg.strict, source=cfg.data)
 
 
