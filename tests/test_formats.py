@@ -385,6 +385,9 @@ def test_containers_are_named(tmp_path):
     (tmp_path / "bad.json").write_text('[\n  {"query": "q",\n   "response": }\n]')
     with pytest.raises(ValueError, match=r"bad.json:3: not valid JSON \(Expecting value at column 16\)"):
         read_conversations(tmp_path / "bad.json")
+    (tmp_path / "lines.json").write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    with pytest.raises(ValueError, match=r"lines.json: holds one JSON object per line \(JSON Lines\)"):
+        read_conversations(tmp_path / "lines.json")
     (tmp_path / "items.json").write_text(json.dumps([good, "text"]))
     with pytest.raises(ValueError, match=r"items.json:\[2\]: expected a JSON object, got str"):
         read_conversations(tmp_path / "items.json")
