@@ -53,8 +53,8 @@ holding no image token still joins every dual (with a zero gradient)::
 Text-only rows: HF skips the ViT when there is no ``pixel_values``. Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
-``dummy_vision`` ``shard_inputs`` passes one blank image and the call returns
-``features[:0] + 0 * features.sum()`` (every level: the sum runs over the stack): no
+``dummy_vision`` ``shard_inputs`` passes one blank image and the call returns zero
+rows plus ``0 * features.sum()`` (every level: the sum runs over the stack): no
 image token is filled and every ViT parameter, deepstack mergers included, gets an
 exact zero gradient (verl's and ms-swift's fix).
 """
@@ -145,8 +145,8 @@ def _placed_image_features(self: nn.Module, *args, **kwargs):
         return flat[0].unsqueeze(1) if len(flat) == 1 else torch.stack(flat, 1)
 
     if ctx is not None and getattr(ctx, "dummy_vision", False):
-        f = run(pixels)
-        return _output(pl, f[:0] + 0 * f.sum(), [0])
+        f = run(pixels)  # (hidden_shard: this rank's columns only; the empty rows are full width)
+        return _output(pl, f.new_zeros(0, pl.levels, pl.out_dim) + 0 * f.sum(), [0])
     tokens = pl.adapter.image_tokens(self, pixels)
     group = pl.group
     world = 1 if group is None else dist.get_world_size(group)
