@@ -191,3 +191,17 @@ def test_fsdp2_dp2_cp2_text_only_replica():
     for r in results:
         assert r["loss_rel_error"] <= 1e-9 and r["max_rel_grad_error"] <= 1e-9, r
         assert r["vision_grads"] > 0, r
+
+
+def test_init_model_qwen3_vl_trains_at_cp2(tmp_path, monkeypatch):
+    """``vlmcp init-model --arch qwen3_vl`` + ``train --model`` at CP=2 (hidden_shard: deepstack mergers cut,
+    whole samples): the loss falls, and the saved model reloads with the logits it trained to."""
+    from tests.test_train_hf import _check_trained, _config, _probe, _run, export_shapes
+    from vlmcp.hf.init_model import init_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = init_model("qwen3_vl", tmp_path / "qwen3_vl")
+    data = export_shapes(tmp_path / "shapes", 24)
+    cfg = _config(model, data, tmp_path / "out", cp=2, vision_mode="hidden_shard", sample_placement="whole")
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)
