@@ -1,0 +1,162 @@
+"""Rank functions for the Gated DeltaNet CP tests (importable by name from spawned ranks).
+
+One spawned group per P runs a whole grid (spawning costs seconds). A case is a row
+(samples of text ``("t", n)`` and image ``("i", n)`` runs), a layout and a dtype; the
+CP ops run on each rank's shard and are compared with the single-process ops on the
+global row: outputs row by row, and input gradients summed over the ranks (replicated
+rows carry shares: each rank's loss weighs its copy of a replicated output by a
+different fraction, the fractions summing to one).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+import vlmcp
+import vlmcp.comm.collectives as collectives
+from vlmcp.linear import causal_conv1d_cp, chunk_gated_delta_rule, exchange_bytes, gated_delta_rule_cp
+from vlmcp.linear.segments import segment_layout
+
+HK, HV, K, V, KERNEL = 2, 4, 8, 6, 4
+CONV = 2 * HK * K + HV * V
+CHUNK = 32
+
+
+def row(samples) -> tuple[torch.Tensor, torch.Tensor]:
+    """``is_image (L,)`` and ``cu_seqlens (S+1,)`` of a row given as samples of ``("t"|"i", n)`` runs."""
+    runs = [torch.full((n,), kind == "i") for s in samples for kind, n in s]
+    lens = [sum(n for _, n in s) for s in samples]
+    return torch.cat(runs), F.pad(torch.cumsum(torch.tensor(lens), 0), (1, 0))
+
+
+def _inputs(L: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    return {"x": rand(L, CONV), "weight": rand(CONV, 1, KERNEL) * 0.5, "bias": rand(CONV) * 0.1,
+            "q": rand(L, HK, K), "k": rand(L, HK, K), "v": rand(L, HV, V),
+            "g": F.logsigmoid(rand(L, HV) + 2.0), "beta": torch.sigmoid(rand(L, HV)),
+            "dout": rand(L, HV, V)}
+
+
+def _conv_reference(x, weight, bias, cu):
+    """transformers' ``causal_conv1d_fn`` (pad k-1, truncate) on each sample alone."""
+    out = []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        xs = x[a:b].t().unsqueeze(0)
+        out.append(F.conv1d(xs, weight, bias, padding=KERNEL - 1, groups=CONV)[0, :, : b - a].t())
+    return torch.cat(out)
+
+
+def _split(mixed):
+    q, k, v = torch.split(F.silu(mixed), [HK * K, HK * K, HV * V], dim=-1)
+    return q.reshape(-1, HK, K), k.reshape(-1, HK, K), v.reshape(-1, HV, V)
+
+
+def _rule_ops(t, cu_or_shard, group):
+    qkvgb = (t["q"], t["k"], t["v"], t["g"], t["beta"])
+    if group is False:
+        return chunk_gated_delta_rule(*qkvgb, cu_or_shard, chunk_size=CHUNK, use_qk_l2norm=True)[0]
+    return gated_delta_rule_cp(*qkvgb, cu_or_shard, group, chunk_size=CHUNK, use_qk_l2norm=True)
+
+
+def _layer_ops(t, cu_or_shard, group):
+    if group is False:
+        mixed = _conv_reference(t["x"], t["weight"], t["bias"], cu_or_shard)
+        q, k, v = _split(mixed)
+        return chunk_gated_delta_rule(q, k, v, t["g"], t["beta"], cu_or_shard, chunk_size=CHUNK,
+                                      use_qk_l2norm=True)[0]
+    q, k, v = _split(causal_conv1d_cp(t["x"], t["weight"], t["bias"], cu_or_shard, group))
+    return gated_delta_rule_cp(q, k, v, t["g"], t["beta"], cu_or_shard, group, chunk_size=CHUNK,
+                               use_qk_l2norm=True)
+
+
+OPS = {"rule": (_rule_ops, ("q", "k", "v", "g", "beta")),
+       "layer": (_layer_ops, ("x", "weight", "bias", "g", "beta"))}
+
+
+def _compare(group, op: str, case: dict) -> dict:
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    dtype = getattr(torch, case["dtype"])
+    is_image, cu = row(case["samples"])
+    L = is_image.numel()
+    fn, leaves = OPS[op]
+    base = _inputs(L, dtype, case.get("seed", 0))
+    # one process, the whole row
+    ref = {n: base[n].clone().requires_grad_(n in leaves) for n in base}
+    out_ref = fn(ref, cu, False)
+    (out_ref * ref["dout"]).sum().backward()
+    # CP: this rank's shard of the same global leaves
+    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=case.get("strategy", "replicate"),
+                         sample_placement=case.get("placement", "split"))
+    shard = plan.for_rank(rank)
+    glob = {n: base[n].clone().requires_grad_(n in leaves) for n in base}
+    per_token = {n: shard.shard(glob[n]) if glob[n].shape[0] == L and n not in ("weight", "bias") else glob[n]
+                 for n in glob}
+    out = fn(per_token, shard, group)
+    fraction = (rank + 1) / (P * (P + 1) / 2)  # of a replicated output's weight; sums to 1 over ranks
+    share = torch.ones(shard.num_tokens, dtype=dtype).masked_fill(shard.replicated, fraction)
+    dout = shard.shard(base["dout"]) * share[:, None, None]
+    (out * dout).sum().backward()
+    valid = shard.positions >= 0
+    scale = out_ref.detach().abs().max()
+    res = {"op": op, **{k: v for k, v in case.items() if k != "samples"}, "L": L,
+           "out": float((out.detach()[valid] - out_ref.detach()[shard.positions[valid]]).abs().max() / scale),
+           "pad_out": float(out.detach()[~valid].abs().max()) if bool((~valid).any()) else 0.0}
+    for n in leaves:
+        grad = glob[n].grad.clone()
+        dist.all_reduce(grad, group=group)
+        res[f"grad_{n}"] = float((grad - ref[n].grad).abs().max() / ref[n].grad.abs().max())
+    keys = ["out", "pad_out"] + [f"grad_{n}" for n in leaves]
+    errs = torch.tensor([res[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=group)
+    res.update({k: float(e) for k, e in zip(keys, errs, strict=True)})
+    return res
+
+
+def parity_grid(group: dist.ProcessGroup, cases: list[dict]) -> list[dict]:
+    """Both ops (the bare rule; conv + silu + rule) of every case: worst relative errors over ranks."""
+    return [_compare(group, op, case) for case in cases for op in OPS]
+
+
+def _counted(calls: list, name: str, fn):
+    def wrapper(out, x, group):
+        calls.append((name, tuple(x.shape), out.numel() * out.element_size()))
+        return fn(out, x, group=group)
+    return wrapper
+
+
+def exchange_counts(group: dist.ProcessGroup, rows: list) -> list[dict]:
+    """Per row: the collectives of one conv + rule forward and backward, their bytes, the layout's count."""
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    out = []
+    for samples in rows:
+        is_image, cu = row(samples)
+        L = is_image.numel()
+        shard = vlmcp.plan_cp(is_image, P, cu).for_rank(rank)
+        t = {n: x.requires_grad_(n in ("x", "g", "beta")) for n, x in _inputs(L, torch.float64, 1).items()}
+        local = {n: shard.shard(x) if x.shape[0] == L and n not in ("weight", "bias") else x
+                 for n, x in t.items()}
+        calls: list = []
+        saved = (collectives._all_gather_flat, collectives._reduce_scatter_flat)
+        collectives._all_gather_flat = _counted(calls, "all_gather", saved[0])
+        collectives._reduce_scatter_flat = _counted(calls, "reduce_scatter", saved[1])
+        try:
+            o = _layer_ops(local, shard, group)
+            (o * shard.shard(t["dout"])).sum().backward()
+        finally:
+            collectives._all_gather_flat, collectives._reduce_scatter_flat = saved
+        layout = segment_layout(shard)
+        out.append({"L": L, "calls": calls, "export_sizes": layout.export_sizes,
+                    "map_bytes": exchange_bytes(layout, HV, K, V, torch.float64)})
+    return out
+
+
+def suite(group: dist.ProcessGroup, cases: list[dict], byte_rows: list | None = None) -> dict:
+    """One group's job: the parity grid, and (optionally) the exchange's collectives and bytes."""
+    return {"parity": parity_grid(group, cases),
+            "bytes": exchange_counts(group, byte_rows) if byte_rows else []}

@@ -1,0 +1,26 @@
+"""Token mixers that are not softmax attention, under CP: Gated DeltaNet and causal convolutions.
+
+Main entry points:
+
+* :func:`gated_delta_rule_cp` — the gated delta rule of this rank's tokens over the whole
+  row: each segment (owned text chunk, replicated image run) is an affine map of its
+  incoming state; the owned maps are all-gathered and composed per sample (Note [vlmcp
+  gated delta rule under CP: the segment schedule] in :mod:`.cp`).
+* :func:`causal_conv1d_cp` — a depthwise causal conv1d whose segments get their ``k-1``
+  predecessors from whoever holds them (Note [vlmcp causal conv1d halo]).
+* :func:`chunk_gated_delta_rule` — the single-process chunked kernel on packed segments
+  (initial and final states), the local kernel of both.
+
+Modules: ``delta_rule`` (the math, one process) -> ``segments`` (the row's segments, per
+rank) -> ``exchange`` (the maps' all-gather) -> ``cp`` (the op); ``conv_halo`` (the
+convolution's halo exchange).
+"""
+
+from vlmcp.linear.conv_halo import causal_conv1d_cp
+from vlmcp.linear.cp import gated_delta_rule_cp
+from vlmcp.linear.delta_rule import SegmentMaps, chunk_gated_delta_rule, segment_maps
+from vlmcp.linear.exchange import exchange_bytes
+from vlmcp.linear.segments import RowSegments, SegmentLayout, row_segments, segment_layout
+
+__all__ = ["RowSegments", "SegmentLayout", "SegmentMaps", "causal_conv1d_cp", "chunk_gated_delta_rule",
+           "exchange_bytes", "gated_delta_rule_cp", "row_segments", "segment_layout", "segment_maps"]

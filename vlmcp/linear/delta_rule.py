@@ -1,0 +1,202 @@
+"""The gated delta rule, chunked, in torch: packed segments, initial and final states, affine maps.
+
+Note [vlmcp gated delta rule: a segment is an affine map of its incoming state]
+------------------------------------------------------------------------------
+Per value head, the state ``S`` is ``(K, V)`` and token t updates and reads it as
+(transformers' ``torch_recurrent_gated_delta_rule``; ``q`` and ``k`` l2-normalised,
+``q`` scaled by ``K ** -0.5``, ``g <= 0`` a log decay, ``beta`` in (0, 1))::
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T  =  A_t S_{t-1} + B_t
+    o_t = S_t^T q_t
+
+Each step is affine in the state, so a segment of n tokens is too::
+
+    S_out = M S_in + U            M = A_n ... A_1  (K, K),   U = S_out from S_in = 0  (K, V)
+    o_t   = O0_t + S_in^T R_t     O0_t = o_t from S_in = 0,  R_t = M_t^T q_t  (K,)
+
+where ``M_t`` is the product up to token t. One pass of the chunked kernel gives all
+four: run it with values ``[0 | v]`` (width K + V) from the initial state ``[I | 0]``;
+the first K columns then evolve as ``X_t = A_t X_{t-1}`` from ``I`` (so the final state
+is ``[M | U]`` and the outputs are ``[R | O0]``), the last V columns are the zero-state
+run. A segment that starts a sample has ``S_in = 0``: it runs the plain kernel (width V)
+and its ``M`` is never needed (zeros stand in for it).
+
+The chunked kernel is transformers' ``torch_chunk_gated_delta_rule`` (the WY/UT
+transform inside a chunk, a sequential scan over chunks) on a packed row of
+independent segments, each padded to whole chunks with ``g = beta = k = 0`` (the
+identity map). Decays stay in log space until a difference is exponentiated; the
+state and every product accumulate in float32 at least (:func:`accumulator_dtype`),
+as fla does.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.nn import functional as F
+
+__all__ = ["SegmentMaps", "accumulator_dtype", "chunk_gated_delta_rule", "segment_maps"]
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype states, decays and products are computed in: float32, or float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dimension (fla's and transformers' form)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _chunk_layout(cu: torch.Tensor, chunk: int):
+    """Per chunk of the packed row: its segment, whether it is the segment's first/last, its token rows.
+
+    Returns ``(seg (C,), first (C,), last (C,), rows (C, chunk))``; ``rows`` holds token
+    indices, ``T`` (a zero row) past a segment's end.
+    """
+    lens = cu[1:] - cu[:-1]
+    n = (lens + chunk - 1) // chunk
+    seg = torch.repeat_interleave(torch.arange(lens.numel()), n)
+    start_chunk = torch.cumsum(n, 0) - n
+    within = torch.arange(seg.numel()) - start_chunk[seg]
+    rows = (cu[:-1][seg] + within * chunk)[:, None] + torch.arange(chunk)[None]
+    rows = torch.where(rows < cu[1:][seg][:, None], rows, int(cu[-1]))
+    return seg, within == 0, within == n[seg] - 1, rows
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    cu_seqlens: torch.Tensor, initial_state: torch.Tensor | None = None, *, chunk_size: int = 64,
+    scale: float | None = None, use_qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule on a packed row of independent segments (Note above).
+
+    Args:
+        q, k: ``(T, Hk, K)``.
+        v: ``(T, Hv, V)``, ``Hv % Hk == 0`` (each q/k head serves ``Hv / Hk`` consecutive value heads).
+        g: ``(T, Hv)``, log decays (``<= 0``).
+        beta: ``(T, Hv)``.
+        cu_seqlens: ``LongTensor[S+1]`` (CPU), segment boundaries; empty segments allowed.
+        initial_state: ``(S, Hv, K, V)`` per segment, or None for zeros.
+        chunk_size: tokens per chunk.
+        scale: query scale, default ``K ** -0.5``.
+        use_qk_l2norm: l2-normalise q and k first (Qwen3.5 does, inside the kernel).
+
+    Returns:
+        ``(out (T, Hv, V)`` in ``v.dtype``, ``final_state (S, Hv, K, V)`` in
+        :func:`accumulator_dtype`). Differentiable in every tensor input.
+    """
+    T, Hk, K = k.shape
+    Hv, V = v.shape[1:]
+    cu = cu_seqlens.to("cpu", torch.long)
+    S = cu.numel() - 1
+    out_dtype, acc = v.dtype, accumulator_dtype(v.dtype)
+    if Hv != Hk:
+        q, k = (x.repeat_interleave(Hv // Hk, dim=1) for x in (q, k))
+    q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    q = q * (K ** -0.5 if scale is None else scale)
+    state0 = (torch.zeros(S, Hv, K, V, dtype=acc, device=v.device) if initial_state is None
+              else initial_state.to(acc))
+    seg, first, last, rows = _chunk_layout(cu, chunk_size)
+    C = seg.numel()
+    if C == 0:
+        return v.new_zeros((T, Hv, V), dtype=out_dtype), state0
+
+    def chunked(x):  # (T, Hv, *) -> (Hv, C, chunk, *), zero rows past each segment's end
+        padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, 1))
+        return padded[rows.to(x.device)].movedim(2, 0)
+
+    q, k, v, g, beta = (chunked(x) for x in (q, k, v, g, beta))
+    upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).triu(1)
+    gc = g.cumsum(-1)  # (Hv, C, chunk): log decay from the chunk start, inclusive
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # unit lower triangle: the diagonal is ignored
+    new_values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * gc.exp()[..., None], upper=False,
+                                               unitriangular=True)
+    attn = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * gc.exp()[..., None]
+    k_decayed = k * (gc[..., -1:] - gc).exp()[..., None]
+    chunk_decay = gc[..., -1].exp()[..., None, None]  # (Hv, C, 1, 1)
+
+    outs, finals = [], list(state0.unbind(0))
+    state = None
+    first_l, last_l, seg_l = first.tolist(), last.tolist(), seg.tolist()
+    for c in range(C):
+        if first_l[c]:
+            state = state0[seg_l[c]]
+        v_new = new_values[:, c] - k_cumdecay[:, c] @ state
+        outs.append(q_decayed[:, c] @ state + attn[:, c] @ v_new)
+        state = state * chunk_decay[:, c] + k_decayed[:, c].transpose(-1, -2) @ v_new
+        if last_l[c]:
+            finals[seg_l[c]] = state
+    out = torch.stack(outs, 1).movedim(0, 2).reshape(C * chunk_size, Hv, V)
+    out = out[(rows.flatten() < T).to(out.device)]
+    return out.to(out_dtype), torch.stack(finals, 0)
+
+
+class SegmentMaps(NamedTuple):
+    """Each segment of a packed row run from a zero state, and its affine map (Note above).
+
+    All in :func:`accumulator_dtype`.
+    """
+
+    out0: torch.Tensor
+    """``(T, Hv, V)``: the outputs from ``S_in = 0``."""
+    read: torch.Tensor
+    """``(T, Hv, K)``: ``R_t``, how ``o_t`` reads ``S_in`` (``o_t = out0_t + S_in^T R_t``); zero in
+    segments that start from zero."""
+    maps: torch.Tensor
+    """``(S, Hv, K, K + V)``: ``[M | U]`` of each segment (``M = 0`` where it starts from zero)."""
+
+
+def segment_maps(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    cu_seqlens: torch.Tensor, fresh: torch.Tensor, *, chunk_size: int = 64, scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> SegmentMaps:
+    """Outputs from a zero state and the affine map of every segment (one kernel pass per kind).
+
+    Args:
+        q, k, v, g, beta, cu_seqlens, chunk_size, scale, use_qk_l2norm: as in
+            :func:`chunk_gated_delta_rule`.
+        fresh: ``BoolTensor[S]``: segments known to start from a zero state (a sample's
+            first); they skip ``M`` and ``R`` (the plain kernel, width V).
+
+    Returns:
+        :class:`SegmentMaps`.
+    """
+    T, Hk, K = k.shape
+    Hv, V = v.shape[1:]
+    acc = accumulator_dtype(v.dtype)
+    cu = cu_seqlens.to("cpu", torch.long)
+    lens = cu[1:] - cu[:-1]
+    fresh = fresh.to("cpu", torch.bool)
+    token_fresh = torch.repeat_interleave(fresh, lens, output_size=T)
+    out0 = v.new_zeros((T, Hv, V), dtype=acc)
+    read = v.new_zeros((T, Hv, K), dtype=acc)
+    maps = v.new_zeros((fresh.numel(), Hv, K, K + V), dtype=acc)
+    kw = dict(chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    for kind in (True, False):
+        segs = torch.nonzero(fresh == kind).flatten()
+        if segs.numel() == 0:
+            continue
+        tok = torch.nonzero(token_fresh == kind).flatten().to(v.device)
+        sub_cu = F.pad(torch.cumsum(lens[segs], 0), (1, 0))
+        args = [x.index_select(0, tok).to(acc) for x in (q, k, v, g, beta)]
+        if kind:
+            o, final = chunk_gated_delta_rule(*args, sub_cu, **kw)
+            final = torch.cat([final.new_zeros(final.shape[:-1] + (K,)), final], -1)
+        else:  # values [0 | v] from [I | 0]: the first K columns carry M and R
+            args[2] = torch.cat([args[2].new_zeros(args[2].shape[:-1] + (K,)), args[2]], -1)
+            init = torch.eye(K, K + V, dtype=acc, device=v.device).expand(segs.numel(), Hv, K, K + V)
+            o, final = chunk_gated_delta_rule(*args, sub_cu, init, **kw)
+            read = read.index_copy(0, tok, o[..., :K])
+            o = o[..., K:]
+        out0 = out0.index_copy(0, tok, o)
+        maps = maps.index_copy(0, segs.to(v.device), final)
+    return SegmentMaps(out0=out0, read=read, maps=maps)
