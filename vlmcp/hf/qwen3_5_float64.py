@@ -58,11 +58,14 @@ def _gated_norm(self, hidden_states, gate):
 
 
 def _gdn_forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """``Qwen3_5GatedDeltaNet.forward`` without a cache, ``g`` and the kernel in the input dtype."""
+    """``Qwen3_5GatedDeltaNet.forward`` of a whole sequence, ``g`` and the kernel in the input dtype.
+
+    A cache is left untouched: the reference's single forward never reads it back.
+    """
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    if cache is not None:
-        raise NotImplementedError("the float64 reference runs without a cache")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise NotImplementedError("the float64 reference runs one whole forward, not cached decoding")
     hidden_states = m.apply_mask_to_padding_states(hidden_states, attention_mask)
     batch, seq_len, _ = hidden_states.shape
     mixed = m.causal_conv1d_fn(self.in_proj_qkv(hidden_states).transpose(1, 2), self.conv1d.weight.squeeze(1),

@@ -5,7 +5,8 @@ decoder layers, a small hidden size, GQA in the LLM (2 K/V heads for 6 query hea
 and a small ViT, so a float64 training step runs in milliseconds on a CPU.
 :data:`TINY_ARCHS` are the architectures of the generic tests (``tests/test_hf.py``);
 :data:`MROPE_ARCHS` (Qwen3-VL with deepstack, its MoE variant, GLM-4.1V) are built the
-same way and tested in ``tests/test_hf_qwen3.py``.
+same way and tested in ``tests/test_hf_qwen3.py``; :data:`HYBRID_ARCHS` (Qwen3.5: Gated DeltaNet
+layers between gated attention layers) in ``tests/test_hf_qwen3_5.py``.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
 -> a seeded ``LlavaForConditionalGeneration`` in eval mode (no dropout anywhere).
@@ -17,12 +18,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["MROPE_ARCHS", "TINY_ARCHS", "tiny_config", "tiny_model"]
+__all__ = ["HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
 MROPE_ARCHS = ("qwen3_vl", "qwen3_vl_moe", "glm4v")
 """Interleaved-M-RoPE architectures :func:`tiny_config` builds too (Qwen3-VL: deepstack at ViT block 0)."""
+HYBRID_ARCHS = ("qwen3_5",)
+"""Hybrid language models :func:`tiny_config` builds too (Qwen3.5: three Gated DeltaNet layers, then one
+gated attention layer)."""
 
 _VOCAB = 128
 _IMAGE_TOKEN = 120  # Qwen: image, video, vision start/end are 120..123; LLaVA: image only
@@ -101,6 +105,30 @@ def _mrope(arch: str, overrides: dict[str, Any]) -> Any:
     return cls(**kw)
 
 
+def _hybrid(arch: str, overrides: dict[str, Any]) -> Any:
+    from transformers import Qwen3_5Config
+
+    # Layers: three Gated DeltaNet, then one gated attention (Qwen3.5's default full_attention_interval 4).
+    # Attention: 6 heads of 32 (q_proj gives query and gate); partial rotary 1/4 -> 8 dims, 4 frequencies
+    # interleaved T/H/W as mrope_section [2, 1, 1]. Gated DeltaNet: 2 q/k heads of 8 serving 4 value heads
+    # of 8, conv kernel 4.
+    text = _text(head_dim=32, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                 linear_num_value_heads=4, linear_conv_kernel_dim=4, num_hidden_layers=4,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                                  "mrope_interleaved": True},
+                 **overrides.pop("text_config", {}))
+    vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, in_channels=3, patch_size=2,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
+                  num_position_embeddings=16)
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, image_token_id=_IMAGE_TOKEN,
+              video_token_id=_IMAGE_TOKEN + 1, vision_start_token_id=_IMAGE_TOKEN + 2,
+              vision_end_token_id=_IMAGE_TOKEN + 3, tie_word_embeddings=False)
+    kw.update(overrides)
+    return Qwen3_5Config(**kw)
+
+
 def _llava(overrides: dict[str, Any]) -> Any:
     from transformers import LlavaConfig
 
@@ -121,21 +149,25 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
     """A tiny random-weight transformers config of ``arch``.
 
     Args:
-        arch: one of :data:`TINY_ARCHS` or :data:`MROPE_ARCHS`.
+        arch: one of :data:`TINY_ARCHS`, :data:`MROPE_ARCHS` or :data:`HYBRID_ARCHS`.
         **overrides: top-level config fields; ``text_config={...}`` and
             ``vision_config={...}`` update the sub-configs field by field.
 
     Returns:
         ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
-        ``Qwen3VLMoeConfig`` or ``Glm4vConfig``. Token ids: vocabulary 128, image token 120
+        ``Qwen3VLMoeConfig``, ``Glm4vConfig`` or ``Qwen3_5Config``. Token ids: vocabulary 128,
+        image token 120
         (Qwen: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
         122/123, video start/end 124/125), pad 0.
     """
-    if arch not in TINY_ARCHS + MROPE_ARCHS:
-        raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {TINY_ARCHS + MROPE_ARCHS}")
+    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS
+    if arch not in known:
+        raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {known}")
     overrides = dict(overrides)
     if arch == "llava":
         return _llava(overrides)
+    if arch in HYBRID_ARCHS:
+        return _hybrid(arch, overrides)
     return _mrope(arch, overrides) if arch in MROPE_ARCHS else _qwen(arch, overrides)
 
 

@@ -10,6 +10,7 @@ from vlmcp.hf.adapters.base import HFAdapter, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
+from vlmcp.hf.adapters.qwen3_5 import QWEN3_5
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
 
 __all__ = ["HFAdapter", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
@@ -26,7 +27,7 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, GLM4V, LLAVA):
     register_adapter(_a)
 
 

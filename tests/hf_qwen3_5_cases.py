@@ -1,0 +1,46 @@
+"""Rank functions for the Qwen3.5 tests (importable by name from spawned ranks).
+
+Each function runs a whole grid inside one spawned group. Both the unmodified model and
+the CP model run with Qwen3.5's float32 islands in float64
+(:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`), as ``float64_exact`` does for the others.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+import vlmcp.hf.verify as verify
+from vlmcp.hf import gdn
+from vlmcp.hf.parallel import parallelize
+from vlmcp.hf.qwen3_5_float64 import float64_qwen3_5
+from vlmcp.hf.verify import DTYPES, HFParityCase, hf_parity, reference_for
+
+# Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
+# 820 tokens, every sample longer than several 64-token kernel chunks.
+PACKED = ((40, (1, 8, 16), 100, (1, 8, 8), 220), (250,), (20, (1, 8, 8), 120))
+ROWS = {"packed": PACKED}
+
+
+def _parallelize_with_gdn(model, *args, **kwargs):
+    """``parallelize`` and then every Gated DeltaNet prepared (what the token-mixer registry does once
+    ``vlmcp.hf.mixers`` has it; ``prepare`` is idempotent)."""
+    out = parallelize(model, *args, **kwargs)
+    assert gdn.install(model) == 3
+    return out
+
+
+def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
+    """``hf_parity`` of every case (one unmodified-model step per row), with the GDN layers counted."""
+    verify.parallelize = _parallelize_with_gdn
+    refs, out = {}, []
+    for c in cases:
+        with float64_qwen3_5(DTYPES[c.dtype]):
+            key = (c.model, c.dtype, c.seed, c.samples, c.markers)
+            if key not in refs:
+                refs[key] = reference_for(c)
+            out.append(hf_parity(group, c, refs[key]))
+    return out
+
+
+def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
+    return parity_grid(group, cases)

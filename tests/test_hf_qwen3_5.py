@@ -1,0 +1,91 @@
+"""Qwen3.5 under vlmcp (Gated DeltaNet + gated attention, Qwen3-VL's ViT): exact against the unmodified model.
+
+A tiny random Qwen3.5 (:data:`vlmcp.hf.tiny.HYBRID_ARCHS`: three Gated DeltaNet layers, then one
+gated attention layer) on a packed row of 820 tokens (two images with text between, a text-only
+sample, a prompt and an image). One spawned group per P runs the grid of tests/hf_qwen3_5_cases.py;
+loss and every parameter gradient in float64 against the model as HF ships it, each sample alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import vlmcp  # noqa: E402
+import vlmcp.hf  # noqa: E402
+from tests import hf_qwen3_5_cases  # noqa: E402
+from tests.hf_qwen3_5_cases import PACKED  # noqa: E402
+from vlmcp.hf import gdn  # noqa: E402
+from vlmcp.hf.rows import synthetic_row  # noqa: E402
+from vlmcp.hf.tiny import tiny_model  # noqa: E402
+from vlmcp.hf.verify import HFParityCase  # noqa: E402
+from vlmcp.testing import run_on_ranks  # noqa: E402
+
+
+def _case(attention="ring", mode="replicate", placement="split", dtype="float64"):
+    return HFParityCase(model="hf:qwen3_5", attention=attention, vision_mode=mode, dtype=dtype,
+                        samples=PACKED, sample_placement=placement)
+
+
+MODES = ("replicate", "scatter", "broadcast", "hidden_shard", "allreduce_hook")
+P2_CASES = ([_case("ring", m) for m in MODES]
+            + [_case("ulysses", m) for m in ("replicate", "scatter")]
+            + [_case("ring", "replicate", "whole"), _case("ring", "scatter", "auto"),
+               _case("ring", "replicate", dtype="float32")])
+P3_CASES = [_case("ring", m) for m in ("replicate", "scatter", "broadcast")] + [_case("ulysses", "broadcast")]
+
+
+# float32: A_log's gradient sums every token's decay gradient, with cancellation; CP composes the state in
+# another order, so its relative float32 noise (1e-5 here) is above hf_parity's 1e-5 default.
+TOL = {"float64": 1e-9, "float32": 1e-4}
+
+
+def _failures(results):
+    return [f"{r['attention']} {r['vision_mode']} {r['dtype']} {r['sample_placement']}: loss "
+            f"{r['loss_rel_error']:.1e}, grad {r['max_rel_grad_error']:.1e} ({r['worst_param']})"
+            for r in results if max(r["max_rel_grad_error"], r["loss_rel_error"]) > TOL[r["dtype"]]]
+
+
+@pytest.mark.parametrize("P, cases", [(2, P2_CASES), (3, P3_CASES)])
+def test_parity(P, cases):
+    results = run_on_ranks(hf_qwen3_5_cases.suite, P, cases, timeout=240)[0]
+    assert len(results) == len(cases)
+    assert not _failures(results), "\n".join(_failures(results))
+    for r in results:
+        assert r["vision_params_with_grad"] > 0 and r["cp"] == P, r
+
+
+# --- one process -------------------------------------------------------------------------------
+
+
+def test_adapter_and_layers():
+    model = tiny_model("qwen3_5")
+    adapter = vlmcp.hf.adapter_for(model)
+    assert adapter.name == "qwen3_5" and adapter.projector_last == "model.visual.merger.linear_fc2"
+    assert adapter.deepstack_output is None
+    assert isinstance(model.get_submodule(adapter.projector_last), torch.nn.Linear)
+    assert model.config.text_config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_gdn_forward_needs_the_layout_and_attention_goes_through_vlmcp():
+    """After parallelize, the Gated DeltaNet layers run vlmcp's forward (no layout: an error, not a silent
+    shard-local recurrence) and the gated attention layer calls vlmcp attention once per forward."""
+    import vlmcp.hf.attention as hf_attention
+
+    model = tiny_model("qwen3_5", torch.float64)
+    vlmcp.hf.parallelize(model, None)
+    assert gdn.install(model) == 3 and gdn.install(model) == 3  # idempotent
+    inputs, labels, cu = synthetic_row(model, ((4, (1, 4, 4), 9),))
+    with pytest.raises(RuntimeError, match="no CP layout"):
+        model.model.language_model.layers[0].linear_attn(torch.zeros(1, 5, 48, dtype=torch.float64))
+    batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+    calls = []
+    saved = hf_attention.cp_attention
+    hf_attention.cp_attention = lambda *a, **k: calls.append(1) or saved(*a, **k)
+    try:
+        model(**batch.model_inputs)
+    finally:
+        hf_attention.cp_attention = saved
+    assert len(calls) == 1

@@ -1,0 +1,123 @@
+"""Qwen3.5's Gated DeltaNet layers under CP: a replacement forward that reads the layout from the batch.
+
+Note [vlmcp HF Gated DeltaNet]
+------------------------------
+``Qwen3_5DecoderLayer`` calls its ``linear_attn`` with ``**kwargs`` of the top-level
+call, so the :class:`~vlmcp.hf.attention.CPContext` that :func:`vlmcp.hf.shard_inputs`
+puts under ``vlmcp_cp`` reaches every Gated DeltaNet as it reaches every attention call.
+:func:`prepare` replaces one module's ``forward`` (on the instance) by
+:func:`cp_forward`, which is transformers' forward without a cache, with the two
+token-mixing steps swapped for their CP versions::
+
+    hidden (1, N, d) -> in_proj_qkv -> causal_conv1d_cp (halo from the predecessor
+    segments, Note [vlmcp causal conv1d halo]) -> act -> q, k, v
+                     -> in_proj_a/b -> g (log decay, >= float32), beta
+    q, k, v, g, beta -> gated_delta_rule_cp (Note [vlmcp gated delta rule under CP: the
+                        segment schedule]) -> gated RMSNorm(z) -> out_proj -> (1, N, d)
+
+Per-token steps (projections, norm, gate) need nothing: every rank runs them on its own
+slots, replicated image slots included (their gradients are shares). Under
+``attention="ulysses"`` the layer runs the same ops: the recurrence's communication is
+the maps' all-gather either way (it does not depend on L), so the head all-to-all of
+Ulysses would only add traffic. A call without the context raises.
+
+:func:`register` declares the class to :mod:`vlmcp.hf.mixers` so ``parallelize``
+prepares every instance; :func:`install` does it by hand on a model.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from vlmcp.hf.attention import CONTEXT_KEY, CPContext
+from vlmcp.linear import causal_conv1d_cp, gated_delta_rule_cp
+from vlmcp.linear.delta_rule import accumulator_dtype
+
+__all__ = ["cp_forward", "install", "prepare", "register"]
+
+_MARK = "_vlmcp_cp_gdn"
+
+
+def _act(name: str):
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs):
+    """``Qwen3_5GatedDeltaNet.forward`` of this rank's slots over the whole row (Note above).
+
+    Args:
+        hidden_states: ``(1, N, hidden)``, N = this rank's slots.
+        cache: must be None (no generation cache under CP).
+        attention_mask: ignored (None under vlmcp: the plan is the mask).
+        **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`.
+
+    Returns:
+        ``(1, N, hidden)``; zero at padding slots.
+    """
+    ctx = kwargs.get(CONTEXT_KEY)
+    if not isinstance(ctx, CPContext):
+        raise RuntimeError(
+            f"{type(self).__name__} runs under vlmcp CP but the call carries no CP layout: call "
+            "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
+    if cache is not None:
+        raise ValueError("vlmcp CP runs without a generation cache (shard_inputs sets use_cache=False)")
+    if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
+        raise ValueError(f"vlmcp CP takes one row (batch 1), got hidden states {tuple(hidden_states.shape)}")
+    x = hidden_states[0]
+    N = x.shape[0]
+    mixed = causal_conv1d_cp(self.in_proj_qkv(x), self.conv1d.weight, self.conv1d.bias, ctx.shard, ctx.group)
+    q, k, v = torch.split(_act(self.activation)(mixed), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    beta = self.in_proj_b(x).sigmoid()
+    acc = accumulator_dtype(x.dtype)  # transformers: float32 (``.float()``); float64 stays float64
+    g = -self.A_log.to(acc).exp() * F.softplus(self.in_proj_a(x).to(acc) + self.dt_bias)
+    out = gated_delta_rule_cp(q.reshape(N, -1, self.head_k_dim), k.reshape(N, -1, self.head_k_dim),
+                              v.reshape(N, -1, self.head_v_dim), g, beta, ctx.shard, ctx.group,
+                              use_qk_l2norm=True)
+    z = self.in_proj_z(x)
+    out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(out.reshape(N, -1)).unsqueeze(0)
+
+
+def prepare(module: nn.Module) -> None:
+    """Run ``module`` (a ``Qwen3_5GatedDeltaNet``) under CP from now on (idempotent)."""
+    if getattr(module, _MARK, False):
+        return
+    for name in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "norm", "out_proj",
+                 "A_log", "dt_bias"):
+        if not hasattr(module, name):
+            raise ValueError(f"{type(module).__name__} has no {name!r}: not the Gated DeltaNet layout vlmcp "
+                             "runs under CP (transformers' Qwen3_5GatedDeltaNet)")
+    module.forward = types.MethodType(cp_forward, module)
+    setattr(module, _MARK, True)
+
+
+def _gdn_classes() -> tuple[type[nn.Module], ...]:
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
+
+    return Qwen3_5GatedDeltaNet, Qwen3_5MoeGatedDeltaNet
+
+
+def install(model: nn.Module) -> int:
+    """Prepare every Gated DeltaNet of ``model`` (``parallelize`` does it through the registry); how many."""
+    classes = _gdn_classes()
+    n = 0
+    for m in model.modules():
+        if isinstance(m, classes):
+            prepare(m)
+            n += 1
+    return n
+
+
+def register() -> None:
+    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.mixers`)."""
+    from vlmcp.hf.mixers import register_mixer
+
+    for cls in _gdn_classes():
+        register_mixer(cls, prepare)
