@@ -118,9 +118,74 @@ def _compare(group, op: str, case: dict) -> dict:
     return res
 
 
+def _short_conv(dtype: torch.dtype, hidden: int):
+    """A seeded transformers ``Lfm2ShortConv`` (kernel 3, with biases)."""
+    from transformers import Lfm2Config
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
+
+    config = Lfm2Config(hidden_size=hidden, num_hidden_layers=1, layer_types=["conv"], conv_L_cache=3,
+                        conv_bias=True, vocab_size=8, intermediate_size=8, num_attention_heads=2,
+                        num_key_value_heads=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Lfm2ShortConv(config, 0).to(dtype)
+
+
+def _compare_short_conv(group, case: dict) -> dict:
+    """LFM2's short convolution: transformers' module on each sample alone against vlmcp's CP forward."""
+    import copy
+
+    from vlmcp.hf.attention import CPContext
+    from vlmcp.hf.short_conv import prepare
+
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    dtype = getattr(torch, case["dtype"])
+    is_image, cu = row(case["samples"])
+    L, H = is_image.numel(), 16
+    gen = torch.Generator().manual_seed(7)
+    x, dout = (torch.randn(L, H, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2))
+    ref = _short_conv(dtype, H)
+    xr = x.clone().requires_grad_()
+    bounds = zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)
+    out_ref = torch.cat([ref(xr[None, a:b])[0] for a, b in bounds])
+    (out_ref * dout).sum().backward()
+    mod = copy.deepcopy(ref)
+    mod.zero_grad(set_to_none=True)
+    prepare(mod)
+    plan = vlmcp.plan_cp(is_image, P, cu, image_strategy=case.get("strategy", "replicate"),
+                         sample_placement=case.get("placement", "split"))
+    shard = plan.for_rank(rank)
+    xc = x.clone().requires_grad_()
+    out = mod(shard.shard(xc)[None], vlmcp_cp=CPContext(shard=shard, group=group, backend="ring"))[0]
+    fraction = (rank + 1) / (P * (P + 1) / 2)
+    share = torch.ones(shard.num_tokens, dtype=dtype).masked_fill(shard.replicated, fraction)
+    valid = shard.positions >= 0
+    (out[valid] * (shard.shard(dout) * share[:, None])[valid]).sum().backward()
+    res = {"op": "short_conv", **{k: v for k, v in case.items() if k != "samples"}, "L": L,
+           "out": float((out.detach()[valid] - out_ref.detach()[shard.positions[valid]]).abs().max()
+                        / out_ref.detach().abs().max())}
+    grads = [("x", xc.grad, xr.grad)] + [(n, p.grad, dict(ref.named_parameters())[n].grad)
+                                         for n, p in mod.named_parameters()]
+    for n, g, want in grads:
+        g = g.clone()
+        dist.all_reduce(g, group=group)
+        res[f"grad_{n}"] = float((g - want).abs().max() / want.abs().max())
+    keys = [k for k in res if k == "out" or k.startswith("grad_")]
+    errs = torch.tensor([res[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=group)
+    res.update({k: float(e) for k, e in zip(keys, errs, strict=True)})
+    res["pad_out"] = 0.0  # padding outputs are out_proj's bias here, and nothing reads them
+    return res
+
+
 def parity_grid(group: dist.ProcessGroup, cases: list[dict]) -> list[dict]:
     """Both ops (the bare rule; conv + silu + rule) of every case: worst relative errors over ranks."""
     return [_compare(group, op, case) for case in cases for op in OPS]
+
+
+def short_conv_grid(group: dist.ProcessGroup, cases: list[dict]) -> list[dict]:
+    """LFM2's short convolution on every case (run in a group that has imported transformers already)."""
+    return [_compare_short_conv(group, case) for case in cases]
 
 
 def _counted(calls: list, name: str, fn):

@@ -42,5 +42,9 @@ def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dic
     return out
 
 
-def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
-    return parity_grid(group, cases)
+def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[dict]) -> dict:
+    """One group's job: the Qwen3.5 parity grid, then LFM2's short convolution (tests/gdn_cases.py) on
+    ``conv_cases``, while transformers is imported anyway."""
+    from tests.gdn_cases import short_conv_grid
+
+    return {"parity": parity_grid(group, cases), "short_conv": short_conv_grid(group, conv_cases)}

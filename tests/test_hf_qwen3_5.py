@@ -17,6 +17,8 @@ import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import hf_qwen3_5_cases  # noqa: E402
 from tests.hf_qwen3_5_cases import PACKED  # noqa: E402
+from tests.test_gdn_cp import PACKED as PACKED_CONV  # noqa: E402
+from tests.test_gdn_cp import TINY as TINY_CONV  # noqa: E402
 from vlmcp.hf import gdn  # noqa: E402
 from vlmcp.hf.rows import synthetic_row  # noqa: E402
 from vlmcp.hf.tiny import tiny_model  # noqa: E402
@@ -48,13 +50,38 @@ def _failures(results):
             for r in results if max(r["max_rel_grad_error"], r["loss_rel_error"]) > TOL[r["dtype"]]]
 
 
+CONV_CASES = {2: [{"samples": PACKED_CONV, "dtype": "float64"}, {"samples": TINY_CONV, "dtype": "float64"},
+                  {"samples": PACKED_CONV, "dtype": "float64", "placement": "auto"}],
+              3: [{"samples": PACKED_CONV, "dtype": "float64"}, {"samples": TINY_CONV, "dtype": "float64"},
+                  {"samples": PACKED_CONV, "dtype": "float64", "strategy": "shard"}]}
+
+
+@pytest.fixture(scope="module")
+def groups():
+    return {P: run_on_ranks(hf_qwen3_5_cases.suite, P, cases, CONV_CASES[P], timeout=240)[0]
+            for P, cases in ((2, P2_CASES), (3, P3_CASES))}
+
+
 @pytest.mark.parametrize("P, cases", [(2, P2_CASES), (3, P3_CASES)])
-def test_parity(P, cases):
-    results = run_on_ranks(hf_qwen3_5_cases.suite, P, cases, timeout=240)[0]
+def test_parity(groups, P, cases):
+    results = groups[P]["parity"]
     assert len(results) == len(cases)
     assert not _failures(results), "\n".join(_failures(results))
     for r in results:
         assert r["vision_params_with_grad"] > 0 and r["cp"] == P, r
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_lfm2_short_conv_matches_transformers(groups, P):
+    """LFM2's ``Lfm2ShortConv`` under CP (vlmcp.hf.short_conv: the conv halo, no state) against transformers'
+    module on each sample alone: outputs, and the gradients of its input and every parameter summed over
+    ranks, on packed rows with replicated images, chunks shorter than the halo, auto and shard layouts."""
+    results = groups[P]["short_conv"]
+    assert len(results) == len(CONV_CASES[P])
+    for r in results:
+        errs = {k: v for k, v in r.items() if k == "out" or k.startswith("grad_")}
+        # out, x, and the weight and bias of conv, in_proj and out_proj
+        assert len(errs) == 8 and max(errs.values()) <= 1e-13, r
 
 
 # --- one process -------------------------------------------------------------------------------
