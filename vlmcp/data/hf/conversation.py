@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 __all__ = ["IMAGE_PLACEHOLDER", "ROLES", "TRAINED_BY_DEFAULT", "VIDEO_PLACEHOLDER", "Conversation",
-           "ConversationSet", "Media", "Message", "Role", "Skipped"]
+           "ConversationSet", "Media", "Message", "Role", "Skipped", "line_name"]
 
 IMAGE_PLACEHOLDER = "<image>"
 """Where an image goes in a message's text."""
@@ -33,6 +33,18 @@ Role = Literal["system", "user", "assistant", "tool_call", "tool_response"]
 ROLES: tuple[str, ...] = get_args(Role)
 TRAINED_BY_DEFAULT: tuple[str, ...] = ("assistant", "tool_call")
 """Roles whose tokens carry loss unless the message says otherwise (``"loss": false``)."""
+
+
+def line_name(source: str, line: int) -> str:
+    """How error messages name line ``line`` of the file ``source``.
+
+    ``file:line`` for JSONL; ``file.json:[N]`` for the N-th object (1-based) of a JSON
+    list, whose objects need not start on lines of their own (one-line ``.json`` files
+    are common); ``line N`` when the source is unknown.
+    """
+    if not source:
+        return f"line {line}"
+    return f"{source}:[{line}]" if source.lower().endswith(".json") else f"{source}:{line}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,9 @@ class Conversation:
         videos: in :data:`VIDEO_PLACEHOLDER` order.
         dropped_turns: turns the format's reader dropped by its documented rule (LLaVA: a
             leading ``gpt`` turn), counted so the run can report them.
+        tools: the tool schemas the line offers the model (LLaMA-Factory / ms-swift top-level
+            ``tools``) as a JSON list in text, or None. Like ``tool_call`` messages they change
+            what trains: an encoder that cannot render them must refuse the conversation.
     """
 
     line: int
@@ -118,11 +133,12 @@ class Conversation:
     source: str = ""
     videos: tuple[Media, ...] = ()
     dropped_turns: int = 0
+    tools: str | None = None
 
     @property
     def where(self) -> str:
-        """``file:line``, how error messages name the conversation."""
-        return f"{self.source}:{self.line}" if self.source else f"line {self.line}"
+        """``file:line`` (``file.json:[N]`` in a JSON list), how error messages name the conversation."""
+        return line_name(self.source, self.line)
 
 
 @dataclass(frozen=True)
@@ -130,7 +146,7 @@ class Skipped:
     """A line (or conversation) left out of training, and why."""
 
     where: str
-    """``file:line``."""
+    """``file:line`` (:func:`line_name`)."""
     reason: str
     """One line, e.g. ``nothing left to train after dropping a leading gpt turn``."""
 

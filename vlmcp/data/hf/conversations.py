@@ -1,120 +1,141 @@
-"""JSONL conversations with images: reading and checking both formats users already have.
+"""Reading ``--data`` files: every format users ship, checked line by line.
 
-=======================  ==================================================================
-format                   one line
-=======================  ==================================================================
-LLaMA-Factory / ms-swift ``{"messages": [{"role": "system"|"user"|"assistant", "content": "... <image> ..."}],
-                         "images": ["a.png", ...]}``
-LLaVA                    ``{"image": "a.png" or [...], "conversations": [{"from": "human"|"gpt",
-                         "value": "<image>\\n..."}]}``
-=======================  ==================================================================
+=================================  ==================================================================
+format                             one line
+=================================  ==================================================================
+ms-swift / LLaMA-Factory messages  ``{"messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "<image>Who?"}, {"role": "assistant",
+                                   "content": "Kane.", "loss": true}], "images": ["1.jpg"]}``
+LLaMA-Factory sharegpt             ``{"conversations": [{"from": "human", "value": "Weather in Paris?"},
+                                   {"from": "function_call", "value": "{\\"name\\": \\"weather\\",
+                                   \\"arguments\\": {\\"city\\": \\"Paris\\"}}"}, {"from": "observation",
+                                   "value": "18C"},
+                                   {"from": "gpt", "value": "18C."}], "system": "...", "tools": "[...]"}``
+structured content (LLaMA-Factory  ``{"messages": [{"role": "user", "content": [{"type": "image_url", "value":
+v1, OpenAI, transformers)          "1.jpg"}, {"type": "text", "value": "Who?"}]}, {"role": "assistant",
+                                   "content": [{"type": "text", "text": "Kane."}]}]}``
+ms-swift query / response          ``{"query": "<image>And now?", "response": "A square.", "history":
+                                   [["<image>What?", "A circle."]], "images": ["a.png", "b.png"]}``
+LLaVA                              ``{"id": "7", "image": "a.png", "conversations": [{"from": "human",
+                                   "value": "What is this?\\n<image>"}, {"from": "gpt", "value": "A bus."}]}``
+=================================  ==================================================================
 
-Both become a :class:`Conversation`: roles ``system``/``user``/``assistant``, string
-contents whose ``<image>`` placeholders match the images one to one and in order, and
-image paths resolved against ``--image-root`` or else the JSONL file's directory.
-Every problem is a ``ValueError`` that names the file and line, raised while reading,
-so ``vlmcp train`` reports it before any rank starts.
+Containers: ``.jsonl`` (one object per line, blank lines skipped) and ``.json`` (a list
+of objects, or one object); UTF-8 with or without a BOM, any line endings. Several files
+are read in the order given and concatenated. A JSONL line is named ``file:line``; an
+object of a JSON list ``file.json:[N]`` (N from 1), as
+:func:`~vlmcp.data.hf.conversation.line_name` says.
+
+Each line becomes a :class:`~vlmcp.data.hf.conversation.Conversation` (the format's rules
+are in :mod:`vlmcp.data.hf.formats`, images in :mod:`vlmcp.data.hf.media`) or, by a
+documented rule (LLaVA: nothing to train), a recorded skip. Everything else is a
+``ValueError`` naming the file and line, raised while reading, so ``vlmcp train``
+reports it before any rank starts: a key, role or part no format reads is refused, never
+dropped.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, Media, Message
+from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, ConversationSet, Skipped, line_name
+from vlmcp.data.hf.formats import Line, certain_formats, read_record
 
-__all__ = ["IMAGE_PLACEHOLDER", "Conversation", "read_conversations"]
+__all__ = ["IMAGE_PLACEHOLDER", "Conversation", "ConversationSet", "read_conversations"]
 
-_ROLES = {"system": "system", "user": "user", "assistant": "assistant",
-          "human": "user", "gpt": "assistant"}  # LLaVA's names -> chat-template roles
-
-
-def _messages(record: dict, where: str) -> tuple[list[dict], list]:
-    if "messages" in record:
-        raw, images = record["messages"], record.get("images", [])
-        role_key, text_key = "role", "content"
-    elif "conversations" in record:
-        raw, images = record["conversations"], record.get("image", record.get("images", []))
-        role_key, text_key = "from", "value"
-    else:
-        raise ValueError(f"{where}: expected a \"messages\" (LLaMA-Factory / ms-swift) or "
-                         f"\"conversations\" (LLaVA) list, found keys {sorted(record)}")
-    if isinstance(images, str):
-        images = [images]
-    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
-        raise ValueError(f"{where}: images must be a path or a list of paths, got {images!r}")
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{where}: the message list is empty or not a list")
-    messages = []
-    for i, message in enumerate(raw):
-        if not isinstance(message, dict) or role_key not in message or text_key not in message:
-            raise ValueError(f"{where}: message {i} needs \"{role_key}\" and \"{text_key}\", got {message!r}")
-        role, content = message[role_key], message[text_key]
-        if role not in _ROLES:
-            raise ValueError(f"{where}: message {i} has role {role!r}; expected one of {sorted(_ROLES)}")
-        if not isinstance(content, str):
-            raise ValueError(f"{where}: message {i}'s \"{text_key}\" must be a string, got "
-                             f"{type(content).__name__}")
-        messages.append(Message(role=_ROLES[role], content=content))
-    if not any(m.role == "assistant" for m in messages):
-        raise ValueError(f"{where}: no assistant message, so nothing to learn")
-    if messages[0].role == "assistant":
-        raise ValueError(f"{where}: the conversation opens with an assistant message; "
-                         "it needs a user (or system) message first")
-    return messages, images
+_CONTAINERS = (".jsonl", ".json")
 
 
-def _resolve(name: str, base: Path, where: str) -> Path:
-    path = Path(name) if os.path.isabs(name) else base / name
-    if not path.is_file():
-        raise ValueError(f"{where}: image file {path} does not exist")
-    return path
-
-
-def read_conversations(path: str | os.PathLike, image_root: str | os.PathLike | None = None
-                       ) -> list[Conversation]:
-    """Read and check every line of a JSONL conversations file.
-
-    Args:
-        path: the JSONL file (blank lines are skipped).
-        image_root: the directory relative image paths start from; default the file's own.
-
-    Returns:
-        The conversations in file order.
-
-    Raises:
-        ValueError: naming ``path:line`` for a line that is not a JSON object, has neither
-            format's fields, has a bad role or content, no assistant message, a number of
-            ``<image>`` placeholders different from its images, or an image file that does
-            not exist; naming ``path`` for a missing file or a file with no conversation.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"--data {path}: no such file")
-    base = Path(image_root) if image_root is not None else path.parent
-    if image_root is not None and not base.is_dir():
-        raise ValueError(f"--image-root {base}: no such directory")
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+def _parse(path: Path) -> list[tuple[int, Any]]:
+    """``(line, object)`` for every object of a ``.jsonl`` or ``.json`` file."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a BOM is dropped; newlines become "\n"
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--data {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if path.suffix.lower() == ".jsonl":
+        records = []
+        for number, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
-                record = json.loads(line)
+                records.append((number, json.loads(line)))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            messages, images = _messages(record, where)
-            placeholders = sum(m.content.count(IMAGE_PLACEHOLDER) for m in messages)
-            if placeholders != len(images):
-                raise ValueError(f"{where}: {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but "
-                                 f"{len(images)} image(s); each image needs one {IMAGE_PLACEHOLDER} "
-                                 "where it goes")
-            resolved = tuple(Media("image", path=_resolve(name, base, where)) for name in images)
-            out.append(Conversation(line=number, messages=tuple(messages), images=resolved, source=str(path)))
-    if not out:
+                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})"
+                                 ) from None
+        return records
+    if not text.strip():
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise ValueError(f"--data {path}: a .json file holds a list of objects, got {type(data).__name__}")
+    return list(enumerate(data, start=1))
+
+
+def _read_file(path: Path, media_root: Path) -> tuple[list[Conversation], list[Skipped]]:
+    if not path.is_file():
+        raise ValueError(f"--data {path}: no such file")
+    if path.suffix.lower() not in _CONTAINERS:
+        raise ValueError(f"--data {path}: vlmcp reads {' and '.join(_CONTAINERS)} files, not "
+                         f"{path.suffix or 'a file without a suffix'}")
+    records = _parse(path)
+    if not records:
         raise ValueError(f"--data {path}: the file holds no conversation")
-    return out
+    for number, record in records:
+        if not isinstance(record, dict):
+            raise ValueError(f"{line_name(str(path), number)}: expected a JSON object, got "
+                             f"{type(record).__name__}")
+
+    @functools.cache
+    def file_formats() -> frozenset[str]:
+        return frozenset().union(*(certain_formats(r) for _, r in records))
+
+    kept, skipped = [], []
+    for number, record in records:
+        out = read_record(record, Line(source=str(path), number=number, media_root=media_root), file_formats)
+        (skipped if isinstance(out, Skipped) else kept).append(out)
+    return kept, skipped
+
+
+def read_conversations(paths: str | os.PathLike | Sequence[str | os.PathLike],
+                       image_root: str | os.PathLike | None = None) -> ConversationSet:
+    """Read and check every line of one or more ``--data`` files.
+
+    Args:
+        paths: a file, or several, read in order and concatenated (``.jsonl`` or ``.json``).
+        image_root: where relative image paths start; default each data file's own directory.
+
+    Returns:
+        The kept conversations (files in the order given, each in file order) and the
+        lines a format's rule skipped, with why.
+
+    Raises:
+        ValueError: naming ``file:line`` for a line that is not a JSON object, that no
+            format reads, or that has a key, role, part or image vlmcp cannot honour (see
+            the module docstring); naming the file for a missing, empty, non-UTF-8 or
+            unparsable file; and when nothing is left to train.
+    """
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not paths:
+        raise ValueError("--data: no file given")
+    root = None if image_root is None else Path(image_root)
+    if root is not None and not root.is_dir():
+        raise ValueError(f"--image-root {root}: no such directory")
+    kept, skipped = [], []
+    for path in map(Path, paths):
+        conversations, skips = _read_file(path, root if root is not None else path.parent)
+        kept += conversations
+        skipped += skips
+    if not kept:
+        raise ValueError(f"--data {', '.join(map(str, paths))}: nothing to train, every line was skipped "
+                         f"({len(skipped)}; the first, {skipped[0].where}: {skipped[0].reason})")
+    return ConversationSet(conversations=kept, skipped=skipped)
