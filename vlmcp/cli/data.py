@@ -43,15 +43,15 @@ def add_parser(sub) -> None:
 def _show(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from vlmcp.data.hf.conversations import read_conversations
     from vlmcp.data.hf.processor import load_processor
-    from vlmcp.data.hf.rows import read_data
     from vlmcp.data.hf.show import select_line, view_conversation
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to download
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model}: not a model directory (no config.json)")
     processor = load_processor(args.model)
-    conv = select_line(read_data(args.data, args.image_root), args.line, args.data)
+    conv = select_line(read_conversations(args.data, args.image_root), args.line, args.data)
     view = view_conversation(processor, conv)
     print(json.dumps(view.to_json(), ensure_ascii=False) if args.json else view.plain())
     return 0

@@ -106,11 +106,12 @@ def _plan(cfg: HFTrainConfig):
     """``(processor, index)``; with ``--strict`` every image is decoded too."""
     if not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
+    from vlmcp.data.hf.conversations import read_conversations
     from vlmcp.data.hf.processor import load_processor
-    from vlmcp.data.hf.rows import build_index, read_data
+    from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
-    data = read_data(cfg.data, cfg.image_root)
+    data = read_conversations(cfg.data, cfg.image_root)
     source = "--data " + ", ".join(cfg.data)
     index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source)
     if cfg.strict:

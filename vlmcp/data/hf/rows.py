@@ -36,10 +36,8 @@ read cannot leave the group training on different rows.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -49,30 +47,7 @@ from vlmcp.data.hf.conversation import Conversation, ConversationSet, Skipped
 from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, sample_length
 from vlmcp.layout.labels import IGNORE_INDEX
 
-__all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "read_data",
-           "row_at"]
-
-
-def read_data(paths: str | os.PathLike | Sequence[str | os.PathLike],
-              image_root: str | os.PathLike | None = None) -> ConversationSet:
-    """Read every ``--data`` file, in the order given, into one :class:`ConversationSet`.
-
-    Raises:
-        ValueError: naming ``file:line`` for a bad line (the readers' checks).
-    """
-    from vlmcp.data.hf.conversations import read_conversations
-
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    conversations, skipped = [], []
-    for path in paths:
-        got = read_conversations(path, image_root)
-        if isinstance(got, ConversationSet):
-            conversations += got.conversations
-            skipped += got.skipped
-        else:
-            conversations += got
-    return ConversationSet(conversations=conversations, skipped=skipped)
+__all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]
 
 
 def pack_first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
@@ -155,9 +130,10 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
         kept.append(conv)
         lengths.append(n)
     if not kept:
+        first = (unreadable or too_long)[0]
         raise ValueError(f"{source}: none of the {len(data.conversations)} conversations can be trained on: "
                          f"{len(too_long)} longer than --seq-len {seq_len}, {len(unreadable)} with an "
-                         "unreadable image")
+                         f"unusable image (the first, {first.where}: {first.reason})")
     return DataIndex(conversations=kept, lengths=lengths, rows=pack_first_fit(lengths, seq_len),
                      seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
                      format_skipped=tuple(data.skipped),

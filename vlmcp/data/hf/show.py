@@ -16,8 +16,9 @@ planning does (:func:`vlmcp.data.hf.encode.planned_tokens`): no pixel is decoded
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, ConversationSet
+from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, ConversationSet, line_name
 from vlmcp.data.hf.encode import planned_tokens
 
 __all__ = ["ConversationView", "select_line", "view_conversation"]
@@ -119,7 +120,8 @@ def view_conversation(processor, conv: Conversation) -> ConversationView:
 
 
 def select_line(data: ConversationSet, line: int | None, files: list[str]) -> Conversation:
-    """The first conversation on ``line`` (its :attr:`Conversation.line`; None: the first one).
+    """The first conversation on ``line`` (its :attr:`Conversation.line`, the N of ``file.json:[N]``
+    in a JSON list; None: the first conversation).
 
     Raises:
         ValueError: naming the files when no conversation is on that line (and why, when a
@@ -132,8 +134,9 @@ def select_line(data: ConversationSet, line: int | None, files: list[str]) -> Co
     for conv in data.conversations:
         if conv.line == line:
             return conv
+    names = {line_name(str(Path(f)), line) for f in files}
     for skip in data.skipped:
-        if skip.where.rsplit(":", 1)[-1] == str(line):
+        if skip.where in names:
             raise ValueError(f"{skip.where}: skipped when read ({skip.reason}); nothing trains from it")
     lines = sorted(c.line for c in data.conversations)
     raise ValueError(f"--line {line}: no conversation on line {line} of {', '.join(files)} (conversations "

@@ -31,7 +31,9 @@ other than the line, silently; it is an error naming ``file:line`` and the messa
 Roles reach the template as the hub's tool-use convention has them: ``tool_call`` is an
 assistant message ``{"tool_calls": [{"type": "function", "function": {"name", "arguments"}}]}``
 (the content's JSON, one call or a list), ``tool_response`` is role ``tool``; contents are
-typed parts (``{"type": "text"}``, ``{"type": "image"}``), as VLM templates expect.
+typed parts (``{"type": "text"}``, ``{"type": "image"}``), as VLM templates expect. A line's
+``tools`` (schemas) go to the template's ``tools``; each tool's name and description must
+be in the rendered text too.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message
 
-__all__ = ["Rendered", "chat_messages", "render"]
+__all__ = ["Rendered", "chat_messages", "chat_tools", "render"]
 
 _HF_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool_call": "assistant",
              "tool_response": "tool"}
@@ -92,6 +94,25 @@ def chat_messages(conv: Conversation) -> list[dict]:
         else:
             out.append({"role": _HF_ROLES[m.role], "content": _parts(m.content)})
     return out
+
+
+def chat_tools(conv: Conversation) -> list[dict] | None:
+    """The line's tool schemas in the hub's form, ``{"type": "function", "function": {...}}``."""
+    if not conv.tools:
+        return None
+    return [t if "function" in t else {"type": "function", "function": t} for t in json.loads(conv.tools)]
+
+
+def _check_tools_rendered(text: str, conv: Conversation, tools: list[dict] | None) -> None:
+    """Each tool schema's name and description somewhere in ``text`` (the template's tool slot)."""
+    for tool in tools or ():
+        function = tool["function"]
+        for needle in (function["name"], function.get("description")):
+            if isinstance(needle, str) and needle.strip() and needle.strip() not in text:
+                raise ValueError(f"{conv.where}: the chat template of this model drops the tools (tool "
+                                 f"{function['name']!r}: {needle.strip()[:60]!r} is not in the rendered "
+                                 "text), so training would not see them; use a model whose chat template "
+                                 "renders tools, or remove \"tools\"")
 
 
 def _leaves(value) -> list[str]:
@@ -154,15 +175,17 @@ def render(processor, conv: Conversation) -> Rendered:
                          "videos yet; drop the line or give the frames as images")
     if not any(m.trained for m in conv.messages):
         raise ValueError(f"{conv.where}: no message carries loss, so nothing to learn")
-    messages = chat_messages(conv)
+    messages, tools = chat_messages(conv), chat_tools(conv)
 
     def text(k: int, prompt: bool) -> str:
         if k == 0:
             return ""
-        return processor.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=prompt)
+        return processor.apply_chat_template(messages[:k], tools=tools, tokenize=False,
+                                             add_generation_prompt=prompt)
 
     full = text(len(messages), False)
     _check_every_message_rendered(full, conv, messages)
+    _check_tools_rendered(full, conv, tools)
     spans = []
     for k, m in enumerate(conv.messages):
         if not m.trained:
