@@ -34,6 +34,12 @@ assistant message ``{"tool_calls": [{"type": "function", "function": {"name", "a
 typed parts (``{"type": "text"}``, ``{"type": "image"}``), as VLM templates expect. A line's
 ``tools`` (schemas) go to the template's ``tools``; each tool's name and description must
 be in the rendered text too.
+
+A line's newline right after an image (LLaVA's ``<image>\\n``, which the LLaVA reader
+normalises to) meets a template that writes its own (the HF LLaVA template writes
+``<image>\\n`` for each image part): kept, it would give two newlines at training and one
+at inference. So when the template writes one (:func:`newline_after_image`), the line's is
+dropped; a template that writes none (Qwen's) keeps the line's text as it is.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from dataclasses import dataclass
 
 from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message
 
-__all__ = ["Rendered", "chat_messages", "chat_tools", "render"]
+__all__ = ["Rendered", "chat_messages", "chat_tools", "newline_after_image", "render"]
 
 _HF_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool_call": "assistant",
              "tool_response": "tool"}
@@ -52,15 +58,30 @@ _HF_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool
 _PLACEHOLDERS = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 
 
-def _parts(content: str) -> list[dict]:
-    """``"a <image> b"`` -> ``[{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", ...}]``."""
+def _parts(content: str, own_newline: bool) -> list[dict]:
+    """``"a <image> b"`` -> ``[{"type": "text", "text": "a "}, {"type": "image"}, {"type": "text", ...}]``;
+    with ``own_newline``, one newline right after a placeholder is the template's to write."""
     parts = []
     for piece in _PLACEHOLDERS.split(content):
         if piece in (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER):
             parts.append({"type": piece[1:-1]})
-        elif piece:
+            continue
+        if own_newline and parts and parts[-1]["type"] != "text" and piece.startswith("\n"):
+            piece = piece[1:]
+        if piece:
             parts.append({"type": "text", "text": piece})
     return parts
+
+
+def newline_after_image(processor) -> bool:
+    """Whether the chat template writes a newline after each image itself (LLaVA's writes
+    ``<image>\\n``), found by rendering one image followed by text."""
+    probe = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "@@"}]}]
+    text = processor.apply_chat_template(probe, tokenize=False)
+    image = processor.image_token
+    if image not in text or "@@" not in text:
+        return False
+    return "\n" in text[text.rindex(image) + len(image):text.rindex("@@")]
 
 
 def _tool_calls(message: Message, where: str, k: int) -> list[dict]:
@@ -85,14 +106,18 @@ def _tool_calls(message: Message, where: str, k: int) -> list[dict]:
     return out
 
 
-def chat_messages(conv: Conversation) -> list[dict]:
-    """The conversation as ``apply_chat_template`` takes it (content as typed parts)."""
+def chat_messages(conv: Conversation, own_newline: bool = False) -> list[dict]:
+    """The conversation as ``apply_chat_template`` takes it (content as typed parts).
+
+    ``own_newline``: the template writes a newline after each image (:func:`newline_after_image`),
+    so the line's own newline there (LLaVA's ``<image>\\n``) is dropped rather than doubled.
+    """
     out = []
     for k, m in enumerate(conv.messages):
         if m.role == "tool_call":
             out.append({"role": "assistant", "tool_calls": _tool_calls(m, conv.where, k)})
         else:
-            out.append({"role": _HF_ROLES[m.role], "content": _parts(m.content)})
+            out.append({"role": _HF_ROLES[m.role], "content": _parts(m.content, own_newline)})
     return out
 
 
@@ -175,7 +200,8 @@ def render(processor, conv: Conversation) -> Rendered:
                          "videos yet; drop the line or give the frames as images")
     if not any(m.trained for m in conv.messages):
         raise ValueError(f"{conv.where}: no message carries loss, so nothing to learn")
-    messages, tools = chat_messages(conv), chat_tools(conv)
+    own_newline = bool(conv.images or conv.videos) and newline_after_image(processor)
+    messages, tools = chat_messages(conv, own_newline), chat_tools(conv)
 
     def text(k: int, prompt: bool) -> str:
         if k == 0:
