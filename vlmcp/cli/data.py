@@ -27,13 +27,19 @@ def add_parser(sub) -> None:
     shapes.add_argument("--out", required=True, metavar="DIR", help="writes DIR/train.jsonl and DIR/images/")
     shapes.add_argument("--samples", type=int, default=1000, help="conversations to write")
     shapes.add_argument("--seed", type=int, default=0, help="dataset seed")
-    show = kinds.add_parser("show", help="one conversation as the model sees it, trained tokens marked",
-                            formatter_class=p.formatter_class)
+    show = kinds.add_parser(
+        "show", help="one conversation as the model sees it, trained tokens marked",
+        formatter_class=p.formatter_class,
+        description="Print one conversation as the model's chat template renders it. Markers: the tokens "
+                    "between [[ and ]] carry loss; <image> is one image (however many tokens it takes). "
+                    "The first line gives file:line and the token, trained-token, image and video counts. "
+                    "Only image headers are read (no pixel is decoded).")
     show.add_argument("--model", required=True, metavar="DIR", help="a local HF VLM directory")
     show.add_argument("--data", required=True, action="append", metavar="FILE",
                       help="conversations file; repeat for several, read in order as vlmcp train does")
     show.add_argument("--line", type=int, default=None, metavar="N",
-                      help="the conversation on line N (the first file that has one); default the first")
+                      help="the conversation on line N (in a .json list, the N-th object) of the first file "
+                           "that has one; default the first conversation")
     show.add_argument("--image-root", default=None, metavar="DIR",
                       help="relative image paths start here; none: each data file's directory")
     show.add_argument("--json", action="store_true",

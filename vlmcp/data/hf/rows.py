@@ -130,10 +130,10 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
         kept.append(conv)
         lengths.append(n)
     if not kept:
-        first = (unreadable or too_long)[0]
+        first = (unreadable or too_long or [None])[0]
         raise ValueError(f"{source}: none of the {len(data.conversations)} conversations can be trained on: "
                          f"{len(too_long)} longer than --seq-len {seq_len}, {len(unreadable)} with an "
-                         f"unusable image (the first, {first.where}: {first.reason})")
+                         "unusable image" + (f" (the first, {first.where}: {first.reason})" if first else ""))
     return DataIndex(conversations=kept, lengths=lengths, rows=pack_first_fit(lengths, seq_len),
                      seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
                      format_skipped=tuple(data.skipped),
@@ -230,7 +230,7 @@ class RowLoader:
     decodes the images]); :meth:`next` returns them in step order. An error while
     building is raised by the :meth:`next` that would have returned that row.
     :meth:`rebuild` builds a row again without some conversations (the CP group's agreed
-    skips), under the same lock as the thread: the processor is not shared across threads.
+    skips), under the same lock as the thread, so that two threads never use the processor at once.
     """
 
     def __init__(self, processor, index: DataIndex, *, seed: int, dp: int, dp_rank: int, start: int,
