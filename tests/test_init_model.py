@@ -54,7 +54,7 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
     else:  # transformers' Qwen2-VL video processor needs torchvision; vlmcp loads images only
         processor = load_processor(path)
     assert type(processor).__name__ == {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
-                                        "llava": "LlavaProcessor"}[arch]
+                                        "qwen3_vl": "Qwen3VLProcessor", "llava": "LlavaProcessor"}[arch]
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
     logits = model(**inputs).logits

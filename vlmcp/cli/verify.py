@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
-                   help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava "
+                   help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
+                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v "
                         "(a tiny random model) or a local model directory, against the unmodified model "
                         "(float64 or float32; --image-strategy replicate, --image-attention causal)")
 
@@ -104,13 +105,14 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps every image token on every rank (--image-strategy replicate) and "
                          "the model's own causal attention (--image-attention causal)")
     try:
-        from vlmcp.hf.tiny import TINY_ARCHS, tiny_config
+        from vlmcp.hf.tiny import MROPE_ARCHS, TINY_ARCHS, tiny_config
         from vlmcp.hf.verify import HFParityCase, hf_parity
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        if args.model[3:] not in TINY_ARCHS:
-            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(TINY_ARCHS)} or a directory")
+        if args.model[3:] not in TINY_ARCHS + MROPE_ARCHS:
+            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(TINY_ARCHS + MROPE_ARCHS)} "
+                             "or a directory")
         config = tiny_config(args.model[3:])
     else:
         import os

@@ -11,9 +11,10 @@ and it loads with ``AutoProcessor.from_pretrained(dir)`` and
 
 The tokenizer is a byte-level BPE (any text encodes) trained on the built-in shapes
 captions and the chat template's words, so a caption costs one token per word; the
-architecture's special tokens are single ids. Images are kept small: Qwen2-VL and
-Qwen2.5-VL use 8-pixel patches merged 2x2 (a 32x32 image is 4 tokens, a 48x48 one 9),
-LLaVA a 32x32 CLIP input with 8-pixel patches (16 tokens per image).
+architecture's special tokens are single ids. Images are kept small: Qwen2-VL,
+Qwen2.5-VL and Qwen3-VL use 8-pixel patches merged 2x2 (a 32x32 image is 4 tokens, a
+48x48 one 9), LLaVA a 32x32 CLIP input with 8-pixel patches (16 tokens per image).
+Qwen3-VL has deepstack at ViT block 0 (:func:`vlmcp.hf.tiny.tiny_config`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from vlmcp.data.hf.processor import save_processor
 
 __all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
 
-Arch = Literal["qwen2_vl", "qwen2_5_vl", "llava"]
+Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 
 _QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -63,7 +64,13 @@ _LLAVA_TEMPLATE = (
     "{% if message['role'] == 'assistant' %}{{ '</s>' }}{% else %}{{ ' ' }}{% endif %}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
 
-CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "llava": _LLAVA_TEMPLATE}
+# Qwen3-VL's (as on the hub, images and text only): no default system prompt.
+_QWEN3_TEMPLATE = _QWEN_TEMPLATE.replace(
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}", "")
+
+CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "qwen3_vl": _QWEN3_TEMPLATE,
+                  "llava": _LLAVA_TEMPLATE}
 """The chat template each architecture's directory gets."""
 
 PATCH_SIZE = 8
@@ -127,16 +134,24 @@ def build_processor(arch: Arch):
     cls = Qwen2VLProcessor
     if arch == "qwen2_5_vl":
         from transformers import Qwen2_5_VLProcessor as cls
+    elif arch == "qwen3_vl":
+        from transformers import Qwen3VLProcessor as cls
     from transformers.utils import is_torchvision_available
 
     if not is_torchvision_available():  # see vlmcp.data.hf.processor
         from vlmcp.data.hf.processor import processor_without_video
 
         return processor_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch])
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    patching = dict(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2)
+    if arch == "qwen3_vl":  # its video processor bounds pixels by size, not min/max_pixels
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    video = Qwen2VLVideoProcessor(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2,
-                                  min_pixels=factor * factor, max_pixels=MAX_PIXELS)
+        video = Qwen3VLVideoProcessor(**patching, size={"shortest_edge": factor * factor,
+                                                        "longest_edge": MAX_PIXELS})
+    else:
+        from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+        video = Qwen2VLVideoProcessor(**patching, min_pixels=factor * factor, max_pixels=MAX_PIXELS)
     return cls(image_processor=images, tokenizer=tokenizer, video_processor=video,
                chat_template=CHAT_TEMPLATES[arch])
 
@@ -167,7 +182,7 @@ def init_model(arch: Arch, out: str | os.PathLike, *, seed: int = 0,
     """Write a small random ``arch`` model with its processor to ``out``.
 
     Args:
-        arch: ``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"llava"``.
+        arch: ``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"qwen3_vl"`` or ``"llava"``.
         out: the directory (created; files already there are overwritten).
         seed: seeds the weights.
         dtype: the saved parameter dtype.

@@ -51,7 +51,7 @@ def synthetic_row(
     config = model.config
     image_id = adapter.image_token_id(config)
     dtype = dtype or next(model.parameters()).dtype
-    qwen = adapter.name in ("qwen2_vl", "qwen2_5_vl")
+    qwen = "image_grid_thw" in adapter.pixel_keys  # Qwen-VL-style patch rows (Qwen2/2.5/3-VL, GLM-4.1V)
     g = torch.Generator().manual_seed(seed)
     vocab = min(int(config.text_config.vocab_size), 100)
     ids, no_loss, grids, pixels, lens = [], [], [], [], []
@@ -70,8 +70,11 @@ def synthetic_row(
                 pixels.append(torch.randn(t * h * w, width, generator=g, dtype=torch.float64))
                 grids.append([t, h, w])
                 pre, post = [], []
-                if markers:
-                    pre, post = [config.vision_start_token_id], [config.vision_end_token_id]
+                if markers:  # GLM-4.1V names them image_start / image_end
+                    start = getattr(config, "vision_start_token_id", None)
+                    end = getattr(config, "vision_end_token_id", None)
+                    pre = [config.image_start_token_id if start is None else start]
+                    post = [config.image_end_token_id if end is None else end]
             else:
                 vc = config.vision_config
                 blank = torch.zeros(1, vc.num_channels, vc.image_size, vc.image_size)

@@ -3,6 +3,9 @@
 For tests, ``vlmcp verify --model hf:ARCH`` and ``vlmcp init-model``: a couple of
 decoder layers, a small hidden size, GQA in the LLM (2 K/V heads for 6 query heads)
 and a small ViT, so a float64 training step runs in milliseconds on a CPU.
+:data:`TINY_ARCHS` are the architectures of the generic tests (``tests/test_hf.py``);
+:data:`MROPE_ARCHS` (Qwen3-VL with deepstack, its MoE variant, GLM-4.1V) are built the
+same way and tested in ``tests/test_hf_qwen3.py``.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
 -> a seeded ``LlavaForConditionalGeneration`` in eval mode (no dropout anywhere).
@@ -14,10 +17,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_ARCHS", "tiny_config", "tiny_model"]
+__all__ = ["MROPE_ARCHS", "TINY_ARCHS", "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
-"""Architectures :func:`tiny_config` builds (``config.model_type`` values)."""
+"""Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
+MROPE_ARCHS = ("qwen3_vl", "qwen3_vl_moe", "glm4v")
+"""Interleaved-M-RoPE architectures :func:`tiny_config` builds too (Qwen3-VL: deepstack at ViT block 0)."""
 
 _VOCAB = 128
 _IMAGE_TOKEN = 120  # Qwen: image, video, vision start/end are 120..123; LLaVA: image only
@@ -59,6 +64,43 @@ def _qwen(arch: str, overrides: dict[str, Any]) -> Any:
     return cls(**kw)
 
 
+def _mrope(arch: str, overrides: dict[str, Any]) -> Any:
+    from transformers import Glm4vConfig, Qwen3VLConfig, Qwen3VLMoeConfig
+
+    glm = arch == "glm4v"
+    # Qwen3-VL: head_dim 8 -> 4 rotary frequencies, interleaved T/H/W as mrope_section [2, 1, 1] says.
+    # GLM-4.1V rotates half of each head (partial_rotary_factor 0.5): head_dim 16 -> 4 frequencies.
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+    if glm:
+        rope["partial_rotary_factor"] = 0.5
+        text = _text(hidden_size=96, **overrides.pop("text_config", {}))
+    else:
+        rope["mrope_interleaved"] = True
+        text = _text(head_dim=8, **overrides.pop("text_config", {}))
+        if arch == "qwen3_vl_moe":  # every layer sparse: 4 experts, top 2
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+    text["rope_parameters"] = rope
+    vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, in_channels=3, patch_size=2,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"])
+    if glm:  # learned positions on a 4x4 patch grid (8x8 px), interpolated per image
+        vision.update(image_size=8)
+    else:  # 4x4 learned positions; deepstack: block 0's output, merged, is added after LLM layer 0
+        vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, image_token_id=_IMAGE_TOKEN,
+              video_token_id=_IMAGE_TOKEN + 1, tie_word_embeddings=False)
+    if glm:
+        kw.update(image_start_token_id=_IMAGE_TOKEN + 2, image_end_token_id=_IMAGE_TOKEN + 3,
+                  video_start_token_id=_IMAGE_TOKEN + 4, video_end_token_id=_IMAGE_TOKEN + 5)
+    else:
+        kw.update(vision_start_token_id=_IMAGE_TOKEN + 2, vision_end_token_id=_IMAGE_TOKEN + 3)
+    kw.update(overrides)
+    if arch == "qwen3_vl_moe":  # the default grouped_mm experts take no float64
+        kw["experts_implementation"] = "eager"
+    cls = {"qwen3_vl": Qwen3VLConfig, "qwen3_vl_moe": Qwen3VLMoeConfig, "glm4v": Glm4vConfig}[arch]
+    return cls(**kw)
+
+
 def _llava(overrides: dict[str, Any]) -> Any:
     from transformers import LlavaConfig
 
@@ -79,18 +121,22 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
     """A tiny random-weight transformers config of ``arch``.
 
     Args:
-        arch: one of :data:`TINY_ARCHS`.
+        arch: one of :data:`TINY_ARCHS` or :data:`MROPE_ARCHS`.
         **overrides: top-level config fields; ``text_config={...}`` and
             ``vision_config={...}`` update the sub-configs field by field.
 
     Returns:
-        ``Qwen2VLConfig``, ``Qwen2_5_VLConfig`` or ``LlavaConfig``. Token ids: vocabulary
-        128, image token 120 (Qwen: video 121, vision start 122, vision end 123), pad 0.
+        ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
+        ``Qwen3VLMoeConfig`` or ``Glm4vConfig``. Token ids: vocabulary 128, image token 120
+        (Qwen: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
+        122/123, video start/end 124/125), pad 0.
     """
-    if arch not in TINY_ARCHS:
-        raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {TINY_ARCHS}")
+    if arch not in TINY_ARCHS + MROPE_ARCHS:
+        raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {TINY_ARCHS + MROPE_ARCHS}")
     overrides = dict(overrides)
-    return _llava(overrides) if arch == "llava" else _qwen(arch, overrides)
+    if arch == "llava":
+        return _llava(overrides)
+    return _mrope(arch, overrides) if arch in MROPE_ARCHS else _qwen(arch, overrides)
 
 
 def tiny_model(arch_or_config: Any, dtype: torch.dtype = torch.float32, seed: int = 0,

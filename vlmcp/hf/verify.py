@@ -35,7 +35,7 @@ from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = [
     "DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step",
-    "float64_exact", "float64_norms", "hf_parity", "load_model",
+    "float64_exact", "float64_islands", "float64_norms", "hf_parity", "load_model",
     "reference_for", "reference_step",
 ]
 
@@ -183,14 +183,15 @@ def _rotary_vision_in_dtype(q, k, cos, sin):
 def float64_vision_rotary():
     """While active, Qwen-VL's ViT rotary embedding keeps the input dtype (see :func:`float64_norms`).
 
-    Qwen2-VL's and Qwen2.5-VL's ``apply_rotary_pos_emb_vision`` compute in float32; the
-    ViT's gradient shares (``replicate``, ``hidden_shard``) are then rounded to float32 on
-    their own, ~6e-10 relative in float64. Patched module-wide for the duration only.
+    Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and GLM-4.1V's ``apply_rotary_pos_emb_vision``
+    compute in float32; the ViT's gradient shares (``replicate``, ``hidden_shard``) are
+    then rounded to float32 on their own, ~6e-10 relative in float64. Patched
+    module-wide for the duration only.
     """
     import importlib
 
     mods = [importlib.import_module(f"transformers.models.{m}.modeling_{m}")
-            for m in ("qwen2_vl", "qwen2_5_vl")]
+            for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v")]
     saved = [m.apply_rotary_pos_emb_vision for m in mods]
     try:
         for m in mods:
@@ -201,9 +202,59 @@ def float64_vision_rotary():
             m.apply_rotary_pos_emb_vision = f
 
 
+def _glm4v_positions_in_dtype(self, embeddings, lengths, image_shapes, h_coords, w_coords):
+    """``Glm4vVisionEmbeddings.forward`` with the bicubic interpolation in the table's dtype, not float32."""
+    table = self.position_embedding.weight
+    side = int(table.shape[0] ** 0.5)
+    grid_2d = table.view(side, side, -1).permute(2, 0, 1).unsqueeze(0)
+    ends = torch.as_tensor(lengths, device=embeddings.device).cumsum(0)
+    token = torch.arange(embeddings.shape[0], device=embeddings.device)
+    image = (token.unsqueeze(0) >= ends.unsqueeze(1)).sum(0)
+    h, w = image_shapes[image, 1].to(table.dtype), image_shapes[image, 2].to(table.dtype)
+    grid = torch.stack(((w_coords + 0.5) / w * 2 - 1, (h_coords + 0.5) / h * 2 - 1), -1)[None, :, None]
+    pos = F.grid_sample(grid_2d, grid.to(table.dtype), mode=self.interpolated_method, align_corners=False,
+                        padding_mode="border")
+    return embeddings + pos[0, :, :, 0].T.to(embeddings.device)
+
+
+def _router_in_dtype(self, hidden_states):
+    """``Qwen3VLMoeTextTopKRouter.forward`` with the softmax in the logits' dtype, not float32."""
+    logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    top, index = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+    return logits, top / top.sum(-1, keepdim=True), index
+
+
+@contextlib.contextmanager
+def float64_islands():
+    """While active, GLM-4.1V's ViT position interpolation and Qwen3-VL-MoE's router keep the input dtype.
+
+    Both compute in float32 whatever the dtype (the issue's "float32 islands"): the
+    gradient of the interpolated position table and of the router weight is then
+    rounded to float32 per share, ~1e-8 relative in float64. Patched for the duration only.
+    """
+    from transformers.models.glm4v.modeling_glm4v import Glm4vVisionEmbeddings
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextTopKRouter
+
+    patches = [(Glm4vVisionEmbeddings, _glm4v_positions_in_dtype),
+               (Qwen3VLMoeTextTopKRouter, _router_in_dtype)]
+    saved = [cls.forward for cls, _ in patches]
+    try:
+        for cls, fn in patches:
+            cls.forward = fn
+        yield
+    finally:
+        for (cls, _), fn in zip(patches, saved, strict=True):
+            cls.forward = fn
+
+
+@contextlib.contextmanager
 def float64_exact(dtype: torch.dtype):
-    """:func:`float64_vision_rotary` for float64, else nothing."""
-    return float64_vision_rotary() if dtype == torch.float64 else contextlib.nullcontext()
+    """:func:`float64_vision_rotary` and :func:`float64_islands` for float64, else nothing."""
+    if dtype != torch.float64:
+        yield
+        return
+    with float64_vision_rotary(), float64_islands():
+        yield
 
 
 def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:

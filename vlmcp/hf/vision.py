@@ -23,6 +23,20 @@ carry the same rules as under :func:`vlmcp.place_vision` (Note [vlmcp gradient r
 recorded per vision module so :func:`vlmcp.reduce_gradients` re-applies them. Every
 decision reads metadata the CP group shares (image count and grids).
 
+Deepstack (Qwen3-VL; the adapter's ``deepstack_output``): the call also returns one
+feature list per level (``deepstack_features``), which HF adds at the image tokens of
+early LLM layers (``visual_pos_masks``: the same tokens, in the same order, as the
+merge). Every level is a second set of features of the same images, so it follows the
+same mode: the wrapper stacks the levels, ``(tokens, levels, D)``, and every step above
+(the hook, the broadcast, the row gather, the hidden-dim gather of each level's
+``hidden_shard`` slice, the whole-sample selection below) runs once on the stack; the
+result is unstacked into ``pooler_output`` and ``deepstack_features`` again. One
+collective per mode whatever the level count; ``hidden_shard`` cuts each deepstack
+merger's last Linear (``adapter.deepstack_projectors``) like the projector's::
+
+    run(images) -> [ main | level 1 | ... ]  (tokens, 1 + K, D or D/P)
+                   ── the mode's collective and dual, once ──> unbind(1), split per image
+
 Whole samples (``shard_inputs(..., sample_placement="whole"|"auto")``, Note [vlmcp
 whole-sample placement]): a rank's ``input_ids`` then hold only the placeholders of its
 own samples' images (and of the split samples' replicated ones), so after the mode has
@@ -39,9 +53,10 @@ holding no image token still joins every dual (with a zero gradient)::
 Text-only rows: HF skips the ViT when there is no ``pixel_values``. Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
-``dummy_vision`` ``shard_inputs`` passes one blank image and the call returns
-``features[:0] + 0 * features.sum()``: no image token is filled and every ViT
-parameter gets an exact zero gradient (verl's and ms-swift's fix).
+``dummy_vision`` ``shard_inputs`` passes one blank image and the call returns zero
+rows plus ``0 * features.sum()`` (every level: the sum runs over the stack): no
+image token is filled and every ViT parameter, deepstack mergers included, gets an
+exact zero gradient (verl's and ms-swift's fix).
 """
 
 from __future__ import annotations
@@ -93,6 +108,8 @@ class HFVisionPlacement:
     """The class's ``get_image_features`` (unbound), called with the base model."""
     out_dim: int
     """Width of the features (the LLM hidden size)."""
+    levels: int
+    """Feature levels: the main features and the adapter's deepstack levels."""
 
     def __deepcopy__(self, memo):
         return self  # read-only; a copied model shares the CP group
@@ -104,8 +121,6 @@ def _needs_grad(module: nn.Module) -> bool:
 
 def _placed_image_features(self: nn.Module, *args, **kwargs):
     """Stand-in for ``base_model.get_image_features``: the complete features on every rank."""
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
-
     pl: HFVisionPlacement = getattr(self, _ATTR)
     ctx = kwargs.pop(CONTEXT_KEY, None)  # the text layout must not reach the ViT
     bound = inspect.signature(pl.original).bind(self, *args, **kwargs)
@@ -118,13 +133,20 @@ def _placed_image_features(self: nn.Module, *args, **kwargs):
     pixels = {k: call[k] for k in pl.adapter.pixel_keys if call.get(k) is not None}
 
     def run(sub: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The original call on ``sub``: every level's features stacked, ``(tokens, levels, width)``."""
         out = pl.original(self, **{**call, **sub})
-        feats = out.pooler_output
-        return torch.cat(list(feats), 0) if isinstance(feats, (list, tuple)) else feats.flatten(0, -2)
+        levels = [out.pooler_output]
+        if pl.adapter.deepstack_output is not None:
+            levels += list(getattr(out, pl.adapter.deepstack_output))
+        if len(levels) != pl.levels:
+            raise RuntimeError(f"vlmcp: {type(self).__name__}.get_image_features returned {len(levels)} "
+                               f"feature levels, the adapter expects {pl.levels}")
+        flat = [torch.cat(list(f), 0) if isinstance(f, (list, tuple)) else f.flatten(0, -2) for f in levels]
+        return flat[0].unsqueeze(1) if len(flat) == 1 else torch.stack(flat, 1)
 
     if ctx is not None and getattr(ctx, "dummy_vision", False):
-        f = run(pixels)
-        return BaseModelOutputWithPooling(pooler_output=(f[:0] + 0 * f.sum(),))
+        f = run(pixels)  # (hidden_shard: this rank's columns only; the empty rows are full width)
+        return _output(pl, f.new_zeros(0, pl.levels, pl.out_dim) + 0 * f.sum(), [0])
     tokens = pl.adapter.image_tokens(self, pixels)
     group = pl.group
     world = 1 if group is None else dist.get_world_size(group)
@@ -139,25 +161,37 @@ def _placed_image_features(self: nn.Module, *args, **kwargs):
             emb = run(pixels)
         else:
             w = _projector_last(self, pl).weight
-            emb = w.new_empty(sum(tokens), pl.out_dim).requires_grad_(_needs_grad(self))
+            emb = w.new_empty(sum(tokens), pl.levels, pl.out_dim).requires_grad_(_needs_grad(self))
         emb = broadcast(emb, pl.src, group)
     elif pl.mode == "scatter":
         emb = _scatter(self, pl, run, pixels, tokens, world)
-    else:  # hidden_shard: this rank's columns of every image, gathered on the hidden dim
+    else:  # hidden_shard: this rank's columns of every image and level, gathered on the hidden dim
         emb = run(pixels)
         if world > 1:
-            emb = all_gather(emb, group, dim=1)
+            emb = all_gather(emb, group, dim=2)
     if ctx is not None and ctx.shard.plan.sample_placement != "split":
-        return BaseModelOutputWithPooling(pooler_output=_local_features(emb, tokens, ctx.shard))
-    return BaseModelOutputWithPooling(pooler_output=tuple(emb.split(tokens, 0)))
+        emb, tokens = _local_features(emb, tokens, ctx.shard)
+    return _output(pl, emb, tokens)
 
 
-def _local_features(emb: torch.Tensor, tokens: list[int], shard) -> tuple[torch.Tensor, ...]:
-    """The feature rows of the image tokens ``shard`` holds, in local (= row) order, per image.
+def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int]):
+    """``get_image_features``' output: ``emb (tokens, levels, D)`` unstacked, each level split per image."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    Row i of ``emb`` fills the row's i-th image token (HF's merge order), so the local
-    image slots' ranks among the row's image tokens index it. Differentiable; at least
-    one (possibly empty) tensor, so HF's ``torch.cat`` never gets an empty tuple.
+    levels = [tuple(f.split(tokens, 0)) for f in emb.unbind(1)]
+    out = BaseModelOutputWithPooling(pooler_output=levels[0])
+    if pl.adapter.deepstack_output is not None:
+        setattr(out, pl.adapter.deepstack_output, levels[1:])
+    return out
+
+
+def _local_features(emb: torch.Tensor, tokens: list[int], shard) -> tuple[torch.Tensor, list[int]]:
+    """The feature rows of the image tokens ``shard`` holds, in local (= row) order, and the per-image counts.
+
+    Row i of ``emb (tokens, levels, D)`` fills the row's i-th image token (HF's merge
+    order), at every level, so the local image slots' ranks among the row's image
+    tokens index it. Differentiable. The counts have at least one (possibly zero)
+    entry, so HF's ``torch.cat`` never gets an empty tuple.
     """
     rows = image_rows(shard)[shard.is_image]  # each local image token's row in emb
     ends = torch.cumsum(torch.as_tensor(tokens, dtype=torch.long), 0)
@@ -168,8 +202,7 @@ def _local_features(emb: torch.Tensor, tokens: list[int], shard) -> tuple[torch.
         raise RuntimeError("vlmcp: a rank holds part of an image's tokens; whole-sample placement keeps "
                            "every image whole on the ranks that hold it")
     local = emb.index_select(0, rows.to(emb.device))
-    split = counts[held].tolist()
-    return tuple(local.split(split, 0)) if split else (local,)
+    return local, (counts[held].tolist() or [0])
 
 
 def _projector_last(base: nn.Module, pl: HFVisionPlacement) -> nn.Module:
@@ -191,7 +224,7 @@ def _scatter(base, pl, run, pixels, tokens, world):
         local = run(pl.adapter.select_images(pixels, mine))
     else:  # still joins the gather (and its reduce-scatter in backward)
         w = _projector_last(base, pl).weight
-        local = w.new_zeros(0, pl.out_dim)
+        local = w.new_zeros(0, pl.levels, pl.out_dim)
     if _needs_grad(base) and not local.requires_grad:
         local = local.detach().requires_grad_()
     gathered = all_gather(local, pl.group, dim=0, sizes=rows)  # rank-major
@@ -221,16 +254,18 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
         for p in m.parameters():
             set_grad_rule(p, rule, world)
     out_dim = int(model.config.text_config.hidden_size)
+    deepstack = adapter.deepstack_projectors(model)
     if mode == "hidden_shard" and world > 1:
-        parent_path, _, leaf = adapter.projector_last.rpartition(".")
-        parent = submodule(model, parent_path)
         rank = dist.get_rank(group)
-        setattr(parent, leaf, _column_slice(getattr(parent, leaf), rank, world))
+        for path in (adapter.projector_last, *deepstack):
+            parent_path, _, leaf = path.rpartition(".")
+            parent = submodule(model, parent_path)
+            setattr(parent, leaf, _column_slice(getattr(parent, leaf), rank, world))
     for m in modules:
         m.placement = VisionTags(mode, MappingProxyType({n: grad_tag(p) for n, p in m.named_parameters()}))
     if not adapter.vision_modules:
         return  # placeholder adapter: replicate, HF's own call
     original = type(base).get_image_features
     setattr(base, _ATTR, HFVisionPlacement(mode=mode, group=group, src=src, adapter=adapter,
-                                           original=original, out_dim=out_dim))
+                                           original=original, out_dim=out_dim, levels=1 + len(deepstack)))
     base.get_image_features = types.MethodType(_placed_image_features, base)

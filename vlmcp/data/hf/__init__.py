@@ -3,7 +3,8 @@
 The pipeline, one module per step:
 
 * :mod:`~vlmcp.data.hf.conversations`: read and check ``--data`` files into
-  :class:`~vlmcp.data.hf.conversations.Conversation` objects;
+  :class:`~vlmcp.data.hf.conversation.Conversation` objects (the data model), one
+  format per file in :mod:`~vlmcp.data.hf.formats`, images by :mod:`~vlmcp.data.hf.media`;
 * :mod:`~vlmcp.data.hf.template`: one conversation through the model's chat template,
   with the tokens of its trained messages (and a template that drops a message refused);
 * :mod:`~vlmcp.data.hf.encode`: one conversation -> processor inputs with labels on the

@@ -23,8 +23,10 @@ LLaVA                              ``{"id": "7", "image": "a.png", "conversation
 Containers: ``.jsonl`` (one object per line, blank lines skipped) and ``.json`` (a list
 of objects, or one object); UTF-8 with or without a BOM, any line endings. Several files
 are read in the order given and concatenated. A JSONL line is named ``file:line``; an
-object of a JSON list ``file.json:[N]`` (N from 1), as
-:func:`~vlmcp.data.hf.conversation.line_name` says.
+object of a JSON list ``file.json:[N]`` (N from 1, the object's place in the list: a
+``.json`` file is often one line), as :func:`~vlmcp.data.hf.conversation.line_name` says;
+a syntax error in a ``.json`` file names its text line. JSON Lines in a ``.json`` file is
+refused (rename it ``.jsonl``) rather than guessed.
 
 Each line becomes a :class:`~vlmcp.data.hf.conversation.Conversation` (the format's rules
 are in :mod:`vlmcp.data.hf.formats`, images in :mod:`vlmcp.data.hf.media`) or, by a
@@ -73,6 +75,10 @@ def _parse(path: Path) -> list[tuple[int, Any]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
+        if err.msg == "Extra data" and text.lstrip().startswith("{"):
+            # JSON Lines under a .json name: objects would be named [N] though N is a line
+            raise ValueError(f"--data {path}: holds one JSON object per line (JSON Lines), not a JSON "
+                             "list; name it .jsonl") from None
         raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
     if isinstance(data, dict):
         data = [data]

@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 from vlmcp.hf.adapters.base import HFAdapter, PlaceholderAdapter, submodule
+from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
+from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
 
 __all__ = ["HFAdapter", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
            "supported_model_types"]
@@ -24,7 +26,7 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, LLAVA):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA):
     register_adapter(_a)
 
 

@@ -55,6 +55,11 @@ class HFAdapter:
     projector_last: str | None = None
     """The projector's last ``nn.Linear`` (``hidden_shard`` keeps 1/P of its output columns;
     ``broadcast`` and ``scatter`` need it too, for the features' dtype and device)."""
+    deepstack_output: str | None = None
+    """Field of ``get_image_features``' output holding extra feature levels besides
+    ``pooler_output`` (Qwen3-VL's ``deepstack_features``: one entry per level, split per
+    image like ``pooler_output``, added at the image tokens of early LLM layers). Every
+    level follows the vision mode of the main features (Note [vlmcp HF vision placement])."""
 
     @property
     def vision_modes(self) -> tuple[str, ...]:
@@ -85,6 +90,11 @@ class HFAdapter:
     def dummy_images(self, model: nn.Module) -> dict:
         """Per-image inputs of one small blank image (for the dummy ViT pass of text-only rows)."""
         raise NotImplementedError(f"the {self.name} adapter has no dummy image")
+
+    def deepstack_projectors(self, model: nn.Module) -> tuple[str, ...]:
+        """The last ``nn.Linear`` of each ``deepstack_output`` level, in level order
+        (``hidden_shard`` keeps 1/P of their output columns too); empty without deepstack."""
+        return ()
 
     def position_ids(self, model: nn.Module, input_ids: torch.Tensor, token_type: torch.Tensor,
                      pixels: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,36 @@
+"""Qwen3-VL and Qwen3-VL-MoE: a Qwen-VL ViT with deepstack (``model.visual``).
+
+Inputs, token counts and image selection are Qwen2-VL's (``qwen2_vl.py``). The
+projector's last Linear is ``merger.linear_fc2``. Deepstack: the ViT's hidden states
+after each block of ``vision_config.deepstack_visual_indexes`` go through their own
+merger (``deepstack_merger_list[i]``, last Linear ``linear_fc2``) and are added at the
+image tokens after LLM layer ``i`` (``visual_pos_masks``); ``get_image_features``
+returns them as ``deepstack_features``, one per level, split per image. Under CP every
+level follows the main features' vision mode and placement (Note [vlmcp HF vision
+placement]). Positions: interleaved M-RoPE ``(3, L)`` from the model's own
+``get_rope_index`` per sample; ``(3, 1, N)`` into the text model, without the text row
+(no HF mask: the mask is the plan's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlmcp.hf.adapters.qwen2_vl import QwenVLAdapter
+
+__all__ = ["QWEN3_VL", "Qwen3VLAdapter"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Qwen3VLAdapter(QwenVLAdapter):
+    """Qwen3-VL / Qwen3-VL-MoE (images; videos, with their timestamps, are not supported under CP yet)."""
+
+    projector_last: str | None = "model.visual.merger.linear_fc2"
+    deepstack_output: str | None = "deepstack_features"
+
+    def deepstack_projectors(self, model):
+        levels = len(model.config.vision_config.deepstack_visual_indexes)
+        return tuple(f"model.visual.deepstack_merger_list.{i}.linear_fc2" for i in range(levels))
+
+
+QWEN3_VL = Qwen3VLAdapter(name="qwen3_vl", model_types=("qwen3_vl", "qwen3_vl_moe"))
