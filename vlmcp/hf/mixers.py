@@ -43,7 +43,8 @@ from torch import nn
 
 from vlmcp.hf import attention as hf_attention
 
-__all__ = ["KINDS", "MixerKind", "TokenMixer", "audit_token_mixers", "register_mixer"]
+__all__ = ["KINDS", "MixerKind", "TokenMixer", "audit_token_mixers", "dispatches_via_interface",
+           "register_mixer"]
 
 MixerPrepare = Callable[[nn.Module], None]
 """Readies one module for CP, in place (called by ``parallelize`` after every check passed)."""
@@ -206,7 +207,9 @@ def _walk(module: nn.Module, path: str, accepted: list[TokenMixer], refused: lis
 
 
 def _layer_list(language_model: nn.Module, n_layers: int | None) -> tuple[str, nn.ModuleList] | None:
-    for name, m in language_model.named_modules():
+    """The decoder layers: ``layers`` (every HF decoder), else the first ModuleList of that length."""
+    named = [("layers", getattr(language_model, "layers", None)), *language_model.named_modules()]
+    for name, m in named:
         if isinstance(m, nn.ModuleList) and len(m) == n_layers:
             return name, m
     return None

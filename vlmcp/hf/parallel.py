@@ -75,7 +75,8 @@ def parallelize(
 
     Args:
         model: a ``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``,
-            ``LlavaForConditionalGeneration``, or another placeholder-merge VLM (``replicate``).
+            ``LlavaForConditionalGeneration``, a model with a registered adapter, or another
+            LLaVA-like placeholder-merge VLM (1-D positions, ``pixel_values`` only: ``replicate``).
         cp_group: the CP process group (explicit, never the global one), or None for one process.
         attention: ``"ring"`` or ``"ulysses"`` (needs attention heads divisible by P).
         vision_mode: ``replicate``, ``allreduce_hook``, ``broadcast``, ``scatter`` or
