@@ -94,13 +94,20 @@ def test_bad_lines_are_named(tmp_path, shapes):
         read_conversations(tmp_path / "missing.jsonl")
 
 
-def test_an_unreadable_image_is_named_while_planning(processor, tmp_path):
+def test_an_unreadable_image_is_skipped_and_named_while_planning(processor, tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not a png")
     record = {"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "a"}],
               "images": ["broken.png"]}
-    convs = read_conversations(_write(tmp_path / "d.jsonl", [record])).conversations
-    with pytest.raises(ValueError, match=r"d.jsonl:1: cannot read image .*broken.png"):
-        build_index(processor, convs, 64)
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}]}
+    data = read_conversations(_write(tmp_path / "d.jsonl", [record, good]))
+    index = build_index(processor, data, 64)  # skipped, named and counted
+    assert [c.line for c in index.conversations] == [2]
+    ((where, reason),) = [(s.where, s.reason) for s in index.unreadable]
+    assert where.endswith("d.jsonl:1") and reason.startswith(f"cannot read image {tmp_path}/broken.png: ")
+    with pytest.raises(ValueError, match=r"d.jsonl:1: cannot read image .*broken.png: .* \(drop --strict"):
+        build_index(processor, data, 64, strict=True)
+    with pytest.raises(ValueError, match=r"none of the 1 conversations .*\(the first, .*d.jsonl:1: cannot"):
+        build_index(processor, data.conversations[:1], 64)
 
 
 def test_first_fit_packing_never_overflows():
@@ -117,15 +124,16 @@ def test_rows_fill_seq_len_skip_long_samples_and_shuffle_per_epoch(shapes, proce
     lengths = [sample_length(processor, c) for c in convs]
     seq_len = max(lengths) - 1  # the longest do not fit
     index = build_index(processor, convs, seq_len)
-    assert index.skipped and all(lengths[line - 1] > seq_len for line in index.skipped)
-    assert len(index.conversations) + len(index.skipped) == len(convs)
+    lines = [int(s.where.rsplit(":", 1)[1]) for s in index.too_long]
+    assert lines and all(lengths[line - 1] > seq_len for line in lines)
+    assert len(index.conversations) + len(index.too_long) == len(convs)
     row = build_row(processor, index, 0)
     assert row.inputs["input_ids"].shape == row.labels.shape == (1, seq_len)
     assert row.cu_seqlens[-1] == seq_len and row.tokens == sum(index.lengths[i] for i in index.rows[0])
     assert (row.labels[0, row.tokens:] == -100).all()
     with pytest.raises(ValueError, match=r"train.jsonl:\d+: the conversation is \d+ tokens, longer than"):
         build_index(processor, convs, seq_len, strict=True, source=str(shapes))
-    with pytest.raises(ValueError, match="all 12 conversations are longer than --seq-len 8"):
+    with pytest.raises(ValueError, match="none of the 12 conversations can be trained on: 12 longer than"):
         build_index(processor, convs, 8)
     n = len(index.rows)
     epoch0 = [row_at(index, 0, g) for g in range(n)]

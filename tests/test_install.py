@@ -5,12 +5,15 @@ pinned CPU torch of ``requirements/cpu.txt`` and a copy of this checkout install
 without extras, the way a user runs ``pip install vlmcp``. Then ``vlmcp train``
 (2 steps, with ``--metrics-jsonl``) and ``vlmcp plan --out`` must exit 0 and leave
 valid PNGs. A runtime dependency that only an extra (e.g. ``test``) happens to bring
-fails here. It takes about a minute (most of it unpacking torch; pip's cache is
-reused); ``pytest -m "not install"`` leaves it out of a quick local run, and
-``make test`` (CI) runs it.
+fails here. Then the same venv gets ``pip install 'vlmcp[hf]'`` and the README's Python
+example (the block that loads ``runs/hf/out``) runs verbatim on a model from
+``vlmcp init-model`` and an image from ``vlmcp data shapes``. It takes about two minutes
+(most of it unpacking torch; pip's cache is reused); ``pytest -m "not install"`` leaves
+it out of a quick local run, and ``make test`` (CI) runs it.
 """
 
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -41,6 +44,14 @@ def _png_size(path: Path) -> tuple[int, int]:
     assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
     assert data[12:16] == b"IHDR", f"{path}: no IHDR chunk first"
     return struct.unpack(">II", data[16:24])
+
+
+def readme_hf_example() -> str:
+    """The README's Python block that loads the trained HF model (run as written)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    found = [b for b in blocks if 'from_pretrained("runs/hf/out")' in b]
+    assert len(found) == 1, f"README.md has {len(found)} Python blocks that load runs/hf/out"
+    return found[0]
 
 
 def test_a_plain_install_trains_and_draws(tmp_path):
@@ -74,3 +85,14 @@ def test_a_plain_install_trains_and_draws(tmp_path):
         width, height = _png_size(png)
         assert width > 100 and height > 100, f"{png} is {width}x{height}"
         assert matplotlib.image.imread(png).shape[:2] == (height, width)  # decodes in full
+
+    # pip install 'vlmcp[hf]': the README's Python example as written (the model it loads is a
+    # fresh init-model directory rather than 300 trained steps; the files are the same kind)
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile",
+          "-r", ROOT / "requirements" / "cpu.txt", f"{src}[hf]"], tmp_path, 600)
+    _run([bin_dir / "vlmcp", "init-model", "--arch", "qwen2_vl", "--out", "runs/hf/out"], work, 120)
+    _run([bin_dir / "vlmcp", "data", "shapes", "--out", "runs/hf/data", "--samples", "2"], work, 120)
+    example = work / "readme_example.py"
+    example.write_text(readme_hf_example())
+    printed = _run([python, example], work, 300)
+    assert printed.endswith("\n"), "the README example did not reach its print"

@@ -261,7 +261,8 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
                                   {"role": "assistant", "content": "a"}], "images": ["gone.png"]}),
          r"bad.jsonl:2: image file .*gone.png does not exist"),
         (json.dumps({"messages": [{"role": "user", "content": "<image><image>hi"},
-                                  {"role": "assistant", "content": "a"}], "images": ["x.png"]}),
+                                  {"role": "assistant", "content": "a"}],
+                    "images": [f"{data.parent}/images/000000_0.png"]}),
          r"bad.jsonl:2: 2 <image> placeholder\(s\) but 1 image\(s\)"),
     ]
     import re
@@ -283,17 +284,27 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
 
 def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
     from vlmcp.cli.train_hf import _report
+    from vlmcp.data.hf.conversation import Skipped
     from vlmcp.data.hf.rows import DataIndex
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
-    index = DataIndex(conversations=[], lengths=[], rows=[[0]], skipped=[3, 7], seq_len=64)
+    assert cfg.data == ("d.jsonl",)  # one path is a one-file tuple
+    with pytest.raises(ValueError, match=r"--data must be one or more file paths, got \(\)"):
+        HFTrainConfig(model="m", data=(), output_dir=str(tmp_path))
+    index = DataIndex(conversations=[], lengths=[], rows=[[0]], seq_len=64, dropped_turns=1,
+                      too_long=(Skipped("d.jsonl:3", "70 tokens"), Skipped("d.jsonl:7", "90 tokens")),
+                      unreadable=(Skipped("e.jsonl:2", "cannot read image x.png: OSError: ..."),),
+                      format_skipped=(Skipped("e.jsonl:5", "nothing left to train"),))
     summary = {"message": None, "stopped": None, "losses": [2.0, 1.5], "tokens": 1200, "seconds": 2.0,
                "start_step": 0, "step": 2, "steps": 2, "model_dir": str(tmp_path),
-               "checkpoint": str(tmp_path / "checkpoints" / "step_00000002.pt"), "loss_curve": "m.png"}
+               "checkpoint": str(tmp_path / "checkpoints" / "step_00000002.pt"), "loss_curve": "m.png",
+               "decode_skipped": [Skipped("d.jsonl:9", "cannot decode image y.jpg: OSError: ...")]}
     assert _report(cfg, index, summary) == 0
     out = capsys.readouterr().out
     assert "steps 1-2 of 2, 1,200 tokens, 600 tokens/s, loss 2.0000 -> 1.5000" in out
-    assert "2 conversation(s) longer than --seq-len 64 skipped (lines 3, 7)" in out
+    assert ("conversations skipped: 2 longer than --seq-len 64 (d.jsonl:3, d.jsonl:7), 1 with an unreadable "
+            "image (e.jsonl:2), 1 whose image failed to decode in training (d.jsonl:9), 1 by a format rule "
+            "(e.jsonl:5); turns dropped by a format rule: 1") in out
     assert f"model and processor saved to {tmp_path}" in out
     assert f"checkpoints in {tmp_path}/checkpoints" in out
 
@@ -317,3 +328,60 @@ def test_ranks_that_planned_different_rows_stop_before_training():
 
     errors = run_on_ranks(_plan_check, 2, timeout=60)
     assert all(e and "ranks planned different rows from --data" in e for e in errors)
+
+
+@pytest.fixture(scope="module")
+def cut_data(data, tmp_path_factory):
+    """Two --data files: five shapes lines, then one line whose JPEG is cut short (header fine)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("cut")
+    good = root / "good.jsonl"
+    good.write_text("".join(line.replace('"images/', f'"{data.parent}/images/') + "\n"
+                            for line in data.read_text().splitlines()[:5]))
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(buf, "JPEG")
+    (root / "cut.jpg").write_bytes(buf.getvalue()[:len(buf.getvalue()) * 2 // 3])
+    bad = root / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "<image>What is it?"},
+                                            {"role": "assistant", "content": "noise"}],
+                               "images": ["cut.jpg"]}) + "\n")
+    return good, bad
+
+
+@needs_hf_cp
+def test_an_image_that_fails_to_decode_is_skipped_on_every_cp_rank(models, cut_data, tmp_path):
+    import dataclasses
+
+    from vlmcp.cli.train_hf import _report
+
+    good, bad = cut_data
+    cfg = _config(models["llava"], None, tmp_path, cp=2, steps=1)
+    cfg = dataclasses.replace(cfg, data=(str(good), str(bad)))
+    index = plan_data(cfg)
+    assert len(index.conversations) == 6 and not index.unreadable  # planning reads headers only
+    cfg = dataclasses.replace(cfg, steps=len(index.rows))  # one epoch: every row once
+    preload_model_code(cfg.model)
+    ranks = spawn_ranks(train_hf_rank, 2, cfg, index, timeout=200, threads_per_rank=1)
+    summary = ranks[0]
+    assert summary["model_dir"] and len(summary["losses"]) == len(index.rows)  # the run went on
+    ((where, reason),) = [(s.where, s.reason) for s in summary["decode_skipped"]]
+    assert where == f"{bad}:1" and reason.startswith(f"cannot decode image {bad.parent}/cut.jpg: OSError")
+    assert ranks[1]["decode_skipped"] == summary["decode_skipped"] and ranks[1]["losses"] == summary["losses"]
+    assert summary["tokens"] == index.tokens - index.lengths[5]  # trained on everything else
+    _report(cfg, index, summary)
+
+
+def test_strict_decodes_every_image_before_any_rank_starts(models, cut_data, tmp_path, capsys):
+    good, bad = cut_data
+    argv = ["--model", str(models["llava"]), "--data", str(good), "--data", str(bad), "--output-dir",
+            str(tmp_path / "out"), "--strict"]
+    assert main(["train", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"vlmcp train: error: {bad}:1: cannot decode image {bad.parent}/cut.jpg: "
+                                "OSError: image file is truncated (28 bytes not processed) (--strict decodes "
+                                "every image before training)"]
+    assert out.splitlines() == ["vlmcp train: --strict: decoding 7 images before training"]  # no rank

@@ -1,26 +1,71 @@
-"""``vlmcp data``: datasets as files ``vlmcp train --data`` reads.
+"""``vlmcp data``: datasets as files ``vlmcp train --data`` reads, and what a line trains.
 
 ``vlmcp data shapes --out DIR --samples N`` exports the built-in shapes-and-captions
 data as ``DIR/train.jsonl`` (LLaMA-Factory / ms-swift ``messages`` + ``images``) and
 ``DIR/images/*.png``.
+
+``vlmcp data show --model DIR --data FILE [--line N] [--json]`` prints one conversation
+as the model's chat template renders it, with the tokens that carry loss between ``[[``
+and ``]]``, each image as ``<image>``, and the token, image and video counts. ``--json``
+prints ``{"text", "trained", "tokens", "images", "videos"}``: the text with one
+``<image>`` per image, the trained runs decoded one by one. Only image headers are read.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("data", help="export datasets as JSONL conversations", description=__doc__)
-    kinds = p.add_subparsers(dest="dataset", required=True, metavar="DATASET")
+    p = sub.add_parser("data", help="export datasets as JSONL conversations; show what a line trains",
+                       description=__doc__)
+    kinds = p.add_subparsers(dest="dataset", required=True, metavar="ACTION")
     shapes = kinds.add_parser("shapes", help="the built-in shapes-and-captions data",
                               formatter_class=p.formatter_class)
     shapes.add_argument("--out", required=True, metavar="DIR", help="writes DIR/train.jsonl and DIR/images/")
     shapes.add_argument("--samples", type=int, default=1000, help="conversations to write")
     shapes.add_argument("--seed", type=int, default=0, help="dataset seed")
+    show = kinds.add_parser(
+        "show", help="one conversation as the model sees it, trained tokens marked",
+        formatter_class=p.formatter_class,
+        description="Print one conversation as the model's chat template renders it. Markers: the tokens "
+                    "between [[ and ]] carry loss; <image> is one image (however many tokens it takes). "
+                    "The first line gives file:line and the token, trained-token, image and video counts. "
+                    "Only image headers are read (no pixel is decoded).")
+    show.add_argument("--model", required=True, metavar="DIR", help="a local HF VLM directory")
+    show.add_argument("--data", required=True, action="append", metavar="FILE",
+                      help="conversations file; repeat for several, read in order as vlmcp train does")
+    show.add_argument("--line", type=int, default=None, metavar="N",
+                      help="the conversation on line N (in a .json list, the N-th object) of the first file "
+                           "that has one; default the first conversation")
+    show.add_argument("--image-root", default=None, metavar="DIR",
+                      help="relative image paths start here; none: each data file's directory")
+    show.add_argument("--json", action="store_true",
+                      help='print {"text", "trained", "tokens", "images", "videos"} as one JSON object')
+
+
+def _show(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vlmcp.data.hf.conversations import read_conversations
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.data.hf.show import select_line, view_conversation
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to download
+    if not (Path(args.model) / "config.json").is_file():
+        raise ValueError(f"--model {args.model}: not a model directory (no config.json)")
+    processor = load_processor(args.model)
+    conv = select_line(read_conversations(args.data, args.image_root), args.line, args.data)
+    view = view_conversation(processor, conv)
+    print(json.dumps(view.to_json(), ensure_ascii=False) if args.json else view.plain())
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset == "show":
+        return _show(args)
     from vlmcp.cli.paths import check_writable_dir
     from vlmcp.data.hf.export import export_shapes
 

@@ -4,6 +4,13 @@ Before any rank starts, the launching process checks every flag and every path t
 run writes, loads the processor, reads and checks every line of the data, measures
 every conversation and plans the packed rows; all ranks then share that plan. Under
 torchrun each rank makes the same checks and the same plan itself.
+
+Bad samples never stop a long run silently, nor train wrongly: a conversation longer than
+``--seq-len``, or with an image whose header cannot be read, is skipped at planning; one
+whose image fails to decode during training is skipped then, on every rank of its CP
+group. Each is named (``file:line`` and the image) and counted in the opening plan line
+and the final summary. ``--strict`` turns all of them into one-line errors before any rank
+starts (it decodes every image up front).
 """
 
 from __future__ import annotations
@@ -35,14 +42,16 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
         "stops the run. --image-strategy stays replicate (images whole on every rank).")
     g.add_argument("--model", default=None, metavar="DIR",
                    help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
-    g.add_argument("--data", default=None, metavar="FILE.jsonl",
-                   help="conversations: LLaMA-Factory/ms-swift messages+images or LLaVA conversations")
+    g.add_argument("--data", default=None, action="append", metavar="FILE.jsonl",
+                   help="conversations: LLaMA-Factory/ms-swift messages+images or LLaVA conversations; "
+                        "repeat for several files, read in order")
     g.add_argument("--output-dir", default=None, metavar="OUT",
                    help="where the trained model and processor are saved (save_pretrained)")
     g.add_argument("--image-root", default=None, metavar="DIR",
                    help="relative image paths start here; none: the JSONL file's directory")
     g.add_argument("--strict", action="store_true",
-                   help="stop on a conversation longer than --seq-len instead of skipping it")
+                   help="stop before training on a conversation longer than --seq-len or an image that "
+                        "cannot be read or decoded (every image is decoded up front), instead of skipping it")
     g.add_argument("--fsdp", action="store_true",
                    help="FSDP2 over the DP x CP ranks (loss scaled by P), sharded checkpoints")
     g.add_argument("--activation-checkpointing", action="store_true",
@@ -74,7 +83,7 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
               "lr", "fsdp",
               "activation_checkpointing", "checkpoint_dir", "checkpoint_every", "resume", "metrics_jsonl",
               "timeout", "image_root", "strict", "nan_at_step")
-    return HFTrainConfig(model=str(args.model), data=str(args.data), output_dir=str(args.output_dir),
+    return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
                          **{f: getattr(args, f) for f in fields})
 
 
@@ -90,6 +99,11 @@ def check_outputs(cfg: HFTrainConfig) -> None:
 
 def plan_data(cfg: HFTrainConfig):
     """Load the processor, read and check the data, plan the rows (errors name the line)."""
+    return _plan(cfg)[1]
+
+
+def _plan(cfg: HFTrainConfig):
+    """``(processor, index)``; with ``--strict`` every image is decoded too."""
     if not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
     from vlmcp.data.hf.conversations import read_conversations
@@ -97,8 +111,67 @@ def plan_data(cfg: HFTrainConfig):
     from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
-    conversations = read_conversations(cfg.data, cfg.image_root).conversations
-    return build_index(processor, conversations, cfg.seq_len, strict=cfg.strict, source=cfg.data)
+    data = read_conversations(cfg.data, cfg.image_root)
+    source = "--data " + ", ".join(cfg.data)
+    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source)
+    if cfg.strict:
+        _decode_every_image(index)
+    return processor, index
+
+
+def _decode_every_image(index) -> None:
+    """``--strict``: decode every image now, with a progress line; the first failure is the error."""
+    from vlmcp.data.hf.encode import MediaError, check_pixels
+
+    total = sum(len(c.images) for c in index.conversations)
+    if not total:
+        return
+    tty = os.environ.get("RANK", "0") == "0" and sys.stdout.isatty()
+    _say(f"vlmcp train: --strict: decoding {total} images before training")
+    done = 0
+    for conv in index.conversations:
+        try:
+            check_pixels(conv)
+        except MediaError as err:
+            if tty:
+                print(flush=True)
+            raise ValueError(f"{err} (--strict decodes every image before training)") from None
+        done += len(conv.images)
+        if tty:
+            print(f"\rvlmcp train: --strict: {done}/{total} images decoded", end="", flush=True)
+    if tty:
+        print(flush=True)
+    _say(f"vlmcp train: --strict: all {total} images decode")
+
+
+def _where(skips, most: int = 5) -> str:
+    if not skips:
+        return ""
+    names = ", ".join(s.where for s in skips[:most])
+    return f" ({names}{', ...' if len(skips) > most else ''})"
+
+
+def _skips(cfg: HFTrainConfig, index, decode_skipped=None) -> str:
+    """How many conversations are (or were) left out, by cause, and the turns a format dropped."""
+    causes = [(f"longer than --seq-len {cfg.seq_len}", index.too_long),
+              ("with an unreadable image", index.unreadable)]
+    if decode_skipped is not None:
+        causes.append(("whose image failed to decode in training", decode_skipped))
+    causes.append(("by a format rule", index.format_skipped))
+    named = decode_skipped is not None  # the final summary names them; the plan line counts them
+    parts = [f"{len(skips)} {what}{_where(skips) if named else ''}" for what, skips in causes]
+    return f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: {index.dropped_turns}"
+
+
+def _first_view(cfg: HFTrainConfig, processor, index) -> str:
+    """What the run's first conversation trains (``vlmcp data show``'s view, one screen at most)."""
+    from vlmcp.data.hf.rows import row_at
+    from vlmcp.data.hf.show import view_conversation
+
+    conv = index.conversations[index.rows[row_at(index, cfg.seed, 0)][0]]
+    more = f"; vlmcp data show --model {cfg.model} --data {conv.source} --line {conv.line} prints it all"
+    view = view_conversation(processor, conv).plain(max_lines=30, max_chars=2400, more=more)
+    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}"
 
 
 def _say(line: str) -> None:
@@ -163,9 +236,7 @@ def _report(cfg: HFTrainConfig, index, s: dict) -> int:
     rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
     print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']} of {s['steps']}, {s['tokens']:,} tokens, "
           f"{rate:,.0f} tokens/s" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else ""))
-    print(f"vlmcp train: {len(index.skipped)} conversation(s) longer than --seq-len {cfg.seq_len} skipped"
-          + (f" (lines {', '.join(map(str, index.skipped[:10]))}{' ...' if len(index.skipped) > 10 else ''})"
-             if index.skipped else ""))
+    print(f"vlmcp train: {_skips(cfg, index, s.get('decode_skipped', []))}")
     if s["model_dir"]:
         print(f"vlmcp train: model and processor saved to {s['model_dir']}")
     if s["checkpoint"]:
@@ -182,9 +253,18 @@ def run_hf(args: argparse.Namespace) -> int:
 
     under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     check_outputs(cfg)
-    index = plan_data(cfg)
+    processor, index = _plan(cfg)
     if not _resume_preflight(cfg):
         return 0
+    fill = index.tokens / (len(index.rows) * cfg.seq_len)
+    _say(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
+         f"of {cfg.seq_len} tokens ({fill:.0%} filled); {_skips(cfg, index)}")
+    for skip in index.unreadable[:5]:
+        _say(f"vlmcp train: warning: {skip.where}: {skip.reason}; skipped")
+    if len(index.unreadable) > 5:
+        _say(f"vlmcp train: warning: ... and {len(index.unreadable) - 5} more conversations with an "
+             "unreadable image")
+    _say(_first_view(cfg, processor, index))
     if under_torchrun:
         import torch
         import torch.distributed as dist
@@ -204,10 +284,8 @@ def run_hf(args: argparse.Namespace) -> int:
     from vlmcp.launch import RankFailure, spawn_ranks
 
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
-    fill = index.tokens / (len(index.rows) * cfg.seq_len)
-    print(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
-          f"of {cfg.seq_len} tokens ({fill:.0%} filled); spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, "
-          f"dp={cfg.dp}{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
+    print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}"
+          f"{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
     preload_model_code(cfg.model)
     previous = signal.signal(signal.SIGTERM, _forward_sigterm)
     try:

@@ -13,12 +13,17 @@ Two calls put a Qwen2-VL, Qwen2.5-VL or LLaVA model on a CP group::
   model only (:mod:`vlmcp.hf.attention`), the vision mode (:mod:`vlmcp.hf.vision`).
 * :func:`shard_inputs` (:mod:`vlmcp.hf.inputs`): labels and positions on the global row,
   then this rank's slots.
-* :mod:`vlmcp.hf.adapters`: what each architecture needs; :func:`register_adapter` adds one.
+* :mod:`vlmcp.hf.adapters`: what each architecture needs (:class:`InputKind`: what each
+  input key is); :func:`register_adapter` adds one.
+* :mod:`vlmcp.hf.mixers`: the token-mixer audit ``parallelize`` runs (anything but softmax
+  attention mixing tokens is refused, named); :func:`register_mixer` declares a CP
+  implementation of a mixer class.
 * :mod:`vlmcp.hf.tiny`: tiny random configs for tests; :mod:`vlmcp.hf.rows`: synthetic rows.
 """
 
 from vlmcp.hf.adapters import (
     HFAdapter,
+    InputKind,
     PlaceholderAdapter,
     adapter_for,
     register_adapter,
@@ -26,11 +31,12 @@ from vlmcp.hf.adapters import (
 )
 from vlmcp.hf.attention import CPContext
 from vlmcp.hf.inputs import HFBatch, shard_inputs, shift_hf_labels
+from vlmcp.hf.mixers import register_mixer
 from vlmcp.hf.parallel import HFParallel, parallel_state, parallelize
 from vlmcp.hf.tiny import TINY_ARCHS, tiny_config, tiny_model
 
 __all__ = [
-    "TINY_ARCHS", "CPContext", "HFAdapter", "HFBatch", "HFParallel", "PlaceholderAdapter", "adapter_for",
-    "parallel_state", "parallelize", "register_adapter", "shard_inputs", "shift_hf_labels",
-    "supported_model_types", "tiny_config", "tiny_model",
+    "TINY_ARCHS", "CPContext", "HFAdapter", "HFBatch", "HFParallel", "InputKind", "PlaceholderAdapter",
+    "adapter_for", "parallel_state", "parallelize", "register_adapter", "register_mixer", "shard_inputs",
+    "shift_hf_labels", "supported_model_types", "tiny_config", "tiny_model",
 ]

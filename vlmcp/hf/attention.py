@@ -23,6 +23,11 @@ and HF forwards unknown keyword arguments from the top-level ``forward`` down to
 attention call. Nothing is stored on the model between calls, so a batch can never run
 with another batch's (or another group's) layout; a model called without the context
 raises. The vision adapters strip the key before the ViT runs.
+
+:func:`mark` also guards the other direction at run time: a marked module whose forward
+returns without having called :func:`vlmcp_attention_forward` (it computed attention some
+other way, on this rank's shard only) raises, so the structural audit of
+:mod:`vlmcp.hf.mixers` (Note [vlmcp HF token mixers]) cannot be fooled silently.
 """
 
 from __future__ import annotations
@@ -37,14 +42,14 @@ from torch import nn
 from vlmcp.attention import cp_attention
 from vlmcp.layout import RankShard
 
-__all__ = ["ATTN_NAME", "CONTEXT_KEY", "CPContext", "mark_attention_modules", "register",
-           "vlmcp_attention_forward"]
+__all__ = ["ATTN_NAME", "CONTEXT_KEY", "CPContext", "mark", "register", "vlmcp_attention_forward"]
 
 ATTN_NAME = "vlmcp"
 """The ``_attn_implementation`` name of vlmcp's attention."""
 CONTEXT_KEY = "vlmcp_cp"
 """The ``model(**inputs)`` keyword that carries the :class:`CPContext`."""
 _MARK = "_vlmcp_cp_attention"
+_REACHED = "_vlmcp_cp_attention_reached"
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,6 +100,7 @@ def vlmcp_attention_forward(
         raise RuntimeError(
             f"vlmcp attention was called from {type(module).__name__}, which vlmcp.hf.parallelize did not "
             "register: only the language model's attention runs under CP")
+    setattr(module, _REACHED, True)
     if not isinstance(ctx, CPContext):
         raise RuntimeError(
             "this model's language model uses vlmcp attention but the call carries no CP layout: call "
@@ -119,14 +125,26 @@ def register() -> None:
     AttentionInterface.register(ATTN_NAME, vlmcp_attention_forward)
 
 
-def mark_attention_modules(language_model: nn.Module) -> int:
-    """Mark the language model's attention modules as vlmcp's callers; returns how many.
+def _before_forward(module: nn.Module, args) -> None:
+    setattr(module, _REACHED, False)
 
-    An attention module is one with ``q_proj``, ``k_proj`` and ``v_proj`` (every HF decoder).
+
+def _after_forward(module: nn.Module, args, output) -> None:
+    if not getattr(module, _REACHED, True):
+        raise RuntimeError(
+            f"{type(module).__name__}.forward returned without calling vlmcp attention: it does not compute "
+            "attention through transformers' ALL_ATTENTION_FUNCTIONS, so under CP each rank would attend to "
+            "its own shard only; vlmcp cannot run this model")
+
+
+def mark(module: nn.Module) -> None:
+    """Mark a language-model attention module as vlmcp attention's caller (idempotent).
+
+    Its forward must then call :func:`vlmcp_attention_forward` (checked on every call by
+    a forward pre-hook and hook).
     """
-    n = 0
-    for m in language_model.modules():
-        if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj")):
-            setattr(m, _MARK, True)
-            n += 1
-    return n
+    if getattr(module, _MARK, False):
+        return
+    setattr(module, _MARK, True)
+    module.register_forward_pre_hook(_before_forward)
+    module.register_forward_hook(_after_forward)

@@ -17,8 +17,11 @@ sharded (PITFALLS, Hugging Face section):
   padding slots get the pad token, never the image token. A whole sample's slots are
   not replicated, so its targets stay on its owner and count once.
 
-No ``attention_mask`` is passed: the plan is the mask. Every check runs on metadata
-every rank holds, before any collective.
+No ``attention_mask`` is passed: the plan is the mask. Every key of ``inputs`` is
+classified by the adapter (:class:`~vlmcp.hf.adapters.InputKind`): per-token and sharded,
+per-token and consumed here, per-image and passed on whole, per-video (refused for now);
+a key the adapter does not handle is refused, named, never dropped (``None`` values are
+ignored). Every check runs on metadata every rank holds, before any collective.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
@@ -38,7 +42,22 @@ from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = ["HFBatch", "shard_inputs", "shift_hf_labels"]
 
-_VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
+# Why a known key cannot just be dropped (the refusal's message); any other key is unknown.
+_UNHANDLED_WHY = {
+    "image_sizes": "per-image sizes of any-resolution images (LLaVA-NeXT/OneVision, Mistral3), which decide "
+                   "each image's tiling and token count",
+    "pixel_attention_mask": "the padding mask of variable-size images (Idefics3, SmolVLM, LFM2-VL)",
+    "spatial_shapes": "per-image patch grids of native-resolution images (LFM2-VL, Siglip2)",
+    "image_grid_thw": "per-image patch grids (Qwen-VL-style models: their M-RoPE positions need an adapter)",
+    "token_type_ids": "per-token types the model reads (Gemma 3: bidirectional attention within each image)",
+    "mm_token_type_ids": "multimodal token types the model reads (M-RoPE positions, bidirectional image "
+                         "masks)",
+    "position_ids": "vlmcp computes the position ids on the global row itself",
+    "labels": "pass labels=... to shard_inputs instead",
+    "inputs_embeds": "vlmcp shards input_ids, and HF's merge runs on the local row",
+    "cross_attention_mask": "cross-attention to the images (Mllama)",
+    "aspect_ratio_ids": "tiled images of a cross-attention model (Mllama)",
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,6 +89,43 @@ def _row(name: str, x, length: int | None = None) -> torch.Tensor:
     if length is not None and x.shape[1] != length:
         raise ValueError(f"{name} has shape {tuple(x.shape)} but input_ids is (1, {length})")
     return x[0]
+
+
+def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKind, list[str]]:
+    """The keys of ``inputs`` by kind (``None`` values skipped); raises on any other key, and on videos."""
+    out: dict[InputKind, list[str]] = {kind: [] for kind in InputKind}
+    for key in inputs.keys():
+        if inputs[key] is None:
+            continue
+        kind = adapter.input_kind(key)
+        if kind is None:
+            why = _UNHANDLED_WHY.get(key, "a key vlmcp does not know")
+            takes = ", ".join(adapter.token_keys + adapter.consumed_keys + adapter.pixel_keys)
+            model_type = getattr(model.config, "model_type", None)
+            raise ValueError(
+                f"inputs[{key!r}] is not handled for {type(model).__name__} (model_type={model_type!r}, "
+                f"vlmcp adapter {adapter.name!r}): {why}. vlmcp would drop it and train on something else "
+                "than the model expects; remove it only if the model does not read it, or register an "
+                f"adapter that handles it (vlmcp.hf.register_adapter). This adapter takes {takes}")
+        out[kind].append(key)
+    if out[InputKind.VIDEO]:
+        raise NotImplementedError(f"videos are not supported under vlmcp CP yet (inputs "
+                                  f"{out[InputKind.VIDEO]})")
+    return out
+
+
+def _token_types(token_type: torch.Tensor, is_image: torch.Tensor) -> torch.Tensor:
+    """``mm_token_type_ids`` of the row, checked: 0 text, 1 exactly at the image tokens."""
+    if bool((token_type == 2).any()):
+        raise NotImplementedError("mm_token_type_ids marks video tokens (2): videos are not supported under "
+                                  "vlmcp CP yet")
+    bad = (token_type != is_image.to(token_type.dtype)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        what = "an image" if is_image[i] else "a text"
+        raise ValueError(f"mm_token_type_ids must be 1 exactly at the image tokens and 0 elsewhere; "
+                         f"position {i} has {int(token_type[i])} but is {what} token")
+    return token_type
 
 
 def _images_per_sample(tokens: list[int] | None, is_image: torch.Tensor, cu: torch.Tensor,
@@ -128,7 +184,9 @@ def shard_inputs(
         inputs: the processor's output for one row, batch dimension 1: ``input_ids (1, L)``,
             optional ``attention_mask`` of ones, ``pixel_values`` (+ ``image_grid_thw`` and
             ``mm_token_type_ids`` for Qwen-VL); no pixel keys for a row without images.
-            A packed row concatenates its samples' inputs in order.
+            A packed row concatenates its samples' inputs in order. Every other key is
+            refused unless the adapter handles it (``HFAdapter.input_kind``); ``None``
+            values are ignored.
         cp_group: the CP group (the one the model was parallelized for).
         labels: HF-convention ``(1, L)``, unshifted, -100 where there is no loss; default
             ``input_ids`` with image tokens at -100.
@@ -144,35 +202,40 @@ def shard_inputs(
         :class:`HFBatch` with ``model_inputs``, ``labels`` and ``shard``.
 
     Raises:
-        ValueError: bad shapes, labels not matching ``input_ids``, ``cu_seqlens`` not
-            covering the row, image tokens not matching the images, videos, a group
-            other than the model's, or whole placement of a row with images on a model
-            without a vlmcp adapter (all before any communication).
+        ValueError: a key of ``inputs`` the model's adapter does not handle (named, with
+            the architecture: e.g. ``image_sizes``, ``pixel_attention_mask``,
+            ``spatial_shapes``, ``token_type_ids`` or ``mm_token_type_ids`` without an
+            adapter that reads them), bad shapes, labels not matching ``input_ids``,
+            ``cu_seqlens`` not covering the row, image tokens not matching the images
+            (or ``mm_token_type_ids``), a group other than the model's, or whole
+            placement of a row with images on a model without a vlmcp adapter (all
+            before any communication).
+        NotImplementedError: videos (the adapter's video keys, or video token types).
     """
     state = parallel_state(model)
     if cp_group is not state.group:
         raise ValueError("cp_group is not the group this model was parallelized for")
     if not isinstance(inputs, dict) and not hasattr(inputs, "keys"):
         raise TypeError(f"inputs must be the processor's dict, got {type(inputs).__name__}")
-    if "input_ids" not in inputs:
+    if inputs.get("input_ids") is None:
         raise ValueError("inputs must hold input_ids (1, L)")
-    if any(inputs.get(k) is not None for k in _VIDEO_KEYS):
-        raise NotImplementedError("videos are not supported under vlmcp CP yet")
+    adapter, config = state.adapter, model.config
+    keys = _classify_keys(model, adapter, inputs)
     ids = _row("input_ids", inputs["input_ids"])
     L = ids.numel()
     if L == 0:
         raise ValueError("input_ids is empty")
-    mask = inputs.get("attention_mask")
-    if mask is not None and not bool((_row("attention_mask", mask, L) == 1).all()):
+    per_token = {k: _row(k, inputs[k], L) for k in keys[InputKind.TOKENS] + keys[InputKind.CONSUMED]}
+    mask = per_token.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
         raise ValueError("attention_mask must be all ones: no padding inside a row (pack samples with "
                          "cu_seqlens instead)")
     if labels is not None:
         _row("labels", labels, L)
     cu = check_cu_seqlens(cu_seqlens, L)
-    adapter, config = state.adapter, model.config
     image_id = adapter.image_token_id(config)
     is_image = (ids == image_id).cpu()
-    pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
+    pixels = {k: inputs[k] for k in keys[InputKind.IMAGE]}
     has_pixels = bool(pixels) and (adapter.pixel_keys[0] in pixels)
     if not has_pixels and bool(is_image.any()):
         raise ValueError(f"image features and image tokens do not match: the row has {int(is_image.sum())} "
@@ -180,8 +243,8 @@ def shard_inputs(
     tokens = adapter.image_tokens(model, pixels) if has_pixels else []
     n_images = len(tokens) if tokens is not None else 1
     groups = _images_per_sample(tokens, is_image, cu, n_images if has_pixels else 0)
-    token_type = inputs.get("mm_token_type_ids")
-    token_type = is_image.int() if token_type is None else _row("mm_token_type_ids", token_type, L).cpu()
+    token_type = per_token.get("mm_token_type_ids")
+    token_type = is_image.int() if token_type is None else _token_types(token_type.cpu(), is_image)
 
     fsdp = _is_fsdp(model)
     if fsdp and state.vision_mode in ("broadcast", "scatter"):
@@ -220,11 +283,12 @@ def shard_inputs(
     if pad_id is None or pad_id == image_id:  # a padding slot must never look like an image token
         pad_id = 1 if image_id == 0 else 0
     device = ids.device
-    model_inputs: dict[str, Any] = {
-        "input_ids": shard.shard(ids, fill=pad_id).unsqueeze(0),
-        "position_ids": adapter.model_position_ids(shard.shard(positions, dim=-1, fill=0)).to(device),
-        "use_cache": False,
-    }
+    model_inputs: dict[str, Any] = {  # padding slots: the pad token in input_ids, 0 in other token keys
+        k: shard.shard(per_token[k], fill=pad_id if k == "input_ids" else 0).unsqueeze(0)
+        for k in keys[InputKind.TOKENS]}
+    local_positions = shard.shard(positions, dim=-1, fill=0)
+    model_inputs["position_ids"] = adapter.model_position_ids(local_positions).to(device)
+    model_inputs["use_cache"] = False
     dummy = False
     if has_pixels:
         model_inputs.update(pixels)

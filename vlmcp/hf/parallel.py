@@ -4,7 +4,9 @@ It sets vlmcp's attention on the language model only (Note [vlmcp HF attention:
 registered for the LLM, shard passed with the inputs]), installs the vision mode
 (Note [vlmcp HF vision placement]) and records both on the model for
 :func:`vlmcp.hf.shard_inputs`. Every check runs before anything is changed and
-before any communication.
+before any communication, the token-mixer audit included (Note [vlmcp HF token
+mixers]): a language model with anything but softmax attention mixing tokens (Gated
+DeltaNet, short convolutions, Mamba, sliding windows...) is refused, module by module.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
+from vlmcp.hf.mixers import audit_token_mixers
 from vlmcp.hf.vision import place_hf_vision
 from vlmcp.vision.placement import VisionMode
 
@@ -72,7 +75,8 @@ def parallelize(
 
     Args:
         model: a ``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``,
-            ``LlavaForConditionalGeneration``, or another placeholder-merge VLM (``replicate``).
+            ``LlavaForConditionalGeneration``, a model with a registered adapter, or another
+            LLaVA-like placeholder-merge VLM (1-D positions, ``pixel_values`` only: ``replicate``).
         cp_group: the CP process group (explicit, never the global one), or None for one process.
         attention: ``"ring"`` or ``"ulysses"`` (needs attention heads divisible by P).
         vision_mode: ``replicate``, ``allreduce_hook``, ``broadcast``, ``scatter`` or
@@ -88,8 +92,11 @@ def parallelize(
     Raises:
         ValueError: unsupported architecture, unknown attention or vision mode, a mode
             without an adapter, heads not divisible by P for Ulysses, a projector width not
-            divisible by P for ``hidden_shard``, dropout or sliding windows in the LLM, or a
-            model parallelized already.
+            divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
+            already, or a token mixer vlmcp does not run under CP (linear attention / Gated
+            DeltaNet, convolutions, Mamba, sliding or chunked windows, attention outside
+            ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
+            also with ``cp_group=None``.
     """
     if attention not in ("ring", "ulysses"):
         raise ValueError(f"attention must be 'ring' or 'ulysses', got {attention!r}")
@@ -115,16 +122,15 @@ def parallelize(
     if getattr(text, "attention_dropout", 0.0):
         raise ValueError(f"vlmcp attention has no dropout; set text_config.attention_dropout=0 "
                          f"(got {text.attention_dropout})")
-    if getattr(text, "sliding_window", None) is not None and getattr(text, "use_sliding_window", True):
-        raise ValueError(f"sliding-window attention (window {text.sliding_window}) is not supported under CP")
     if vision_mode == "hidden_shard" and world > 1:
         out = submodule(model, adapter.projector_last).out_features
         if out % world:
             raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
                              f"but {out} is not divisible by P={world}")
-    language_model = submodule(model, adapter.language_model)
-    if hf_attention.mark_attention_modules(language_model) == 0:
-        raise ValueError(f"found no attention module (q_proj/k_proj/v_proj) in {adapter.language_model}")
+    submodule(model, adapter.language_model)  # names the architecture if the path is wrong
+    mixers = audit_token_mixers(model, adapter.language_model)
+    for mixer in mixers:
+        mixer.prepare(mixer.module)
     hf_attention.register()
     model.set_attn_implementation({"text_config": hf_attention.ATTN_NAME})
     place_hf_vision(model, adapter, vision_mode, cp_group, src)

@@ -5,9 +5,13 @@ The pipeline, one module per step:
 * :mod:`~vlmcp.data.hf.conversations`: read and check ``--data`` files into
   :class:`~vlmcp.data.hf.conversation.Conversation` objects (the data model), one
   format per file in :mod:`~vlmcp.data.hf.formats`, images by :mod:`~vlmcp.data.hf.media`;
+* :mod:`~vlmcp.data.hf.template`: one conversation through the model's chat template,
+  with the tokens of its trained messages (and a template that drops a message refused);
 * :mod:`~vlmcp.data.hf.encode`: one conversation -> processor inputs with labels on the
-  trained turns;
-* :mod:`~vlmcp.data.hf.rows`: plan and pack rows, decode them ahead of training;
+  trained turns; a bad image is a ``MediaError`` naming ``file:line``;
+* :mod:`~vlmcp.data.hf.rows`: plan and pack rows, decode them ahead of training (a
+  conversation whose image fails is skipped, never trained wrongly);
+* :mod:`~vlmcp.data.hf.show`: what one conversation trains (``vlmcp data show``);
 * :mod:`~vlmcp.data.hf.processor`: load and save a model directory's processor;
 * :mod:`~vlmcp.data.hf.export`: the built-in data written as such a file
   (``vlmcp data shapes``).

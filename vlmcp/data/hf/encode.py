@@ -1,22 +1,9 @@
-"""One conversation -> a Hugging Face processor's inputs, with labels on assistant tokens only.
+"""One conversation -> a Hugging Face processor's inputs, with labels on the trained messages only.
 
-Note [vlmcp data: assistant tokens from the chat template]
-----------------------------------------------------------
-The loss covers what the assistant says. Chat templates do not mark it (the hub's
-Qwen2-VL and LLaVA templates have no ``{% generation %}`` tags), so the spans come from
-rendering prefixes, which works for any template that renders a conversation
-left to right::
-
-    render(messages[:i], add_generation_prompt=True)  = P      "...<|im_start|>assistant\\n"
-    render(messages[:i + 1])                          = P + A  "...assistant\\na red circle<|im_end|>\\n"
-    render(messages)                                  starts with P + A
-
-so message i's characters are ``[len(P), len(P + A))`` of the full text (its end-of-turn
-token included: a model must learn to stop). The text is tokenized once with offsets; a
-token is a target when its first character lies in a span. Each image placeholder
-token is then expanded to the image's token count, which must reproduce the processor's
-own ``input_ids`` exactly (checked), so the labels line up with what the model sees.
-Template or tokenizer behaviour that breaks either property is an error naming the line.
+The text and its trained tokens come from :func:`vlmcp.data.hf.template.render` (Note
+[vlmcp data: trained tokens from the chat template]); this module adds the images: their
+token counts from the file headers (planning), their pixels through the processor
+(training), and :class:`MediaError` naming ``file:line`` and the image when either fails.
 
 Token counts are known before any image is decoded (an image's count needs only its
 size, read from the file header), so packing is planned up front; the pixels are
@@ -29,69 +16,69 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.data.hf.conversations import IMAGE_PLACEHOLDER, Conversation
+from vlmcp.data.hf.conversation import Conversation
+from vlmcp.data.hf.template import Rendered, render
 from vlmcp.layout.labels import IGNORE_INDEX
 
-__all__ = ["EncodedSample", "encode_conversation", "image_sizes", "sample_length"]
+__all__ = ["EncodedSample", "MediaError", "check_pixels", "encode_conversation", "image_sizes",
+           "image_token_counts", "planned_tokens", "sample_length"]
 
 
-def _structured(messages) -> list[dict]:
-    """String contents with ``<image>`` -> the processor's ``[{"type": "image"}, {"type": "text"}]``."""
-    out = []
-    for m in messages:
-        parts = []
-        for k, text in enumerate(m.content.split(IMAGE_PLACEHOLDER)):
-            if k:
-                parts.append({"type": "image"})
-            if text:
-                parts.append({"type": "text", "text": text})
-        out.append({"role": m.role, "content": parts})
-    return out
+class MediaError(ValueError):
+    """An image of a conversation cannot be used: its header, its pixels or the processor.
 
+    The message names ``file:line`` and the image. Planning skips such a conversation (an
+    error with ``--strict``); training skips it on every rank of the CP group.
 
-def _render(processor, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
-    """The conversation's text and its assistant character spans (see the Note)."""
-    messages = _structured(conv.messages)
-    render = lambda msgs, prompt: processor.apply_chat_template(msgs, tokenize=False,
-                                                                add_generation_prompt=prompt)
-    full = render(messages, False)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        prompt, turn = render(messages[:i], True), render(messages[:i + 1], False)
-        if not (turn.startswith(prompt) and full.startswith(turn)):
-            raise ValueError(f"{conv.where}: the chat template does not render this conversation "
-                             "left to right, so its assistant turns cannot be found")
-        spans.append((len(prompt), len(turn)))
-    return full, spans
+    Attributes:
+        where: ``file:line``.
+        name: the image (its path, or ``<N inline bytes>``).
+        reason: the message without ``file:line``: ``cannot decode image a.jpg: OSError: ...``.
+    """
+
+    def __init__(self, where: str, name: str, what: str, err: Exception) -> None:
+        self.where, self.name = where, name
+        self.reason = f"{what} {name}: {type(err).__name__}: {err}"
+        super().__init__(f"{where}: {self.reason}")
 
 
 def image_sizes(conv: Conversation) -> list[tuple[int, int]]:
-    """``(height, width)`` of each image, from the file headers (no decoding)."""
+    """``(height, width)`` of each image, from the file headers (no decoding).
+
+    Raises:
+        MediaError: for an image whose header cannot be read.
+    """
     sizes = []
     for media in conv.images:
         try:
             with media.open_image() as im:
                 sizes.append((im.height, im.width))
-        except (OSError, SyntaxError) as err:
-            raise ValueError(f"{conv.where}: cannot read image {media.name}: {err}") from None
+        except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
+            raise MediaError(conv.where, media.name, "cannot read image", err) from None
     return sizes
 
 
-def _image_token_counts(processor, sizes: list[tuple[int, int]]) -> list[int]:
-    if not sizes:
-        return []
-    return [int(n) for n in processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens]
+def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int]]) -> list[int]:
+    """Tokens of each image of ``conv`` at the given sizes (the processor's rule, no pixels).
+
+    Raises:
+        MediaError: when the processor refuses an image's size (e.g. Qwen's aspect ratio > 200).
+    """
+    counts = []
+    for media, size in zip(conv.images, sizes, strict=True):
+        try:
+            counts.append(int(processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]))
+        except Exception as err:  # the processor's own checks (smart_resize, ...)
+            raise MediaError(conv.where, media.name, "the processor refuses image", err) from None
+    return counts
 
 
-def _tokens(processor, conv: Conversation, counts: list[int]) -> tuple[str, list[int], list[bool]]:
-    """The rendered text, its expanded token ids and their target mask (no pixel touched)."""
-    text, spans = _render(processor, conv)
-    enc = processor.tokenizer(text, return_offsets_mapping=True)
+def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int]
+            ) -> tuple[list[int], list[bool]]:
+    """Each image token -> the image's count of them; their labels off: ``(ids, trained)``."""
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     ids, mask, k = [], [], 0
-    for token, (start, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+    for token, trained in zip(rendered.ids, rendered.trained, strict=True):
         if token == image_id:
             if k == len(counts):
                 raise ValueError(f"{conv.where}: the chat template wrote more image placeholders "
@@ -101,16 +88,47 @@ def _tokens(processor, conv: Conversation, counts: list[int]) -> tuple[str, list
             k += 1
         else:
             ids.append(token)
-            mask.append(any(s <= start < e for s, e in spans))
+            mask.append(trained)
     if k != len(counts):
         raise ValueError(f"{conv.where}: the chat template wrote {k} image placeholder(s) for "
                          f"{len(counts)} image(s)")
-    return text, ids, mask
+    return ids, mask
+
+
+def planned_tokens(processor, conv: Conversation) -> tuple[Rendered, list[int], list[bool]]:
+    """``(rendered, ids, trained)``: ``conv``'s tokens as the model will see them, each image
+    expanded to its token count, and which carry loss; only image headers are read.
+
+    Raises:
+        MediaError: an image's header cannot be read, or the processor refuses its size.
+        ValueError: naming ``file:line`` for a conversation the template cannot render.
+    """
+    counts = image_token_counts(processor, conv, image_sizes(conv))
+    rendered = render(processor, conv)
+    return (rendered, *_expand(processor, conv, rendered, counts))
 
 
 def sample_length(processor, conv: Conversation) -> int:
-    """Tokens of ``conv`` after the processor expands its images (no image is decoded)."""
-    return len(_tokens(processor, conv, _image_token_counts(processor, image_sizes(conv)))[1])
+    """Tokens of ``conv`` after the processor expands its images (only image headers are read).
+
+    Raises:
+        MediaError, ValueError: as :func:`planned_tokens`.
+    """
+    return len(planned_tokens(processor, conv)[1])
+
+
+def check_pixels(conv: Conversation) -> None:
+    """Decode every image of ``conv`` (``--strict`` does this before training).
+
+    Raises:
+        MediaError: for the first image whose pixels cannot be decoded.
+    """
+    for media in conv.images:
+        try:
+            with media.open_image() as im:
+                im.load()
+        except Exception as err:
+            raise MediaError(conv.where, media.name, "cannot decode image", err) from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,7 +137,7 @@ class EncodedSample:
 
     Attributes:
         input_ids: ``LongTensor[n]``.
-        labels: ``LongTensor[n]``, unshifted (HF convention): the token itself on assistant
+        labels: ``LongTensor[n]``, unshifted (HF convention): the token itself on trained
             tokens, ``-100`` elsewhere.
         pixels: the processor's image outputs (``pixel_values``, ``image_grid_thw``, ...);
             empty without images.
@@ -137,23 +155,31 @@ class EncodedSample:
 
 
 def encode_conversation(processor, conv: Conversation) -> EncodedSample:
-    """Decode ``conv``'s images and run the processor; labels on assistant tokens only.
+    """Decode ``conv``'s images and run the processor; labels on the trained messages only.
 
     Raises:
-        ValueError: naming the line when an image cannot be decoded or the processor's
-            tokens differ from the tokenizer's (see Note [vlmcp data: assistant tokens
-            from the chat template]).
+        MediaError: naming ``file:line`` and the image when it cannot be decoded or the
+            processor fails on it.
+        ValueError: naming the line when the processor's tokens differ from the tokenizer's
+            (see Note [vlmcp data: trained tokens from the chat template]).
     """
     images = []
     for media in conv.images:
         try:
             with media.open_image() as im:
                 images.append(im.convert("RGB"))
-        except (OSError, SyntaxError) as err:
-            raise ValueError(f"{conv.where}: cannot decode image {media.name}: {err}") from None
-    counts = _image_token_counts(processor, [(im.height, im.width) for im in images])
-    text, ids, mask = _tokens(processor, conv, counts)
-    out = processor(text=[text], images=images or None, return_tensors="pt")
+        except Exception as err:  # a truncated file: header fine, pixels not
+            raise MediaError(conv.where, media.name, "cannot decode image", err) from None
+    counts = image_token_counts(processor, conv, [(im.height, im.width) for im in images])
+    rendered = render(processor, conv)
+    ids, mask = _expand(processor, conv, rendered, counts)
+    try:
+        out = processor(text=[rendered.text], images=images or None, return_tensors="pt")
+    except Exception as err:
+        if not conv.images:
+            raise ValueError(f"{conv.where}: the processor failed: {type(err).__name__}: {err}") from None
+        names = ", ".join(m.name for m in conv.images)
+        raise MediaError(conv.where, names, "the processor fails on image(s)", err) from None
     if out["input_ids"][0].tolist() != ids:
         raise ValueError(f"{conv.where}: the processor's tokens differ from the tokenizer's on the "
                          "same text; cannot place the labels")

@@ -4,9 +4,11 @@ Note [vlmcp data: HF rows, epochs and who decodes the images]
 -------------------------------------------------------------
 *Planning* (:func:`build_index`, once, before any rank starts): every line is read and
 checked, and each conversation's token count is computed from its text and its
-images' sizes (file headers only). Conversations longer than ``seq_len`` are skipped
-(counted) or, with ``strict``, an error. The rest are packed first-fit by length,
-longest first, into rows; an image is never cut because a conversation is never cut::
+images' sizes (file headers only). Conversations longer than ``seq_len`` and
+conversations with an image whose header cannot be read (or whose size the processor
+refuses) are skipped, counted and named (with ``strict``, an error). The rest are
+packed first-fit by length, longest first, into rows; an image is never cut because a
+conversation is never cut::
 
     seq_len = 100, lengths 70 60 40 30 20  ->  row 0: [70 | 30]   row 1: [60 | 40]   row 2: [20 | pad 80]
 
@@ -23,19 +25,26 @@ resumed at another DP size continues the same sequence. The row is a pure functi
 transform) in a background thread of :class:`RowLoader`, ``prefetch`` steps ahead of the
 training step, so the next rows are ready when a step ends. The ranks of a CP group
 decode the same images (cheap against the model's step, and no broadcast of pixels).
+
+*A bad image at training* (header fine, pixels not: a truncated JPEG): the row is built
+without that conversation (more padding), never with a hole. :func:`build_row` is a pure
+function of ``(row, exclude)`` and of which images decode, so ranks that see the same
+bytes build the same row; the training step still agrees on the skips over the CP group
+before sharding (:func:`vlmcp.train.hf.agree.agree_on_skips`), so that one rank's flaky
+read cannot leave the group training on different rows.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from vlmcp.data.hf.conversations import Conversation
-from vlmcp.data.hf.encode import EncodedSample, encode_conversation, sample_length
+from vlmcp.data.hf.conversation import Conversation, ConversationSet, Skipped
+from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, sample_length
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]
@@ -70,15 +79,22 @@ class DataIndex:
         conversations: the kept conversations.
         lengths: their token counts.
         rows: indices into ``conversations`` per row.
-        skipped: line numbers of conversations longer than ``seq_len``.
         seq_len: tokens per row.
+        too_long: conversations longer than ``seq_len``, skipped.
+        unreadable: conversations skipped at planning for an image (header unreadable, or
+            a size the processor refuses); the reason names the image.
+        format_skipped: lines a format's documented rule leaves out (the readers').
+        dropped_turns: turns a format's rule dropped from kept conversations.
     """
 
     conversations: list[Conversation]
     lengths: list[int]
     rows: list[list[int]]
-    skipped: list[int] = field(default_factory=list)
     seq_len: int = 0
+    too_long: tuple[Skipped, ...] = ()
+    unreadable: tuple[Skipped, ...] = ()
+    format_skipped: tuple[Skipped, ...] = ()
+    dropped_turns: int = 0
 
     @property
     def tokens(self) -> int:
@@ -86,30 +102,42 @@ class DataIndex:
         return sum(self.lengths)
 
 
-def build_index(processor, conversations: list[Conversation], seq_len: int, *,
+def build_index(processor, data: ConversationSet | list[Conversation], seq_len: int, *,
                 strict: bool = False, source: str = "--data") -> DataIndex:
-    """Token counts, skips and the packing of ``conversations`` into rows of ``seq_len``.
+    """Token counts, skips and the packing of ``data``'s conversations into rows of ``seq_len``.
 
     Raises:
-        ValueError: with ``strict``, for the first conversation longer than ``seq_len``;
-            without, when every conversation is too long (nothing to train on).
+        ValueError: with ``strict``, for the first conversation longer than ``seq_len`` or
+            with an unusable image; without, when no conversation is left to train on.
     """
-    kept, lengths, skipped = [], [], []
-    for conv in conversations:
-        n = sample_length(processor, conv)
+    if not isinstance(data, ConversationSet):
+        data = ConversationSet(conversations=list(data))
+    kept, lengths, too_long, unreadable = [], [], [], []
+    for conv in data.conversations:
+        try:
+            n = sample_length(processor, conv)
+        except MediaError as err:
+            if strict:
+                raise ValueError(f"{err} (drop --strict to skip such conversations)") from None
+            unreadable.append(Skipped(conv.where, err.reason))
+            continue
         if n > seq_len:
             if strict:
                 raise ValueError(f"{conv.where}: the conversation is {n} tokens, longer than "
                                  f"--seq-len {seq_len} (drop --strict to skip such conversations)")
-            skipped.append(conv.line)
+            too_long.append(Skipped(conv.where, f"{n} tokens"))
             continue
         kept.append(conv)
         lengths.append(n)
     if not kept:
-        raise ValueError(f"{source}: all {len(conversations)} conversations are longer than --seq-len "
-                         f"{seq_len}; nothing to train on")
+        first = (unreadable or too_long or [None])[0]
+        raise ValueError(f"{source}: none of the {len(data.conversations)} conversations can be trained on: "
+                         f"{len(too_long)} longer than --seq-len {seq_len}, {len(unreadable)} with an "
+                         "unusable image" + (f" (the first, {first.where}: {first.reason})" if first else ""))
     return DataIndex(conversations=kept, lengths=lengths, rows=pack_first_fit(lengths, seq_len),
-                     skipped=skipped, seq_len=seq_len)
+                     seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
+                     format_skipped=tuple(data.skipped),
+                     dropped_turns=sum(c.dropped_turns for c in kept))
 
 
 def row_at(index: DataIndex, seed: int, position: int) -> int:
@@ -126,10 +154,13 @@ class HFRow:
         inputs: ``input_ids (1, L)``, ``attention_mask (1, L)``, the images' processor
             outputs concatenated in row order, ``mm_token_type_ids (1, L)`` where the
             processor makes them.
-        labels: ``LongTensor[1, L]``, unshifted, ``-100`` off the assistant tokens.
+        labels: ``LongTensor[1, L]``, unshifted, ``-100`` off the trained tokens.
         cu_seqlens: ``IntTensor[S+1]``; the padding sample is the last.
         tokens: tokens of real conversations (the padding excluded).
         index: the row's index in :attr:`DataIndex.rows`.
+        skipped: the row's conversations (indices into :attr:`DataIndex.conversations`)
+            left out: asked to (``exclude``) or an image failed to decode.
+        failures: why, for those that failed here: ``Skipped(file:line, reason)``.
     """
 
     inputs: dict[str, torch.Tensor]
@@ -137,16 +168,33 @@ class HFRow:
     cu_seqlens: torch.Tensor
     tokens: int
     index: int
+    skipped: tuple[int, ...] = ()
+    failures: tuple[Skipped, ...] = ()
 
 
-def build_row(processor, index: DataIndex, row: int) -> HFRow:
-    """Decode and process row ``row``'s conversations and pack them (padding to ``seq_len``)."""
+def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = frozenset()) -> HFRow:
+    """Decode and process row ``row``'s conversations and pack them (padding to ``seq_len``).
+
+    A conversation in ``exclude``, or whose image fails to decode, is left out (the row
+    gets more padding); the result is a pure function of the arguments and of which
+    images decode.
+    """
     samples: list[EncodedSample] = []
+    skipped, failures = [], []
     for i in index.rows[row]:
-        sample = encode_conversation(processor, index.conversations[i])
+        conv = index.conversations[i]
+        if i in exclude:
+            skipped.append(i)
+            continue
+        try:
+            sample = encode_conversation(processor, conv)
+        except MediaError as err:
+            skipped.append(i)
+            failures.append(Skipped(conv.where, err.reason))
+            continue
         if len(sample) != index.lengths[i]:
-            raise ValueError(f"{index.conversations[i].where}: {len(sample)} tokens after decoding "
-                             f"its images, {index.lengths[i]} planned from their sizes")
+            raise ValueError(f"{conv.where}: {len(sample)} tokens after decoding its images, "
+                             f"{index.lengths[i]} planned from their sizes")
         samples.append(sample)
     used = sum(len(s) for s in samples)
     pad = index.seq_len - used
@@ -159,12 +207,18 @@ def build_row(processor, index: DataIndex, row: int) -> HFRow:
     cu[1:] = torch.tensor(lens).cumsum(0)
     input_ids = torch.cat(ids)[None]
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    if samples[0].mm_token_type_ids is not None:
+    if samples[0].mm_token_type_ids is not None if samples else _makes_mm_types(processor):
         inputs["mm_token_type_ids"] = torch.cat([s.mm_token_type_ids for s in samples] +
                                                 [torch.zeros(pad, dtype=torch.long)])[None]
     for key in dict.fromkeys(k for s in samples for k in s.pixels):
         inputs[key] = torch.cat([s.pixels[key] for s in samples if key in s.pixels])
-    return HFRow(inputs=inputs, labels=torch.cat(labels)[None], cu_seqlens=cu, tokens=used, index=row)
+    return HFRow(inputs=inputs, labels=torch.cat(labels)[None], cu_seqlens=cu, tokens=used, index=row,
+                 skipped=tuple(skipped), failures=tuple(failures))
+
+
+def _makes_mm_types(processor) -> bool:
+    """Whether the processor returns ``mm_token_type_ids`` (a row with no conversation left)."""
+    return "mm_token_type_ids" in processor(text=["x"], return_tensors="pt")
 
 
 class RowLoader:
@@ -175,21 +229,26 @@ class RowLoader:
     A daemon thread builds the rows (see Note [vlmcp data: HF rows, epochs and who
     decodes the images]); :meth:`next` returns them in step order. An error while
     building is raised by the :meth:`next` that would have returned that row.
+    :meth:`rebuild` builds a row again without some conversations (the CP group's agreed
+    skips), under the same lock as the thread, so that two threads never use the processor at once.
     """
 
     def __init__(self, processor, index: DataIndex, *, seed: int, dp: int, dp_rank: int, start: int,
                  steps: int, prefetch: int = 2) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._processor, self._index = processor, index
         positions = [start + k * dp + dp_rank for k in range(steps)]
-        args = (processor, index, seed, positions)
-        self._thread = threading.Thread(target=self._work, args=args, daemon=True, name="vlmcp-rows")
+        self._thread = threading.Thread(target=self._work, args=(seed, positions), daemon=True,
+                                        name="vlmcp-rows")
         self._thread.start()
 
-    def _work(self, processor, index, seed, positions) -> None:
+    def _work(self, seed, positions) -> None:
         for position in positions:
             try:
-                item = build_row(processor, index, row_at(index, seed, position))
+                with self._lock:
+                    item = build_row(self._processor, self._index, row_at(self._index, seed, position))
             except Exception as err:  # handed to the training thread
                 item = err
             while not self._stop.is_set():
@@ -206,6 +265,12 @@ class RowLoader:
         if isinstance(item, Exception):
             raise item
         return item
+
+    def rebuild(self, row: HFRow, exclude: frozenset[int]) -> HFRow:
+        """``row`` built again leaving out ``exclude``; its earlier failures are kept."""
+        with self._lock:
+            again = build_row(self._processor, self._index, row.index, exclude)
+        return replace(again, failures=row.failures + again.failures)
 
     def close(self) -> None:
         self._stop.set()

@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-from vlmcp.hf.adapters.base import HFAdapter, PlaceholderAdapter, submodule
+from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from vlmcp.hf.adapters.qwen3_5 import QWEN3_5
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
 
-__all__ = ["HFAdapter", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
+__all__ = ["HFAdapter", "InputKind", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
            "supported_model_types"]
 
 _ADAPTERS: dict[str, HFAdapter] = {}
@@ -41,7 +41,9 @@ def adapter_for(model) -> HFAdapter:
 
     Raises:
         ValueError: the model is not a placeholder-merge VLM (no ``text_config``, no image
-            token id or no ``get_image_features``); the message lists the supported types.
+            token id or no ``get_image_features``), or it has no adapter and computes
+            multimodal (M-RoPE) positions, which the placeholder default's 1-D positions
+            would get wrong; the message lists the supported types.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -58,4 +60,19 @@ def adapter_for(model) -> HFAdapter:
             f"{', '.join(supported_model_types())}, and any VLM that merges image features at placeholder "
             "tokens (config.image_token_id, model.model.get_image_features, model.model.language_model) "
             "in vision_mode='replicate'; register an adapter for the others (vlmcp.hf.register_adapter)")
+    if hasattr(base, "get_rope_index") or _has_mrope(config.text_config):
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}) has no vlmcp adapter and computes "
+            "multimodal (M-RoPE) position ids (model.model.get_rope_index / rope mrope_section): without an "
+            "adapter vlmcp would give it 1-D positions. vlmcp.hf supports "
+            f"{', '.join(supported_model_types())}; register an adapter whose position_ids calls the "
+            "model's own rope index (vlmcp.hf.register_adapter)")
     return PlaceholderAdapter(model_types=(model_type,))
+
+
+def _has_mrope(text_config) -> bool:
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(text_config, name, None)
+        if isinstance(rope, dict) and "mrope_section" in rope:
+            return True
+    return False

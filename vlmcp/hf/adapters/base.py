@@ -8,23 +8,29 @@ An :class:`HFAdapter` names, for one family of ``config.model_type`` values:
   subset of images (``scatter``) or build a one-image dummy (text-only rows);
 * the vision modules (ViT + projector) and the projector's last ``nn.Linear``
   (``hidden_shard`` splits its output columns);
-* the position ids of one sample, computed by the model's own code on the global row.
+* the position ids of one sample, computed by the model's own code on the global row;
+* what each key of the processor's output is (:class:`InputKind`): per-token and sharded,
+  per-token and consumed on the global row, per-image, per-video. ``shard_inputs``
+  refuses any other key, naming it, rather than dropping it.
 
 :class:`PlaceholderAdapter` is the default for a model that merges image features at
 its placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``) and uses 1-D
 positions: ``replicate`` works with it and nothing else is needed. The other vision
-modes need the names above; see ``qwen2_vl.py`` and ``llava.py``.
+modes need the names above; see ``qwen2_vl.py`` and ``llava.py``. Whatever the adapter,
+:func:`vlmcp.hf.parallelize` also audits the language model's token mixers (Note [vlmcp
+HF token mixers]).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-__all__ = ["HFAdapter", "PlaceholderAdapter", "submodule"]
+__all__ = ["HFAdapter", "InputKind", "PlaceholderAdapter", "submodule"]
 
 
 def submodule(model: nn.Module, path: str) -> nn.Module:
@@ -36,6 +42,22 @@ def submodule(model: nn.Module, path: str) -> nn.Module:
                          "architecture's vlmcp adapter expects") from e
 
 
+class InputKind(enum.Enum):
+    """What one key of the processor's output is, and so what ``shard_inputs`` does with it."""
+
+    TOKENS = "tokens"
+    """Per-token ``(1, L)``: sharded like ``input_ids`` (padding slots get the pad token for
+    ``input_ids``, 0 otherwise) and passed to the model."""
+    CONSUMED = "consumed"
+    """Per-token ``(1, L)``, read on the global row and not passed on: ``attention_mask``
+    (must be all ones: the plan is the mask), ``mm_token_type_ids`` (0 text, 1 image: the
+    position ids' token types; must be 1 exactly at the image tokens)."""
+    IMAGE = "image"
+    """Per-image: passed whole to every rank (the ViT call's inputs, :attr:`HFAdapter.pixel_keys`)."""
+    VIDEO = "video"
+    """Per-video: not supported under CP yet (``NotImplementedError``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class HFAdapter:
     """Base class: the names every adapter fills in, and the placeholder-merge defaults."""
@@ -45,7 +67,15 @@ class HFAdapter:
     model_types: tuple[str, ...]
     """``config.model_type`` values this adapter serves."""
     pixel_keys: tuple[str, ...] = ("pixel_values",)
-    """Per-image inputs of ``model(**inputs)`` (and of ``get_image_features``), in order."""
+    """Per-image inputs of ``model(**inputs)`` (and of ``get_image_features``), in order
+    (:attr:`InputKind.IMAGE`); the first one is present whenever the row has images."""
+    token_keys: tuple[str, ...] = ("input_ids",)
+    """Per-token inputs sharded and passed to the model (:attr:`InputKind.TOKENS`)."""
+    consumed_keys: tuple[str, ...] = ("attention_mask",)
+    """Per-token inputs read on the global row and not passed on (:attr:`InputKind.CONSUMED`):
+    ``attention_mask``, and ``mm_token_type_ids`` where ``position_ids`` reads it."""
+    video_keys: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    """Per-video inputs (:attr:`InputKind.VIDEO`): refused as not supported yet."""
     base_model: str = "model"
     """The base model: it owns ``get_image_features`` (the ViT call) and the merge."""
     language_model: str = "model.language_model"
@@ -60,6 +90,26 @@ class HFAdapter:
     ``pooler_output`` (Qwen3-VL's ``deepstack_features``: one entry per level, split per
     image like ``pooler_output``, added at the image tokens of early LLM layers). Every
     level follows the vision mode of the main features (Note [vlmcp HF vision placement])."""
+
+    def __post_init__(self) -> None:
+        if "input_ids" not in self.token_keys:
+            raise ValueError(f"adapter {self.name!r}: token_keys must hold 'input_ids', "
+                             f"got {self.token_keys}")
+        if not self.pixel_keys:
+            raise ValueError(f"adapter {self.name!r}: pixel_keys is empty")
+        keys = self.token_keys + self.consumed_keys + self.pixel_keys + self.video_keys
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"adapter {self.name!r}: input keys {twice} are in more than one of token_keys, "
+                             "consumed_keys, pixel_keys and video_keys")
+
+    def input_kind(self, key: str) -> InputKind | None:
+        """What ``inputs[key]`` is for this architecture; None: the adapter does not handle it (refused)."""
+        for kind, keys in ((InputKind.TOKENS, self.token_keys), (InputKind.CONSUMED, self.consumed_keys),
+                           (InputKind.IMAGE, self.pixel_keys), (InputKind.VIDEO, self.video_keys)):
+            if key in keys:
+                return kind
+        return None
 
     @property
     def vision_modes(self) -> tuple[str, ...]:

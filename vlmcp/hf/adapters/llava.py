@@ -2,7 +2,9 @@
 
 Inputs: ``pixel_values (n, 3, H, W)``, one row per image, each giving
 ``(image_size / patch_size)**2`` LLM tokens (plus one with the ``"full"`` feature
-strategy, which keeps CLS). Positions are 1-D, restarting per sample.
+strategy, which keeps CLS). Positions are 1-D, restarting per sample. The processor's
+``input_ids``, ``attention_mask`` and ``pixel_values`` are all it takes (the base
+defaults); LLaVA-NeXT's ``image_sizes`` is refused.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 Inputs: ``pixel_values`` holds the patch rows of all images in order (image i has
 ``t*h*w`` rows of ``image_grid_thw[i]``) and each image gives ``t*h*w / merge**2`` LLM
 tokens. Positions are M-RoPE ``(3, L)`` from the model's own ``get_rope_index`` per
-sample (it needs ``mm_token_type_ids``, 1 at image tokens). Qwen2.5-VL's windowed ViT
-needs nothing extra: it runs whole images, with its own attention.
+sample (it needs ``mm_token_type_ids``, 1 at image tokens, which ``shard_inputs`` consumes
+on the global row). Qwen2.5-VL's windowed ViT needs nothing extra: it runs whole images,
+with its own attention. Videos (``pixel_values_videos``, ``video_grid_thw``,
+``second_per_grid_ts``) are refused for now.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class QwenVLAdapter(HFAdapter):
     """Qwen2-VL / Qwen2.5-VL (images; videos are not supported under CP yet)."""
 
     pixel_keys: tuple[str, ...] = ("pixel_values", "image_grid_thw")
+    consumed_keys: tuple[str, ...] = ("attention_mask", "mm_token_type_ids")
+    video_keys: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
     vision_modules: tuple[str, ...] = ("model.visual",)
     projector_last: str | None = "model.visual.merger.mlp.2"
 

@@ -7,6 +7,7 @@ command line (:mod:`vlmcp.cli.train_hf`), also before any rank starts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import get_args
@@ -22,14 +23,16 @@ class HFTrainConfig:
 
     model: str
     """The model directory (``config.json``, weights, processor)."""
-    data: str
-    """The JSONL conversations file."""
+    data: tuple[str, ...]
+    """The conversations files (``--data``, repeatable), read in order; one path (a string)
+    is taken as a one-file tuple."""
     output_dir: str
     """Where the trained model and processor are written with ``save_pretrained``."""
     image_root: str | None = None
     """Directory relative image paths start from (default: the JSONL file's)."""
     strict: bool = False
-    """Stop on a conversation longer than ``seq_len`` instead of skipping it."""
+    """Stop before training on a conversation longer than ``seq_len`` or an image that cannot
+    be read or decoded (every image is decoded up front), instead of skipping it."""
     cp: int = 2
     """CP group size P."""
     dp: int = 1
@@ -69,6 +72,11 @@ class HFTrainConfig:
     """Tests only: rank 1 (or 0) makes the loss of this step NaN."""
 
     def __post_init__(self):
+        data = [self.data] if isinstance(self.data, (str, os.PathLike)) else self.data
+        if not isinstance(data, (list, tuple)) or not data or \
+                not all(isinstance(p, (str, os.PathLike)) for p in data):
+            raise ValueError(f"--data must be one or more file paths, got {self.data!r}")
+        object.__setattr__(self, "data", tuple(str(p) for p in data))
         for name in ("cp", "dp", "steps", "seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -13,6 +13,11 @@ finiteness, the real token count and the SIGTERM flag, so every rank takes the s
 decision: a non-finite loss or gradient norm stops the run before the optimizer step
 and before any save (the last good checkpoint stays the newest); a SIGTERM on any rank
 finishes the step, saves a checkpoint, and ends the run cleanly.
+
+A conversation whose image fails to decode at training is left out of its row, the same
+on every rank of the CP group (:func:`vlmcp.train.hf.agree.agree_on_skips`, before
+sharding); the first rank of the group warns once per conversation, naming ``file:line``
+and the image, and the summary counts them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from vlmcp.data.hf.processor import load_processor
 from vlmcp.data.hf.rows import DataIndex, RowLoader
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
 from vlmcp.loss import cp_cross_entropy
+from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
 from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
 from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.progress import MetricsWriter, ProgressBar
@@ -137,6 +143,7 @@ class _Run:
         self.losses: list[float] = []
         self.tokens = 0
         self.checkpoint: str | None = None
+        self.decode_skips = DecodeSkips(index, warn=dist.get_rank(self.cp_group) == 0)
 
     def step(self, row, step: int, term: dict) -> tuple[torch.Tensor, dict]:
         """Forward, backward and exact gradients of one row; one all-reduce of the step's stats.
@@ -197,7 +204,8 @@ def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex
     Returns:
         ``start_step``, ``step`` (steps done), ``losses``, ``tokens``, ``seconds``,
         ``stopped`` (None, ``"sigterm"`` or ``"nonfinite"``), ``message``, ``checkpoint``,
-        ``model_dir``, ``loss_curve`` (rank 0), ``probe``.
+        ``model_dir``, ``loss_curve`` (rank 0), ``probe``, ``decode_skipped`` (a
+        ``Skipped`` per conversation left out because an image failed to decode, all ranks').
     """
     term = {"flag": False}  # from the start: a SIGTERM while loading still ends with a checkpoint
     previous = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__("flag", True))
@@ -222,7 +230,10 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
     try:
         for step in range(run.start, cfg.steps):
             t0 = time.perf_counter()
-            norms, st = run.step(loader.next(), step, term)
+            row = loader.next()
+            row = agree_on_skips(row, run.index.rows[row.index], loader.rebuild, run.cp_group, run.device)
+            run.decode_skips.note(row)
+            norms, st = run.step(row, step, term)
             if st["bad"] or not bool(torch.isfinite(norms).all()):
                 stopped = "nonfinite"
                 message = (f"step {step + 1}: the loss ({float('nan') if st['bad'] else st['loss']:.4g}) or "
@@ -254,6 +265,7 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
         if metrics is not None:
             metrics.close()
     seconds = time.perf_counter() - t_start
+    decode_skipped = run.decode_skips.gather(run.group)
     probe = on_finish(run.model, run.processor, run.index, run.cp_group) if on_finish is not None else None
     model_dir = None
     if stopped is None:
@@ -266,7 +278,7 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
     return {"start_step": run.start, "step": done, "steps": cfg.steps, "losses": run.losses,
             "tokens": run.tokens, "seconds": seconds, "stopped": stopped, "message": message,
             "checkpoint": run.checkpoint, "model_dir": model_dir, "loss_curve": curve, "probe": probe,
-            "skipped": len(run.index.skipped)}
+            "decode_skipped": decode_skipped}
 
 
 def _newest(cfg: HFTrainConfig) -> str:

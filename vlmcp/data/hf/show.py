@@ -1,0 +1,143 @@
+"""What one conversation trains, as the model will see it: ``vlmcp data show``.
+
+``vlmcp train --model`` prints the same view of its first conversation when it starts.
+The view is the chat template's text with two kinds of marker:
+
+=================  ===========================================================
+``[[`` ... ``]]``  the tokens inside carry loss (maximal runs of them)
+``<image>``        one image, wherever the template puts it (its tokens, however many)
+=================  ===========================================================
+
+(text that itself contains ``[[``, ``]]`` or ``<image>`` is printed as it is; the
+``--json`` form keeps the trained runs apart). Counts come from the image headers, as
+planning does (:func:`vlmcp.data.hf.encode.planned_tokens`): no pixel is decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, ConversationSet, line_name
+from vlmcp.data.hf.encode import planned_tokens
+
+__all__ = ["ConversationView", "select_line", "view_conversation"]
+
+OPEN, CLOSE = "[[", "]]"
+"""Where trained tokens start and end in the plain view."""
+
+
+@dataclass(frozen=True)
+class ConversationView:
+    """One conversation as the model sees it.
+
+    Attributes:
+        where: ``file:line``.
+        text: the rendered text, each image's placeholder token(s) written ``<image>``.
+        marked: ``text`` with each trained run between ``[[`` and ``]]``.
+        trained: the decoded maximal runs of tokens that carry loss, in order.
+        tokens: tokens after the images are expanded.
+        trained_tokens: tokens that carry loss.
+        images: images; ``image_tokens`` the tokens they take.
+        videos: videos.
+    """
+
+    where: str
+    text: str
+    marked: str
+    trained: list[str]
+    tokens: int
+    trained_tokens: int
+    images: int
+    image_tokens: int
+    videos: int
+
+    def to_json(self) -> dict:
+        """``{"text", "trained", "tokens", "images", "videos"}`` (``vlmcp data show --json``)."""
+        return {"text": self.text, "trained": self.trained, "tokens": self.tokens, "images": self.images,
+                "videos": self.videos}
+
+    def plain(self, max_lines: int | None = None, max_chars: int | None = None, more: str = "") -> str:
+        """A header line and the marked text, cut after ``max_lines`` lines or ``max_chars``
+        characters with a note that ends with ``more``."""
+        head = (f"{self.where}: {self.tokens} tokens ({self.trained_tokens} trained, in {OPEN} {CLOSE}), "
+                f"{self.images} image(s) ({self.image_tokens} tokens), {self.videos} video(s)")
+        body = self.marked
+        cut = len(body)
+        if max_lines is not None and body.count("\n") >= max_lines:
+            cut = min(cut, [i for i, c in enumerate(body) if c == "\n"][max_lines - 1])
+        if max_chars is not None:
+            cut = min(cut, max_chars)
+        if cut < len(body):
+            body = body[:cut] + f"\n... ({len(self.marked) - cut} more characters{more})"
+        return f"{head}\n{body.rstrip()}"
+
+
+def view_conversation(processor, conv: Conversation) -> ConversationView:
+    """The view of ``conv`` (image headers read, no pixel decoded).
+
+    Raises:
+        ValueError: naming ``file:line``, as planning would (:func:`planned_tokens`).
+    """
+    rendered, ids, trained = planned_tokens(processor, conv)
+    tokenizer = processor.tokenizer
+    image_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+    edits = []  # (start, end, replacement) on rendered.text
+    run_start = None
+    flags = [t and token != image_id for token, t in zip(rendered.ids, rendered.trained, strict=True)]
+    for k, ((start, end), token) in enumerate(zip(rendered.offsets, rendered.ids, strict=True)):
+        if token == image_id:
+            edits.append((start, end, IMAGE_PLACEHOLDER))
+        if flags[k] and run_start is None:
+            run_start = start
+        if flags[k] and (k + 1 == len(flags) or not flags[k + 1]):
+            edits += [(run_start, run_start, OPEN), (end, end, CLOSE)]
+            run_start = None
+    edits.sort(key=lambda e: (e[0], e[1]))
+
+    def apply(markers: bool) -> str:
+        out, at = [], 0
+        for start, end, new in edits:
+            if start == end and not markers:
+                continue
+            out += [rendered.text[at:start], new]
+            at = end
+        return "".join(out + [rendered.text[at:]])
+
+    runs, current = [], []
+    for token, t in zip(ids, trained, strict=True):
+        if t:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    runs += [current] if current else []
+    decode = lambda run: tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return ConversationView(where=conv.where, text=apply(False), marked=apply(True),
+                            trained=[decode(r) for r in runs], tokens=len(ids), trained_tokens=sum(trained),
+                            images=len(conv.images), image_tokens=ids.count(image_id),
+                            videos=len(conv.videos))
+
+
+def select_line(data: ConversationSet, line: int | None, files: list[str]) -> Conversation:
+    """The first conversation on ``line`` (its :attr:`Conversation.line`, the N of ``file.json:[N]``
+    in a JSON list; None: the first conversation).
+
+    Raises:
+        ValueError: naming the files when no conversation is on that line (and why, when a
+            format's rule skipped it).
+    """
+    if not data.conversations:
+        raise ValueError(f"--data {', '.join(files)}: no conversation to show")
+    if line is None:
+        return data.conversations[0]
+    for conv in data.conversations:
+        if conv.line == line:
+            return conv
+    names = {line_name(str(Path(f)), line) for f in files}
+    for skip in data.skipped:
+        if skip.where in names:
+            raise ValueError(f"{skip.where}: skipped when read ({skip.reason}); nothing trains from it")
+    lines = sorted(c.line for c in data.conversations)
+    raise ValueError(f"--line {line}: no conversation on line {line} of {', '.join(files)} (conversations "
+                     f"are on lines {lines[0]}-{lines[-1]})")
