@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-import vlmcp.hf.verify as verify
-from vlmcp.hf import gdn
-from vlmcp.hf.parallel import parallelize
 from vlmcp.hf.qwen3_5_float64 import float64_qwen3_5
 from vlmcp.hf.verify import DTYPES, HFParityCase, hf_parity, reference_for
 
@@ -21,17 +18,8 @@ PACKED = ((40, (1, 8, 16), 100, (1, 8, 8), 220), (250,), (20, (1, 8, 8), 120))
 ROWS = {"packed": PACKED}
 
 
-def _parallelize_with_gdn(model, *args, **kwargs):
-    """``parallelize`` and then every Gated DeltaNet prepared (what the token-mixer registry does once
-    ``vlmcp.hf.mixers`` has it; ``prepare`` is idempotent)."""
-    out = parallelize(model, *args, **kwargs)
-    assert gdn.install(model) == 3
-    return out
-
-
 def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
-    """``hf_parity`` of every case (one unmodified-model step per row), with the GDN layers counted."""
-    verify.parallelize = _parallelize_with_gdn
+    """``hf_parity`` of every case (one unmodified-model step per row)."""
     refs, out = {}, []
     for c in cases:
         with float64_qwen3_5(DTYPES[c.dtype]):

@@ -97,13 +97,15 @@ def test_adapter_and_layers():
 
 
 def test_gdn_forward_needs_the_layout_and_attention_goes_through_vlmcp():
-    """After parallelize, the Gated DeltaNet layers run vlmcp's forward (no layout: an error, not a silent
-    shard-local recurrence) and the gated attention layer calls vlmcp attention once per forward."""
+    """parallelize prepares the three Gated DeltaNet layers through the token-mixer registry (no layout: an
+    error, not a silent shard-local recurrence) and the gated attention layer calls vlmcp attention."""
     import vlmcp.hf.attention as hf_attention
 
     model = tiny_model("qwen3_5", torch.float64)
     vlmcp.hf.parallelize(model, None)
-    assert gdn.install(model) == 3 and gdn.install(model) == 3  # idempotent
+    layers = model.model.language_model.layers
+    assert all(m.linear_attn.forward.__func__ is gdn.cp_forward for m in layers[:3])
+    assert getattr(layers[3].self_attn, "_vlmcp_cp_attention", False)
     inputs, labels, cu = synthetic_row(model, ((4, (1, 4, 4), 9),))
     with pytest.raises(RuntimeError, match="no CP layout"):
         model.model.language_model.layers[0].linear_attn(torch.zeros(1, 5, 48, dtype=torch.float64))

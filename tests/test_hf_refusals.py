@@ -27,7 +27,6 @@ from tests import hf_cases  # noqa: E402
 from vlmcp.hf import adapters, mixers  # noqa: E402
 from vlmcp.hf.adapters import HFAdapter, InputKind  # noqa: E402
 from vlmcp.hf.adapters.llava import LlavaAdapter  # noqa: E402
-from vlmcp.hf.adapters.qwen2_vl import QwenVLAdapter  # noqa: E402
 from vlmcp.hf.rows import synthetic_row  # noqa: E402
 from vlmcp.hf.tiny import TINY_ARCHS, tiny_config, tiny_model  # noqa: E402
 
@@ -86,14 +85,32 @@ def _untouched(model: nn.Module) -> None:
 # --- the token-mixer audit in parallelize --------------------------------------------------------
 
 
-def test_qwen3_5_gated_deltanet_refused_even_with_an_adapter_registered_the_documented_way():
+def test_qwen3_5_gated_deltanet_runs_under_cp_through_the_registry():
+    """vlmcp.hf.gdn registers Qwen3.5's Gated DeltaNet: all six layers prepared, the two attention layers
+    marked (parity: tests/test_hf_qwen3_5.py)."""
+    from vlmcp.hf import gdn
+
     model = tiny_qwen3_5()
-    vlmcp.hf.register_adapter(QwenVLAdapter(name="qwen3_5", model_types=("qwen3_5",)))  # README's way
+    vlmcp.hf.parallelize(model, None)
+    layers = model.model.language_model.layers
+    assert [i for i, m in enumerate(layers) if getattr(m, "linear_attn", None) is not None
+            and m.linear_attn.forward.__func__ is gdn.cp_forward] == [0, 1, 2, 4, 5, 6]
+    assert [n for n, m in model.named_modules() if getattr(m, "_vlmcp_cp_attention", False)] == [
+        "model.language_model.layers.3.self_attn", "model.language_model.layers.7.self_attn"]
+
+
+def test_a_gated_deltanet_vlmcp_does_not_know_is_refused():
+    """A Gated DeltaNet class that is not registered (a copy of Qwen3.5's under another name) is refused,
+    named compactly: first three paths and a count, the class, the kind, why."""
+    model = tiny_qwen3_5()
+    for layer in model.model.language_model.layers:
+        if getattr(layer, "linear_attn", None) is not None:
+            cls = type(layer.linear_attn)
+            layer.linear_attn.__class__ = type("OtherGatedDeltaNet", (cls,), {})
     with pytest.raises(ValueError) as err:
         vlmcp.hf.parallelize(model, None)
     msg = str(err.value)
-    # 6 GDN layers (0-2, 4-6) named compactly: first three paths and a count, the class, the kind, why
-    assert ("Qwen3_5GatedDeltaNet [linear_attention] at model.language_model.layers.0.linear_attn, "
+    assert ("OtherGatedDeltaNet [linear_attention] at model.language_model.layers.0.linear_attn, "
             "model.language_model.layers.1.linear_attn, model.language_model.layers.2.linear_attn "
             "and 3 more: a recurrent state carried along the sequence") in msg, msg
     assert "Qwen3_5ForConditionalGeneration (model_type='qwen3_5'): 6 module(s)" in msg
@@ -103,6 +120,7 @@ def test_qwen3_5_gated_deltanet_refused_even_with_an_adapter_registered_the_docu
 
 def test_qwen3_5_without_an_adapter_refused_for_its_m_rope_positions():
     model = tiny_qwen3_5(layers=4)
+    del adapters._ADAPTERS["qwen3_5"]  # a private copy (the fixture): as if vlmcp had no Qwen3.5 adapter
     with pytest.raises(ValueError, match=r"model_type='qwen3_5'\) has no vlmcp adapter and computes "
                                          r"multimodal \(M-RoPE\) position ids"):
         vlmcp.hf.parallelize(model, None)
@@ -110,11 +128,10 @@ def test_qwen3_5_without_an_adapter_refused_for_its_m_rope_positions():
 
 
 def test_audit_runs_on_a_one_rank_gloo_group():
-    model = tiny_qwen3_5(layers=4)
-    vlmcp.hf.register_adapter(QwenVLAdapter(name="qwen3_5", model_types=("qwen3_5",)))
+    model = tiny_lfm2_vl()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.raises(ValueError, match=r"Qwen3_5GatedDeltaNet \[linear_attention\]"):
+        with pytest.raises(ValueError, match=r"Lfm2ShortConv \[short_conv\]"):
             vlmcp.hf.parallelize(model, dist.group.WORLD)
     finally:
         dist.destroy_process_group()

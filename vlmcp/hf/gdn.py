@@ -21,12 +21,13 @@ slots, replicated image slots included (their gradients are shares). Under
 the maps' all-gather either way (it does not depend on L), so the head all-to-all of
 Ulysses would only add traffic. A call without the context raises.
 
-:func:`register` declares the class to :mod:`vlmcp.hf.mixers` so ``parallelize``
-prepares every instance; :func:`install` does it by hand on a model.
+:func:`register` declares the classes to :mod:`vlmcp.hf.mixers`, so ``parallelize``
+prepares every instance (it calls :func:`register` before its token-mixer audit).
 """
 
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
@@ -37,7 +38,7 @@ from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.linear import causal_conv1d_cp, gated_delta_rule_cp
 from vlmcp.linear.delta_rule import accumulator_dtype
 
-__all__ = ["cp_forward", "install", "prepare", "register"]
+__all__ = ["CLASSES", "cp_forward", "prepare", "register"]
 
 _MARK = "_vlmcp_cp_gdn"
 
@@ -97,27 +98,20 @@ def prepare(module: nn.Module) -> None:
     setattr(module, _MARK, True)
 
 
-def _gdn_classes() -> tuple[type[nn.Module], ...]:
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
-
-    return Qwen3_5GatedDeltaNet, Qwen3_5MoeGatedDeltaNet
-
-
-def install(model: nn.Module) -> int:
-    """Prepare every Gated DeltaNet of ``model`` (``parallelize`` does it through the registry); how many."""
-    classes = _gdn_classes()
-    n = 0
-    for m in model.modules():
-        if isinstance(m, classes):
-            prepare(m)
-            n += 1
-    return n
+CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),
+           ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"))
+"""The Gated DeltaNet classes :func:`cp_forward` runs: (transformers module, class name)."""
 
 
 def register() -> None:
-    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.mixers`)."""
+    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.mixers`).
+
+    Only classes whose transformers module is loaded already (a model of that class can
+    exist only then), so registering imports nothing; ``parallelize`` calls it before its audit.
+    """
     from vlmcp.hf.mixers import register_mixer
 
-    for cls in _gdn_classes():
-        register_mixer(cls, prepare)
+    for module, name in CLASSES:
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            register_mixer(getattr(loaded, name), prepare)

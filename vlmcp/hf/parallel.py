@@ -5,8 +5,9 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 (Note [vlmcp HF vision placement]) and records both on the model for
 :func:`vlmcp.hf.shard_inputs`. Every check runs before anything is changed and
 before any communication, the token-mixer audit included (Note [vlmcp HF token
-mixers]): a language model with anything but softmax attention mixing tokens (Gated
-DeltaNet, short convolutions, Mamba, sliding windows...) is refused, module by module.
+mixers]): a language model with anything mixing tokens but softmax attention and the
+mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.gdn`) is refused,
+module by module (short convolutions, Mamba, sliding windows...).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.hf import attention as hf_attention
+from vlmcp.hf import gdn as hf_gdn
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
 from vlmcp.hf.mixers import audit_token_mixers
 from vlmcp.hf.vision import place_hf_vision
@@ -93,8 +95,8 @@ def parallelize(
         ValueError: unsupported architecture, unknown attention or vision mode, a mode
             without an adapter, heads not divisible by P for Ulysses, a projector width not
             divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
-            already, or a token mixer vlmcp does not run under CP (linear attention / Gated
-            DeltaNet, convolutions, Mamba, sliding or chunked windows, attention outside
+            already, or a token mixer vlmcp does not run under CP (linear attention other than
+            Qwen3.5's Gated DeltaNet, convolutions, Mamba, sliding or chunked windows, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
     """
@@ -128,6 +130,7 @@ def parallelize(
             raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
                              f"but {out} is not divisible by P={world}")
     submodule(model, adapter.language_model)  # names the architecture if the path is wrong
+    hf_gdn.register()  # Qwen3.5's Gated DeltaNet (Note [vlmcp HF Gated DeltaNet]); imports nothing
     mixers = audit_token_mixers(model, adapter.language_model)
     for mixer in mixers:
         mixer.prepare(mixer.module)
