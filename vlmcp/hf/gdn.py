@@ -98,8 +98,7 @@ def prepare(module: nn.Module) -> None:
     setattr(module, _MARK, True)
 
 
-CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),
-           ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"))
+CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),)
 """The Gated DeltaNet classes :func:`cp_forward` runs: (transformers module, class name)."""
 
 
