@@ -123,15 +123,20 @@ def chunk_gated_delta_rule(
     k_decayed = k * (gc[..., -1:] - gc).exp()[..., None]
     chunk_decay = gc[..., -1].exp()[..., None, None]  # (Hv, C, 1, 1)
 
-    outs, finals = [], list(state0.unbind(0))
+    inits = state0.unbind(0)
+    outs, finals = [], list(inits)
     state = None
     first_l, last_l, seg_l = first.tolist(), last.tolist(), seg.tolist()
-    for c in range(C):
+    # per-chunk views by one unbind each: indexing chunk c in the loop would make backward write a
+    # full-size zero gradient per chunk (quadratic in the number of chunks)
+    tensors = (new_values, k_cumdecay, q_decayed, attn, k_decayed, chunk_decay)
+    per_chunk = zip(*(x.unbind(1) for x in tensors), strict=True)
+    for c, (nv, kc, qd, at, kd, cd) in enumerate(per_chunk):
         if first_l[c]:
-            state = state0[seg_l[c]]
-        v_new = new_values[:, c] - k_cumdecay[:, c] @ state
-        outs.append(q_decayed[:, c] @ state + attn[:, c] @ v_new)
-        state = state * chunk_decay[:, c] + k_decayed[:, c].transpose(-1, -2) @ v_new
+            state = inits[seg_l[c]]
+        v_new = nv - kc @ state
+        outs.append(qd @ state + at @ v_new)
+        state = state * cd + kd.transpose(-1, -2) @ v_new
         if last_l[c]:
             finals[seg_l[c]] = state
     out = torch.stack(outs, 1).movedim(0, 2).reshape(C * chunk_size, Hv, V)
