@@ -1,33 +1,20 @@
 """Rank functions for the Qwen3.5 tests (importable by name from spawned ranks).
 
 Each function runs a whole grid inside one spawned group. Both the unmodified model and
-the CP model run with Qwen3.5's float32 islands in float64
-(:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`), as ``float64_exact`` does for the others.
+the CP model run with Qwen3.5's float32 islands in float64 (``float64_exact`` enters
+:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`).
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from vlmcp.hf.qwen3_5_float64 import float64_qwen3_5
-from vlmcp.hf.verify import DTYPES, HFParityCase, hf_parity, reference_for
+from tests.hf_cases import parity_grid
+from vlmcp.hf.verify import HFParityCase
 
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.
 PACKED = ((40, (1, 8, 16), 100, (1, 8, 8), 220), (250,), (20, (1, 8, 8), 120))
-ROWS = {"packed": PACKED}
-
-
-def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
-    """``hf_parity`` of every case (one unmodified-model step per row)."""
-    refs, out = {}, []
-    for c in cases:
-        with float64_qwen3_5(DTYPES[c.dtype]):
-            key = (c.model, c.dtype, c.seed, c.samples, c.markers)
-            if key not in refs:
-                refs[key] = reference_for(c)
-            out.append(hf_parity(group, c, refs[key]))
-    return out
 
 
 def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[dict]) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import types
 from collections.abc import Callable
 
@@ -97,12 +98,14 @@ def float64_qwen3_5(dtype: torch.dtype = torch.float64):
 
     Patches, class-wide: ``Qwen3_5RMSNorm``, ``Qwen3_5RMSNormGated`` and
     ``Qwen3_5GatedDeltaNet`` forwards (a module whose forward vlmcp replaced on the
-    instance keeps vlmcp's), and the module's ``apply_rotary_pos_emb_vision``.
+    instance keeps vlmcp's), and the module's ``apply_rotary_pos_emb_vision``; nothing
+    while transformers' Qwen3.5 module is not loaded (no Qwen3.5 model exists then).
+    :func:`vlmcp.hf.verify.float64_exact` enters it.
     """
-    if dtype != torch.float64:
+    m = sys.modules.get("transformers.models.qwen3_5.modeling_qwen3_5")
+    if dtype != torch.float64 or m is None:
         yield
         return
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     patches = [(m.Qwen3_5RMSNorm, "forward", _zero_centred_norm),
                (m.Qwen3_5RMSNormGated, "forward", _gated_norm),
