@@ -10,6 +10,8 @@ different fraction, the fractions summing to one).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
@@ -18,6 +20,7 @@ import vlmcp
 import vlmcp.comm.collectives as collectives
 from vlmcp.linear import causal_conv1d_cp, chunk_gated_delta_rule, exchange_bytes, gated_delta_rule_cp
 from vlmcp.linear.segments import segment_layout
+from vlmcp.linear.ulysses import gated_deltanet_ulysses
 
 HK, HV, K, V, KERNEL = 2, 4, 8, 6, 4
 CONV = 2 * HK * K + HV * V
@@ -31,16 +34,31 @@ def row(samples) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(runs), F.pad(torch.cumsum(torch.tensor(lens), 0), (1, 0))
 
 
-def _inputs(L: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+class Dims(NamedTuple):
+    hk: int
+    hv: int
+    k: int
+    v: int
+
+    @property
+    def conv(self) -> int:
+        return 2 * self.hk * self.k + self.hv * self.v
+
+
+SMALL = Dims(HK, HV, K, V)
+WIDE = Dims(12, 12, 4, 4)  # heads divisible by P = 2, 3, 4 (the Ulysses road)
+
+
+def _inputs(L: int, dtype: torch.dtype, seed: int, d: Dims = SMALL) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
-    return {"x": rand(L, CONV), "weight": rand(CONV, 1, KERNEL) * 0.5, "bias": rand(CONV) * 0.1,
-            "q": rand(L, HK, K), "k": rand(L, HK, K), "v": rand(L, HV, V),
-            "g": F.logsigmoid(rand(L, HV) + 2.0), "beta": torch.sigmoid(rand(L, HV)),
-            "dout": rand(L, HV, V)}
+    return {"x": rand(L, d.conv), "weight": rand(d.conv, 1, KERNEL) * 0.5, "bias": rand(d.conv) * 0.1,
+            "q": rand(L, d.hk, d.k), "k": rand(L, d.hk, d.k), "v": rand(L, d.hv, d.v),
+            "g": F.logsigmoid(rand(L, d.hv) + 2.0), "beta": torch.sigmoid(rand(L, d.hv)),
+            "dout": rand(L, d.hv, d.v)}
 
 
 def _conv_reference(x, weight, bias, cu):
@@ -48,13 +66,13 @@ def _conv_reference(x, weight, bias, cu):
     out = []
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
         xs = x[a:b].t().unsqueeze(0)
-        out.append(F.conv1d(xs, weight, bias, padding=KERNEL - 1, groups=CONV)[0, :, : b - a].t())
+        out.append(F.conv1d(xs, weight, bias, padding=KERNEL - 1, groups=x.shape[1])[0, :, : b - a].t())
     return torch.cat(out)
 
 
-def _split(mixed):
-    q, k, v = torch.split(F.silu(mixed), [HK * K, HK * K, HV * V], dim=-1)
-    return q.reshape(-1, HK, K), k.reshape(-1, HK, K), v.reshape(-1, HV, V)
+def _split(mixed, d: Dims = SMALL):
+    q, k, v = torch.split(F.silu(mixed), [d.hk * d.k, d.hk * d.k, d.hv * d.v], dim=-1)
+    return q.reshape(-1, d.hk, d.k), k.reshape(-1, d.hk, d.k), v.reshape(-1, d.hv, d.v)
 
 
 def _rule_ops(t, cu_or_shard, group):
@@ -64,19 +82,30 @@ def _rule_ops(t, cu_or_shard, group):
     return gated_delta_rule_cp(*qkvgb, cu_or_shard, group, chunk_size=CHUNK, use_qk_l2norm=True)
 
 
+def _layer_reference(t, cu, d: Dims = SMALL):
+    q, k, v = _split(_conv_reference(t["x"], t["weight"], t["bias"], cu), d)
+    return chunk_gated_delta_rule(q, k, v, t["g"], t["beta"], cu, chunk_size=CHUNK, use_qk_l2norm=True)[0]
+
+
 def _layer_ops(t, cu_or_shard, group):
     if group is False:
-        mixed = _conv_reference(t["x"], t["weight"], t["bias"], cu_or_shard)
-        q, k, v = _split(mixed)
-        return chunk_gated_delta_rule(q, k, v, t["g"], t["beta"], cu_or_shard, chunk_size=CHUNK,
-                                      use_qk_l2norm=True)[0]
+        return _layer_reference(t, cu_or_shard)
     q, k, v = _split(causal_conv1d_cp(t["x"], t["weight"], t["bias"], cu_or_shard, group))
     return gated_delta_rule_cp(q, k, v, t["g"], t["beta"], cu_or_shard, group, chunk_size=CHUNK,
                                use_qk_l2norm=True)
 
 
-OPS = {"rule": (_rule_ops, ("q", "k", "v", "g", "beta")),
-       "layer": (_layer_ops, ("x", "weight", "bias", "g", "beta"))}
+def _ulysses_ops(t, cu_or_shard, group):
+    if group is False:
+        return _layer_reference(t, cu_or_shard, WIDE)
+    return gated_deltanet_ulysses(t["x"], t["weight"], t["bias"], t["g"], t["beta"], cu_or_shard, group,
+                                  key_heads=WIDE.hk, key_dim=WIDE.k, value_heads=WIDE.hv, value_dim=WIDE.v,
+                                  activation=F.silu, chunk_size=CHUNK)
+
+
+OPS = {"rule": (_rule_ops, ("q", "k", "v", "g", "beta"), SMALL),
+       "layer": (_layer_ops, ("x", "weight", "bias", "g", "beta"), SMALL),
+       "ulysses": (_ulysses_ops, ("x", "weight", "bias", "g", "beta"), WIDE)}
 
 
 def _compare(group, op: str, case: dict) -> dict:
@@ -84,8 +113,8 @@ def _compare(group, op: str, case: dict) -> dict:
     dtype = getattr(torch, case["dtype"])
     is_image, cu = row(case["samples"])
     L = is_image.numel()
-    fn, leaves = OPS[op]
-    base = _inputs(L, dtype, case.get("seed", 0))
+    fn, leaves, dims = OPS[op]
+    base = _inputs(L, dtype, case.get("seed", 0), dims)
     # one process, the whole row
     ref = {n: base[n].clone().requires_grad_(n in leaves) for n in base}
     out_ref = fn(ref, cu, False)
@@ -179,7 +208,8 @@ def _compare_short_conv(group, case: dict) -> dict:
 
 
 def parity_grid(group: dist.ProcessGroup, cases: list[dict]) -> list[dict]:
-    """Both ops (the bare rule; conv + silu + rule) of every case: worst relative errors over ranks."""
+    """Every op (the bare rule; conv + silu + rule, state passing and Ulysses) of every case: worst relative
+    errors over ranks."""
     return [_compare(group, op, case) for case in cases for op in OPS]
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from tests.hf_cases import parity_grid
-from vlmcp.hf.verify import HFParityCase
+from vlmcp.hf import gdn
+from vlmcp.hf.verify import HFParityCase, hf_parity, reference_for
 
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.
@@ -18,8 +18,21 @@ PACKED = ((40, (1, 8, 16), 100, (1, 8, 8), 220), (250,), (20, (1, 8, 8), 120))
 
 
 def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[dict]) -> dict:
-    """One group's job: the Qwen3.5 parity grid, then LFM2's short convolution (tests/gdn_cases.py) on
-    ``conv_cases``, while transformers is imported anyway."""
+    """One group's job: the Qwen3.5 parity grid (with, per case, how many Gated DeltaNet calls took the
+    Ulysses road), then LFM2's short convolution (tests/gdn_cases.py) on ``conv_cases``, while
+    transformers is imported anyway."""
     from tests.gdn_cases import short_conv_grid
 
-    return {"parity": parity_grid(group, cases), "short_conv": short_conv_grid(group, conv_cases)}
+    calls, refs, parity = [], {}, []
+    saved = gdn.gated_deltanet_ulysses
+    gdn.gated_deltanet_ulysses = lambda *a, **k: calls.append(1) or saved(*a, **k)
+    try:
+        for c in cases:
+            key = (c.model, c.dtype, c.seed, c.samples, c.markers)
+            if key not in refs:
+                refs[key] = reference_for(c)
+            before = len(calls)
+            parity.append({**hf_parity(group, c, refs[key]), "ulysses_road": len(calls) - before})
+    finally:
+        gdn.gated_deltanet_ulysses = saved
+    return {"parity": parity, "short_conv": short_conv_grid(group, conv_cases)}

@@ -49,16 +49,17 @@ def grids():
 @pytest.mark.parametrize("P", sorted(GRIDS))
 def test_cp_ops_match_one_process(grids, P):
     """Outputs and the gradients of q, k, v, g, beta (bare rule) and of the conv input, weight and bias
-    (conv + silu + rule), summed over ranks, equal one process on the global row."""
+    (conv + silu + rule: state passing, and the Ulysses road), summed over ranks, equal one process on the
+    global row."""
     results = grids[P]["parity"]
-    assert len(results) == 2 * len(GRIDS[P])
+    assert len(results) == 3 * len(GRIDS[P])
     bad = []
     for r in results:
         errs = {k: v for k, v in r.items() if k == "out" or k.startswith("grad_")}
         if max(errs.values()) > TOL[r["dtype"]] or r["pad_out"] != 0.0:
             bad.append(r)
     assert not bad, bad
-    assert {r["op"] for r in results} == {"rule", "layer"}
+    assert {r["op"] for r in results} == {"rule", "layer", "ulysses"}
 
 
 @pytest.mark.parametrize("P", [2, 3])

@@ -69,6 +69,8 @@ def test_parity(groups, P, cases):
     assert not _failures(results), "\n".join(_failures(results))
     for r in results:
         assert r["vision_params_with_grad"] > 0 and r["cp"] == P, r
+        # Ulysses: the all-to-all road where P divides the 2 key and 4 value heads (3 layers), else states
+        assert r["ulysses_road"] == (3 if r["attention"] == "ulysses" and P == 2 else 0), r
 
 
 @pytest.mark.parametrize("P", [2, 3])

@@ -17,9 +17,11 @@ token-mixing steps swapped for their CP versions::
 
 Per-token steps (projections, norm, gate) need nothing: every rank runs them on its own
 slots, replicated image slots included (their gradients are shares). Under
-``attention="ulysses"`` the layer runs the same ops: the recurrence's communication is
-the maps' all-gather either way (it does not depend on L), so the head all-to-all of
-Ulysses would only add traffic. A call without the context raises.
+``attention="ulysses"``, when P divides both the key and the value heads, the conv and
+the recurrence take the all-to-all road instead (:func:`vlmcp.linear.gated_deltanet_ulysses`,
+Note [vlmcp Gated DeltaNet under Ulysses]): head shards holding the whole row, no
+redundant work, bytes that grow with L; otherwise (heads not divisible) the state passing
+above, which is exact under either backend. A call without the context raises.
 
 :func:`register` declares the classes to :mod:`vlmcp.hf.mixers`, so ``parallelize``
 prepares every instance (it calls :func:`register` before its token-mixer audit).
@@ -31,11 +33,12 @@ import sys
 import types
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
-from vlmcp.linear import causal_conv1d_cp, gated_delta_rule_cp
+from vlmcp.linear import causal_conv1d_cp, gated_delta_rule_cp, gated_deltanet_ulysses
 from vlmcp.linear.delta_rule import accumulator_dtype
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
@@ -72,14 +75,22 @@ def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attenti
         raise ValueError(f"vlmcp CP takes one row (batch 1), got hidden states {tuple(hidden_states.shape)}")
     x = hidden_states[0]
     N = x.shape[0]
-    mixed = causal_conv1d_cp(self.in_proj_qkv(x), self.conv1d.weight, self.conv1d.bias, ctx.shard, ctx.group)
-    q, k, v = torch.split(_act(self.activation)(mixed), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    mixed = self.in_proj_qkv(x)
     beta = self.in_proj_b(x).sigmoid()
     acc = accumulator_dtype(x.dtype)  # transformers: float32 (``.float()``); float64 stays float64
     g = -self.A_log.to(acc).exp() * F.softplus(self.in_proj_a(x).to(acc) + self.dt_bias)
-    out = gated_delta_rule_cp(q.reshape(N, -1, self.head_k_dim), k.reshape(N, -1, self.head_k_dim),
-                              v.reshape(N, -1, self.head_v_dim), g, beta, ctx.shard, ctx.group,
-                              use_qk_l2norm=True)
+    P = 1 if ctx.group is None else dist.get_world_size(ctx.group)
+    if ctx.backend == "ulysses" and P > 1 and self.num_k_heads % P == 0 and self.num_v_heads % P == 0:
+        out = gated_deltanet_ulysses(mixed, self.conv1d.weight, self.conv1d.bias, g, beta, ctx.shard,
+                                     ctx.group, key_heads=self.num_k_heads, key_dim=self.head_k_dim,
+                                     value_heads=self.num_v_heads, value_dim=self.head_v_dim,
+                                     activation=_act(self.activation))
+    else:
+        mixed = causal_conv1d_cp(mixed, self.conv1d.weight, self.conv1d.bias, ctx.shard, ctx.group)
+        q, k, v = torch.split(_act(self.activation)(mixed), [self.key_dim, self.key_dim, self.value_dim], -1)
+        out = gated_delta_rule_cp(q.reshape(N, -1, self.head_k_dim), k.reshape(N, -1, self.head_k_dim),
+                                  v.reshape(N, -1, self.head_v_dim), g, beta, ctx.shard, ctx.group,
+                                  use_qk_l2norm=True)
     z = self.in_proj_z(x)
     out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(out.reshape(N, -1)).unsqueeze(0)

@@ -8,12 +8,15 @@ Main entry points:
   gated delta rule under CP: the segment schedule] in :mod:`.cp`).
 * :func:`causal_conv1d_cp` — a depthwise causal conv1d whose segments get their ``k-1``
   predecessors from whoever holds them (Note [vlmcp causal conv1d halo]).
+* :func:`gated_deltanet_ulysses` — conv, activation and rule through head shards holding
+  the whole row (Note [vlmcp Gated DeltaNet under Ulysses]): bytes grow with L, no
+  redundant work.
 * :func:`chunk_gated_delta_rule` — the single-process chunked kernel on packed segments
-  (initial and final states), the local kernel of both.
+  (initial and final states), the local kernel of all of them.
 
 Modules: ``delta_rule`` (the math, one process) -> ``segments`` (the row's segments, per
 rank) -> ``exchange`` (the maps' all-gather) -> ``cp`` (the op); ``conv_halo`` (the
-convolution's halo exchange).
+convolution's halo exchange); ``ulysses`` (the all-to-all road).
 """
 
 from vlmcp.linear.conv_halo import causal_conv1d_cp
@@ -21,6 +24,8 @@ from vlmcp.linear.cp import gated_delta_rule_cp
 from vlmcp.linear.delta_rule import SegmentMaps, chunk_gated_delta_rule, segment_maps
 from vlmcp.linear.exchange import exchange_bytes
 from vlmcp.linear.segments import RowSegments, SegmentLayout, row_segments, segment_layout
+from vlmcp.linear.ulysses import gated_deltanet_ulysses
 
 __all__ = ["RowSegments", "SegmentLayout", "SegmentMaps", "causal_conv1d_cp", "chunk_gated_delta_rule",
-           "exchange_bytes", "gated_delta_rule_cp", "row_segments", "segment_layout", "segment_maps"]
+           "exchange_bytes", "gated_delta_rule_cp", "gated_deltanet_ulysses", "row_segments",
+           "segment_layout", "segment_maps"]
