@@ -7,20 +7,62 @@ the CP model run with Qwen3.5's float32 islands in float64 (``float64_exact`` en
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from vlmcp.hf import gdn
-from vlmcp.hf.verify import HFParityCase, hf_parity, reference_for
+from vlmcp.hf.rows import synthetic_row
+from vlmcp.hf.verify import (
+    HFParityCase,
+    Reference,
+    float64_exact,
+    float64_norms,
+    hf_parity,
+    reference_for,
+    reference_step,
+)
 
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.
 PACKED = ((40, (1, 8, 16), 100, (1, 8, 8), 220), (250,), (20, (1, 8, 8), 120))
 
 
-def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[dict]) -> dict:
+LFM2_TEXT = ((30,), (57,), (3,), (120,))
+"""LFM2-VL rows: text only (its images have no vlmcp adapter yet)."""
+
+
+def tiny_lfm2_vl():
+    """A float64 LFM2-VL: short convolutions in layers 0 and 2, attention (4 heads) in 1 and 3."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    text = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                block_auto_adjust_ff_dim=False, layer_types=["conv", "full_attention"] * 2)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_patches=16, patch_size=2)
+    config = Lfm2VlConfig(text_config=text, vision_config=vision, image_token_id=120,
+                          projector_hidden_size=32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Lfm2VlForConditionalGeneration(config).to(torch.float64).eval()
+
+
+def lfm2_text_parity(group: dist.ProcessGroup, attentions: list[str]) -> list[dict]:
+    """LFM2-VL (short convolutions + attention) on a packed text row: ``hf_parity`` per attention backend."""
+    ref = tiny_lfm2_vl()
+    float64_norms(ref)
+    row = synthetic_row(ref, LFM2_TEXT)
+    with float64_exact(torch.float64):
+        loss = reference_step(ref, *row)
+    return [hf_parity(group, HFParityCase(model="hf:lfm2_vl", attention=a, samples=LFM2_TEXT),
+                      Reference(model=ref, loss=loss, row=row)) for a in attentions]
+
+
+def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[dict],
+          lfm2_attentions: list[str]) -> dict:
     """One group's job: the Qwen3.5 parity grid (with, per case, how many Gated DeltaNet calls took the
-    Ulysses road), then LFM2's short convolution (tests/gdn_cases.py) on ``conv_cases``, while
-    transformers is imported anyway."""
+    Ulysses road), then LFM2's short convolution module (tests/gdn_cases.py) on ``conv_cases`` and
+    LFM2-VL's text parity, while transformers is imported anyway."""
     from tests.gdn_cases import short_conv_grid
 
     calls, refs, parity = [], {}, []
@@ -35,4 +77,5 @@ def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[
             parity.append({**hf_parity(group, c, refs[key]), "ulysses_road": len(calls) - before})
     finally:
         gdn.gated_deltanet_ulysses = saved
-    return {"parity": parity, "short_conv": short_conv_grid(group, conv_cases)}
+    return {"parity": parity, "short_conv": short_conv_grid(group, conv_cases),
+            "lfm2": lfm2_text_parity(group, lfm2_attentions)}

@@ -103,10 +103,7 @@ def test_a_gated_deltanet_vlmcp_does_not_know_is_refused():
     """A Gated DeltaNet class that is not registered (a copy of Qwen3.5's under another name) is refused,
     named compactly: first three paths and a count, the class, the kind, why."""
     model = tiny_qwen3_5()
-    for layer in model.model.language_model.layers:
-        if getattr(layer, "linear_attn", None) is not None:
-            cls = type(layer.linear_attn)
-            layer.linear_attn.__class__ = type("OtherGatedDeltaNet", (cls,), {})
+    _rename_classes(model, "linear_attn", "OtherGatedDeltaNet")
     with pytest.raises(ValueError) as err:
         vlmcp.hf.parallelize(model, None)
     msg = str(err.value)
@@ -127,26 +124,58 @@ def test_qwen3_5_without_an_adapter_refused_for_its_m_rope_positions():
     _untouched(model)
 
 
+def _rename_classes(model: nn.Module, attr: str, name: str) -> None:
+    """Give each layer's ``attr`` module an unregistered subclass named ``name`` (a mixer vlmcp lacks)."""
+    for layer in model.model.language_model.layers:
+        if getattr(layer, attr, None) is not None:
+            getattr(layer, attr).__class__ = type(name, (type(getattr(layer, attr)),), {})
+
+
 def test_audit_runs_on_a_one_rank_gloo_group():
-    model = tiny_lfm2_vl()
+    model = tiny_qwen3_5(layers=4)
+    _rename_classes(model, "linear_attn", "OtherGatedDeltaNet")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.raises(ValueError, match=r"Lfm2ShortConv \[short_conv\]"):
+        with pytest.raises(ValueError, match=r"OtherGatedDeltaNet \[linear_attention\]"):
             vlmcp.hf.parallelize(model, dist.group.WORLD)
     finally:
         dist.destroy_process_group()
     _untouched(model)
 
 
-def test_lfm2_vl_short_convolutions_refused():
+def test_lfm2_vl_short_convolutions_vlmcp_does_not_know_are_refused():
     model = tiny_lfm2_vl()
+    _rename_classes(model, "conv", "OtherShortConv")
     with pytest.raises(ValueError) as err:
         vlmcp.hf.parallelize(model, None)
     msg = str(err.value)
-    assert ("Lfm2ShortConv [short_conv] at model.language_model.layers.0.conv, "
+    assert ("OtherShortConv [short_conv] at model.language_model.layers.0.conv, "
             "model.language_model.layers.2.conv: a convolution over neighbouring tokens") in msg, msg
     assert "model_type='lfm2_vl'" in msg and "2 module(s)" in msg
     _untouched(model)
+
+
+def test_lfm2_vl_images_are_refused_by_name():
+    """LFM2-VL's image inputs (SigLIP2 NaFlex) have no vlmcp adapter: shard_inputs names the keys."""
+    model = tiny_lfm2_vl()
+    vlmcp.hf.parallelize(model, None)
+    inputs = {"input_ids": torch.tensor([[5, 6, 120, 120, 120, 120, 7]]),
+              "pixel_values": torch.zeros(1, 16, 12, dtype=torch.float64),
+              "pixel_attention_mask": torch.ones(1, 16, dtype=torch.bool),
+              "spatial_shapes": torch.tensor([[4, 4]])}
+    with pytest.raises(ValueError, match="pixel_attention_mask|spatial_shapes"):
+        vlmcp.hf.shard_inputs(model, inputs, None)
+
+
+def test_lfm2_vl_short_convolutions_run_under_cp_through_the_registry():
+    """vlmcp.hf.short_conv registers LFM2's short convolution (parity: tests/test_hf_qwen3_5.py)."""
+    from vlmcp.hf import short_conv
+
+    model = tiny_lfm2_vl()
+    vlmcp.hf.parallelize(model, None)
+    layers = model.model.language_model.layers
+    assert [i for i, m in enumerate(layers) if getattr(m, "conv", None) is not None
+            and m.conv.forward.__func__ is short_conv.cp_forward] == [0, 2]
 
 
 def test_a_registered_mixer_class_is_accepted_and_prepared():

@@ -118,10 +118,12 @@ def register() -> None:
 
     Only classes whose transformers module is loaded already (a model of that class can
     exist only then), so registering imports nothing; ``parallelize`` calls it before its audit.
+    A class registered already keeps its registration.
     """
-    from vlmcp.hf.mixers import register_mixer
+    from vlmcp.hf import mixers
 
     for module, name in CLASSES:
         loaded = sys.modules.get(module)
-        if loaded is not None:
-            register_mixer(getattr(loaded, name), prepare)
+        # a class registered already (by the user, with their own implementation) keeps its registration
+        if loaded is not None and getattr(loaded, name) not in mixers._REGISTERED:
+            mixers.register_mixer(getattr(loaded, name), prepare)

@@ -6,8 +6,9 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 :func:`vlmcp.hf.shard_inputs`. Every check runs before anything is changed and
 before any communication, the token-mixer audit included (Note [vlmcp HF token
 mixers]): a language model with anything mixing tokens but softmax attention and the
-mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.gdn`) is refused,
-module by module (short convolutions, Mamba, sliding windows...).
+mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.gdn`; LFM2's short
+convolutions, :mod:`vlmcp.hf.short_conv`) is refused, module by module (Mamba, sliding
+windows...).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf import gdn as hf_gdn
+from vlmcp.hf import short_conv as hf_short_conv
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
 from vlmcp.hf.mixers import audit_token_mixers
 from vlmcp.hf.vision import place_hf_vision
@@ -96,7 +98,8 @@ def parallelize(
             without an adapter, heads not divisible by P for Ulysses, a projector width not
             divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
             already, or a token mixer vlmcp does not run under CP (linear attention other than
-            Qwen3.5's Gated DeltaNet, convolutions, Mamba, sliding or chunked windows, attention outside
+            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba, sliding or chunked
+            windows, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
     """
@@ -130,7 +133,8 @@ def parallelize(
             raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
                              f"but {out} is not divisible by P={world}")
     submodule(model, adapter.language_model)  # names the architecture if the path is wrong
-    hf_gdn.register()  # Qwen3.5's Gated DeltaNet (Note [vlmcp HF Gated DeltaNet]); imports nothing
+    for mixer_implementation in (hf_gdn, hf_short_conv):  # Qwen3.5's Gated DeltaNet, LFM2's short conv
+        mixer_implementation.register()  # classes of loaded transformers modules only: imports nothing
     mixers = audit_token_mixers(model, adapter.language_model)
     for mixer in mixers:
         mixer.prepare(mixer.module)

@@ -4,12 +4,16 @@
 depthwise causal conv1d of kernel ``conv_L_cache`` (3): per-token steps around one
 token-mixing step. :func:`cp_forward` swaps that step for :func:`vlmcp.linear.causal_conv1d_cp`
 (Note [vlmcp causal conv1d halo]); the layout comes from the ``vlmcp_cp`` keyword, as
-for attention (Note [vlmcp HF Gated DeltaNet]). :func:`register` declares the classes to
-the token-mixer registry; :func:`install` prepares a model by hand.
+for attention (Note [vlmcp HF Gated DeltaNet]). :func:`register` declares the class to
+the token-mixer registry (``parallelize`` calls it before its audit).
+
+LFM2-VL's images are not served yet (no adapter for ``pixel_attention_mask`` and
+``spatial_shapes``: ``shard_inputs`` refuses them by name); its text rows run exactly.
 """
 
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
@@ -18,7 +22,7 @@ from torch import nn
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.linear import causal_conv1d_cp
 
-__all__ = ["cp_forward", "install", "prepare", "register"]
+__all__ = ["CLASSES", "cp_forward", "prepare", "register"]
 
 _MARK = "_vlmcp_cp_short_conv"
 
@@ -51,27 +55,20 @@ def prepare(module: nn.Module) -> None:
     setattr(module, _MARK, True)
 
 
-def _classes() -> tuple[type[nn.Module], ...]:
-    from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
-    from transformers.models.lfm2_moe.modeling_lfm2_moe import Lfm2MoeShortConv
-
-    return Lfm2ShortConv, Lfm2MoeShortConv
-
-
-def install(model: nn.Module) -> int:
-    """Prepare every LFM2 short convolution of ``model``; how many."""
-    classes = _classes()
-    n = 0
-    for m in model.modules():
-        if isinstance(m, classes):
-            prepare(m)
-            n += 1
-    return n
+CLASSES = (("transformers.models.lfm2.modeling_lfm2", "Lfm2ShortConv"),)
+"""The short-convolution classes :func:`cp_forward` runs: (transformers module, class name)."""
 
 
 def register() -> None:
-    """Declare the short-convolution classes to the token-mixer registry (:mod:`vlmcp.hf.mixers`)."""
-    from vlmcp.hf.mixers import register_mixer
+    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.mixers`).
 
-    for cls in _classes():
-        register_mixer(cls, prepare)
+    Only classes whose transformers module is loaded already, so registering imports nothing;
+    a class registered already keeps its registration.
+    """
+    from vlmcp.hf import mixers
+
+    for module, name in CLASSES:
+        loaded = sys.modules.get(module)
+        # a class registered already (by the user, with their own implementation) keeps its registration
+        if loaded is not None and getattr(loaded, name) not in mixers._REGISTERED:
+            mixers.register_mixer(getattr(loaded, name), prepare)
