@@ -2,24 +2,36 @@
 
 Two kinds, by ``--fsdp``:
 
-* without FSDP every rank holds the whole model: the atomic single file of
+* without FSDP every rank holds the whole model: the atomic, checksummed single file of
   :mod:`vlmcp.train.reference.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
   wins]) with the layout-free state of :mod:`vlmcp.train.reference.state`, so it resumes at another
   CP size;
 * with FSDP each rank holds a shard: ``torch.distributed.checkpoint`` writes every rank's
-  shard into ``.step_N.tmp/`` (on a directory all ranks share), rank 0 adds
-  ``vlmcp_meta.pt`` (step, data position, config) and renames it to ``step_N/`` only after
-  every rank finished, so a crash never leaves a partial ``step_N``. DCP stores tensors by
-  name with their global shapes, so a run resumes at another CP or DP size.
+  shard into ``.step_N.tmp-<pid>-<host>/`` (on a directory all ranks share; rank 0 names it),
+  rank 0 adds ``vlmcp_meta.pt`` (step, data position, config, the SHA-256 of every file
+  and of the meta itself) and renames it to ``step_N/`` only after every rank finished, so a
+  crash never leaves a partial ``step_N``. DCP stores tensors by name with their global
+  shapes, so a run resumes at another CP or DP size.
 
 Both keep the newest three and carry the data position (rows consumed) for an exact resume.
+On resume the newest checkpoint that passes its checksums wins; a damaged one is skipped
+with a warning naming the file (:func:`latest_step`).
+
+The final model is a checkpoint too (:func:`save_trained_model`): ``save_pretrained`` writes
+into a temporary directory inside ``--output-dir``, its files are renamed into place, and
+``vlmcp_model.json`` (the step and every file's size) is written last, so a run that died
+while saving (a full disk, a kill) leaves a model :func:`final_model_complete` calls
+incomplete, and ``--resume`` writes it again from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,15 +39,30 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import local_part, partition_of
-from vlmcp.train.reference.checkpoint import load_latest_checkpoint, save_checkpoint
+from vlmcp.train.lock import writer_tag
+from vlmcp.train.reference.checkpoint import (
+    checkpoint_path,
+    clean_os_error,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest_checkpoint,
+    payload_digest,
+    remove_stale_temps,
+    save_checkpoint,
+)
 from vlmcp.train.reference.state import full_state, load_full_state
 
-__all__ = ["latest_step", "load_hf_checkpoint", "save_hf_checkpoint", "save_trained_model"]
+__all__ = ["checkpoint_count", "final_model_complete", "latest_step", "load_hf_checkpoint",
+           "save_hf_checkpoint", "save_trained_model"]
 
 _DIR = re.compile(r"^step_(\d{8,})$")
+_TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
+_MODEL_TEMP = re.compile(r"^\.model\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
+MODEL_MARKER = "vlmcp_model.json"
 KEEP_LAST = 3
 _RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root")
+_PATH_FIELDS = ("model", "data", "image_root")
 
 
 def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -46,23 +73,72 @@ def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dcp_meta(path: Path) -> dict:
+    """The meta of the DCP checkpoint ``path`` after checking every checksum it carries.
+
+    Raises:
+        ValueError: naming the file that cannot be read or does not match.
+    """
+    try:
+        meta = torch.load(path / _META, weights_only=True)
+        body = {k: v for k, v in meta.items() if k != "sha256"}
+        step, config = int(meta["step"]), meta["config"]
+    except Exception as err:
+        raise ValueError(f"cannot read {path / _META}: {type(err).__name__}: {err}") from err
+    if "sha256" in meta and meta["sha256"] != payload_digest(body):
+        raise ValueError(f"{path / _META} is damaged: its contents do not match its checksum")
+    for name, digest in meta.get("files", {}).items():
+        file = path / name
+        if not file.is_file() or _file_sha256(file) != digest:
+            raise ValueError(f"{file} is {'damaged' if file.is_file() else 'missing'}: "
+                             "the checkpoint's checksum does not match")
+    return {**body, "step": step, "config": config}
+
+
+def checkpoint_count(directory: str | os.PathLike, fsdp: bool) -> int:
+    """How many checkpoints of the kind ``fsdp`` writes ``directory`` holds, good or not."""
+    return len(_dcp_dirs(Path(directory))) if fsdp else len(list_checkpoints(directory))
+
+
 def latest_step(directory: str | os.PathLike, fsdp: bool) -> tuple[int, dict] | None:
-    """``(step, saved config)`` of the newest checkpoint of the kind ``fsdp`` writes, or None."""
+    """``(step, saved config)`` of the newest good checkpoint of the kind ``fsdp`` writes, or None.
+
+    Every checksum is checked (the whole checkpoint is read); a checkpoint that fails is
+    skipped with a warning naming the file, and the one before it is tried.
+    """
     directory = Path(directory)
-    if fsdp:
-        found = _dcp_dirs(directory)
-        if not found:
-            return None
-        meta = torch.load(found[-1][1] / _META, weights_only=True)
-        return found[-1][0], meta["config"]
-    ckpt = load_latest_checkpoint(directory)
-    return None if ckpt is None else (ckpt.step, ckpt.state["config"])
+    if not fsdp:
+        ckpt = load_latest_checkpoint(directory)
+        return None if ckpt is None else (ckpt.step, ckpt.state["config"])
+    for step, path in reversed(_dcp_dirs(directory)):
+        try:
+            return step, _dcp_meta(path)["config"]
+        except ValueError as err:
+            warnings.warn(f"skipping unreadable checkpoint: {err}", stacklevel=2)
+    return None
+
+
+def _same(field: str, a, b) -> bool:
+    """Paths compare resolved (``data/x.jsonl`` is ``/work/data/x.jsonl`` from /work)."""
+    if field in _PATH_FIELDS and a is not None and b is not None:
+        resolve = lambda v: [os.path.realpath(x) for x in v] if isinstance(v, (list, tuple)) \
+            else os.path.realpath(v)
+        return resolve(a) == resolve(b)
+    return a == b
 
 
 def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
     """Raise if a checkpoint of ``saved`` config cannot continue the run ``cfg``."""
     changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
-               for f in _RESUME_FIELDS if saved.get(f) != getattr(cfg, f)]
+               for f in _RESUME_FIELDS if not _same(f, saved.get(f), getattr(cfg, f))]
     if saved.get("fsdp") != cfg.fsdp:
         changed.append(f"--fsdp {saved.get('fsdp')} -> {cfg.fsdp}")
     if changed:
@@ -113,9 +189,11 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = Path(directory) / f"step_{step:08d}"
-    temp = Path(directory) / f".step_{step:08d}.tmp"
+    name = [f".step_{step:08d}.tmp-{writer_tag()}"]  # rank 0's name, for every rank
+    dist.broadcast_object_list(name, src=dist.get_global_rank(world, 0), group=world)
+    temp = Path(directory) / name[0]
     if rank == 0:
-        shutil.rmtree(temp, ignore_errors=True)  # a crashed earlier save of this step
+        remove_stale_temps(Path(directory), _TEMP)  # crashed earlier saves of this run or dead ones
         temp.mkdir(parents=True)
     dist.barrier(group=world)
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -123,6 +201,8 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=temp, process_group=world)
     dist.barrier(group=world)
     if rank == 0:
+        meta["files"] = {p.name: _file_sha256(p) for p in sorted(temp.iterdir()) if p.is_file()}
+        meta["sha256"] = payload_digest(meta)
         torch.save(meta, temp / _META)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temp, final)
@@ -139,27 +219,34 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     Ranks must agree on the step (a directory that is not shared would let them
     continue from different states and wait forever for each other).
     """
-    directory = cfg.checkpoints
-    found = latest_step(directory, cfg.fsdp)
+    directory = Path(cfg.checkpoints)
+    rank = dist.get_rank(world)
+    found = None
+    if rank == 0:  # reads and checks the checkpoints once; the others take its choice
+        found = latest_step(directory, cfg.fsdp)
     step = torch.tensor([-1 if found is None else found[0]], dtype=torch.float64, device=device)
-    lo, hi = step.clone(), step.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=world)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=world)
-    if lo != hi:
-        raise RuntimeError(f"ranks found different latest checkpoints in {directory} (steps {int(lo)} to "
-                           f"{int(hi)}); is the directory shared by every rank?")
-    if found is None:
+    dist.all_reduce(step, op=dist.ReduceOp.MAX, group=world)
+    step = int(step)
+    there = checkpoint_path(directory, step) if not cfg.fsdp else directory / f"step_{step:08d}" / _META
+    have = torch.tensor([float(step < 0 or there.is_file())], dtype=torch.float64, device=device)
+    dist.all_reduce(have, op=dist.ReduceOp.MIN, group=world)
+    if not bool(have):
+        raise RuntimeError(f"rank 0 resumes from step {step} in {directory}, but some rank does not see "
+                           "that checkpoint; is the directory shared by every rank?")
+    if step < 0:
         return 0, 0
-    check_resumable(found[1], cfg, found[0], Path(directory))
     if not cfg.fsdp:
-        ckpt = load_latest_checkpoint(directory)
+        ckpt = load_checkpoint(checkpoint_path(directory, step))  # checks the checksum on every rank
+        check_resumable(ckpt.state["config"], cfg, step, directory)
         load_full_state(model, optimizer, ckpt.state)
         return ckpt.step, int(ckpt.state["data_position"])
+    meta = torch.load(directory / f"step_{step:08d}" / _META, weights_only=True)  # rank 0 checked it
+    check_resumable(meta["config"], cfg, step, directory)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    path = Path(directory) / f"step_{found[0]:08d}"
+    path = directory / f"step_{step:08d}"
     model_state, optim_state = get_state_dict(model, optimizer)
     slices = _partitioned(model)
     full_shape = lambda p, t: [t.shape[d] * partition_of(p)[2] if d == partition_of(p)[0] else t.shape[d]
@@ -170,19 +257,22 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
         optim_state["state"][name] = {
             k: v.new_empty(full_shape(p, v)) if torch.is_tensor(v) and v.dim() > 0 else v
             for k, v in optim_state["state"].get(name, {}).items()}
-    dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
     # a parameter that never had a gradient (a ViT layer the model does not use) has no
     # AdamW state in the checkpoint; the fresh state get_state_dict made for it stays
     optim = {"optimizer": optim_state}
     partial = DefaultLoadPlanner(allow_partial_load=True)
-    dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
+    try:
+        dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
+        dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
+    except Exception as err:  # the checksums passed on rank 0: a file changed since, or another reader
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: {first}") from err
     for name, p in slices.items():  # this rank's slice, at this run's CP size
         model_state[name] = local_part(p, model_state[name]).clone()
         for k, v in optim["optimizer"]["state"].get(name, {}).items():
             if torch.is_tensor(v) and v.dim() > 0:
                 optim["optimizer"]["state"][name][k] = local_part(p, v).clone()
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim["optimizer"])
-    meta = torch.load(path / _META, weights_only=True)
     return int(meta["step"]), int(meta["data_position"])
 
 
@@ -212,12 +302,46 @@ def _gathered_state(model: nn.Module, cp_group: dist.ProcessGroup, fsdp: bool) -
     return out
 
 
+def final_model_complete(output_dir: str | os.PathLike, step: int) -> bool:
+    """Whether ``output_dir`` holds the whole final model of ``step`` (its marker lists every
+    file and its size; a save that died part way has no marker or misses a file)."""
+    out = Path(output_dir)
+    try:
+        marker = json.loads((out / MODEL_MARKER).read_text())
+        files = marker["files"]
+        return marker["step"] == step and bool(files) and all(
+            (out / name).is_file() and (out / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _publish(temp: Path, out: Path, step: int) -> None:
+    """Move the files of ``temp`` into ``out`` and write the marker last (see the module docstring)."""
+    (out / MODEL_MARKER).unlink(missing_ok=True)  # from here until the end: incomplete
+    files = {}
+    for p in sorted(temp.iterdir()):
+        if p.is_dir():
+            shutil.rmtree(out / p.name, ignore_errors=True)
+        os.replace(p, out / p.name)
+        if p.is_file() or (out / p.name).is_file():
+            files[p.name] = (out / p.name).stat().st_size
+    marker = out / f".{MODEL_MARKER}.tmp-{writer_tag()}"
+    marker.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    os.replace(marker, out / MODEL_MARKER)
+    temp.rmdir()
+
+
 def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGroup,
-                       cp_group: dist.ProcessGroup) -> Path:
+                       cp_group: dist.ProcessGroup, step: int | None = None) -> Path:
     """``save_pretrained`` of the trained weights and the processor into ``cfg.output_dir``.
 
     The weights go into a fresh, unparallelized model of the directory's own config (no
     vlmcp attention or vision placement is saved), so any transformers consumer loads it.
+    Written through a temporary directory and renamed into place, marker last (see the
+    module docstring); ``step`` (default ``cfg.steps``) goes into the marker.
+
+    Raises:
+        OSError: one line naming the directory and the reason (e.g. a full disk).
     """
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -233,7 +357,18 @@ def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGrou
         if missing:
             raise RuntimeError(f"the trained model lacks {missing[:5]}; cannot save it as {cfg.model}'s kind")
         clean.load_state_dict({k: state[k] for k in clean.state_dict()}, assign=True)
-        clean.save_pretrained(out)
-        save_processor(processor, out)
+        out.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out, _MODEL_TEMP)
+        temp = out / f".model.tmp-{writer_tag()}"
+        try:
+            clean.save_pretrained(temp)
+            save_processor(processor, temp)
+            _publish(temp, out, cfg.steps if step is None else step)
+        except Exception as err:
+            shutil.rmtree(temp, ignore_errors=True)
+            failure = clean_os_error(err, f"the trained model to {out}")
+            if failure is not None:
+                raise failure from None
+            raise
     dist.barrier(group=world)
     return out

@@ -243,7 +243,7 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
             if st["sigterm"] or (saving and (done == cfg.steps or
                                              (cfg.checkpoint_every and done % cfg.checkpoint_every == 0))):
                 run.save(done)
-            if st["sigterm"]:
+            if st["sigterm"] and done < cfg.steps:  # in the last step: finish, the model is saved below
                 stopped = "sigterm"
                 message = (f"SIGTERM: stopped after step {done} of {cfg.steps}, checkpoint {run.checkpoint}; "
                            "continue with --resume")
