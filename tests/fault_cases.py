@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -60,11 +62,16 @@ def check_nan_output(out, lse, positions, spot, is_image, cu, ids, q, k, v, affe
     torch.testing.assert_close(s[other], ref_lse[pos][other], rtol=tol, atol=tol)
 
 
-def nan_grid(group, dtypes) -> int:
+def nan_grid(group, dtypes) -> tuple[int, list[float]]:
     """NaN cases on every backend: ring, Ulysses and USP (U = 2) over the whole group, and ring
-    and Ulysses on CP subgroups of two ranks. Returns the number of checked calls."""
-    sub, _ = dp_cp_groups(group, 2)
-    usp_groups(group, 2)
+    and Ulysses on CP subgroups of two ranks. Returns the number of checked calls, and the
+    timeouts (seconds) of the world group and of the subgroups vlmcp made of it (CP, DP,
+    Ulysses, ring)."""
+    from vlmcp.attention.usp_groups import group_timeout
+
+    sub, dp = dp_cp_groups(group, 2)
+    usp = usp_groups(group, 2)
+    timeouts = [group_timeout(g).total_seconds() for g in (group, sub, dp, usp.ulysses, usp.ring)]
     runs = [(group, "ring", None), (group, "ulysses", None), (group, "usp", 2),
             (sub, "ring", None), (sub, "ulysses", None)]
     checked = 0
@@ -79,4 +86,51 @@ def nan_grid(group, dtypes) -> int:
                                         backend, return_lse=True, ulysses_size=u)
                 check_nan_output(out, lse, shard.positions, spot, is_image, cu, ids, q, k, v, affected)
                 checked += 1
-    return checked
+    return checked, timeouts
+
+
+def raise_os_error(group):
+    if dist.get_rank(group) == 1:
+        raise OSError(28, "No space left on device: cannot write checkpoint /x/step_00000002.pt")
+    dist.barrier(group=group)
+
+
+def dcp_config(directory, **kw):
+    """An HF run's config whose checkpoints go to ``directory`` (FSDP: DCP checkpoints)."""
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    directory = Path(directory)
+    base = dict(model=str(directory / "model"), data=str(directory / "data.jsonl"),
+                output_dir=str(directory / "out"), checkpoint_dir=str(directory), fsdp=True, steps=2,
+                seq_len=64)
+    return HFTrainConfig(**{**base, **kw})
+
+
+def dcp_round(group, directory, mode):
+    """FSDP over the group: ``"save"`` trains two steps and checkpoints each (returns the parameter
+    sums after each); ``"load"`` resumes (returns the step and the parameter sum)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+
+    cfg = dcp_config(directory, resume=mode == "load")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(group),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def param_sum():
+        return float(sum(p.full_tensor().double().sum() for p in model.parameters()))
+
+    if mode == "load":
+        step, _ = load_hf_checkpoint(cfg, model, opt, group, torch.device("cpu"))
+        return step, param_sum()
+    sums = []
+    for step in (1, 2):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        save_hf_checkpoint(cfg, model, opt, step, 10 * step, group, group)
+        sums.append(param_sum())
+    return sums

@@ -5,13 +5,26 @@ to the previous good one; one run per directory; the final model is a checkpoint
 stalled ranks end the job within ``--timeout``; ranks never outlive their launcher.
 """
 
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import zipfile
+
 import pytest
 import torch
 
 from tests import fault_cases
 from vlmcp.attention import cp_attention, merge_, varlen_attention
+from vlmcp.cli import main
 from vlmcp.layout import plan_cp
-from vlmcp.testing import run_on_ranks
+from vlmcp.testing import DistributedTestError, run_on_ranks
+from vlmcp.train.lock import RunLock, RunLocked, _proc_start
+from vlmcp.train.reference.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+
+SMALL = ["--cp", "2", "--seq-len", "256", "--hidden", "32", "--layers", "1"]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,11 +62,186 @@ def test_nan_stays_nan_in_one_process(dtype, kernel):
 
 
 def test_nan_stays_nan_in_every_cp_backend():
-    checked = run_on_ranks(fault_cases.nan_grid, 4, ("float32", "bfloat16"), timeout=110)
-    assert checked == [5 * 2 * len(fault_cases.NAN_SPOTS)] * 4
+    results = run_on_ranks(fault_cases.nan_grid, 4, ("float32", "bfloat16"), timeout=110)
+    assert [checked for checked, _ in results] == [5 * 2 * len(fault_cases.NAN_SPOTS)] * 4
+    # the world waits 110 s (the spawn's timeout); every subgroup vlmcp made of it waits as
+    # long (dist.new_group without timeout= would wait torch's default, 1800 s)
+    assert [timeouts for _, timeouts in results] == [[110.0] * 5] * 4
+
+
+# ---------------------------------------------------------------- integrity
+
+
+def _losses(path):
+    return [json.loads(line)["loss"] for line in open(path)]
+
+
+def flip_a_tensor_bit(path):
+    """Flip one bit in the middle of the largest tensor of a ``torch.save`` zip (torch does not
+    check the zip's CRCs, so the file still loads: only the checksum can tell)."""
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_a_bit_flip_falls_back_to_the_previous_checkpoint_and_resume_is_exact(tmp_path, capsys):
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    run = ["train", *SMALL, "--steps", "6", "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
+           "--metrics-jsonl", str(metrics)]
+    assert main(run) == 0
+    full = _losses(metrics)
+    newest = ckpt / "step_00000006.pt"
+    flip_a_tensor_bit(newest)
+    with pytest.raises(ValueError, match="step_00000006.pt is damaged: its contents do not match"):
+        load_checkpoint(newest)
+    capsys.readouterr()
+    assert main([*run, "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert f"vlmcp train: warning: skipping unreadable checkpoint: checkpoint {newest} is damaged" in err
+    assert "resuming from" in out and "step_00000004.pt (step 4 of 6)" in out
+    assert _losses(metrics) == full  # steps 5 and 6 again, bit-exact on CPU
+    # every checkpoint damaged: an error, never a fresh start over them
+    for path in list_checkpoints(ckpt):
+        flip_a_tensor_bit(path)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    assert main([*run, "--resume"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("vlmcp train: error: --resume: none of the 3 checkpoint(s) in"), lines
+    assert sum("skipping unreadable checkpoint" in line for line in lines) == 3 and len(lines) == 4
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before  # nothing touched
+
+
+def test_dcp_checkpoints_are_checksummed_and_fall_back(tmp_path):
+    from vlmcp.cli.train_hf import _resume_preflight
+    from vlmcp.train.hf.checkpoint import latest_step
+
+    sums = run_on_ranks(fault_cases.dcp_round, 2, str(tmp_path), "save", timeout=100)[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002"]
+    shard = sorted((tmp_path / "step_00000002").glob("*.distcp"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match=f"{shard} is damaged"):
+        assert latest_step(tmp_path, fsdp=True)[0] == 1
+    # the ranks resume from step 1, exactly
+    assert run_on_ranks(fault_cases.dcp_round, 2, str(tmp_path), "load", timeout=100)[0] == (1, sums[0])
+    (tmp_path / "step_00000001" / "vlmcp_meta.pt").write_bytes(b"garbage")
+    with pytest.warns(UserWarning) as caught:
+        assert latest_step(tmp_path, fsdp=True) is None
+    assert [str(w.message).split(": ")[1] for w in caught] == [f"{shard} is damaged", "cannot read "
+                                                               f"{tmp_path}/step_00000001/vlmcp_meta.pt"]
+    cfg = fault_cases.dcp_config(tmp_path, resume=True)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="none of the 2 checkpoint"):
+        _resume_preflight(cfg)
+
+
+def test_a_full_disk_is_one_clean_os_error(tmp_path, monkeypatch):
+    import builtins
+    import errno
+    import io
+
+    from vlmcp.train.reference import checkpoint as ckpt_module
+
+    class Full(io.FileIO):
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    save_checkpoint(tmp_path, 1, {"w": torch.ones(3)})
+    monkeypatch.setattr(ckpt_module, "open", lambda p, mode: Full(p, mode), raising=False)
+    with pytest.raises(OSError) as info:
+        save_checkpoint(tmp_path, 2, {"w": torch.zeros(100_000)})
+    assert str(info.value) == (f"[Errno 28] cannot write checkpoint {tmp_path}/step_00000002.pt: "
+                               "No space left on device")
+    assert info.value.__suppress_context__  # no chained "unexpected pos" from torch's zip writer
+    monkeypatch.setattr(ckpt_module, "open", builtins.open)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt"]
+    with pytest.raises(DistributedTestError) as failed:  # a rank's OSError is one line, not a traceback
+        run_on_ranks(fault_cases.raise_os_error, 2, timeout=60)
+    assert str(failed.value) == ("rank 1: OSError: [Errno 28] No space left on device: cannot write "
+                                 "checkpoint /x/step_00000002.pt")
+
+
+# ---------------------------------------------------------------- one run per directory
+
+
+@pytest.fixture
+def other_run():
+    """A live process that is not this one (the holder of a lock)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _lock_of(pid, host=None):
+    return json.dumps({"pid": pid, "host": host or socket.gethostname(),
+                       "started": "2026-12-01T00:00:00+00:00", "proc_start": _proc_start(pid)})
+
+
+def test_a_second_run_in_the_same_directory_is_refused(tmp_path, other_run, capsys):
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "elsewhere" / "m.jsonl"
+    ckpt.mkdir()
+    (ckpt / ".vlmcp.lock").write_text(_lock_of(other_run.pid))
+    run = ["train", *SMALL, "--steps", "2", "--checkpoint-dir", str(ckpt)]
+    assert main(run) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--checkpoint-dir {ckpt} is in use by another run (pid {other_run.pid} on " \
+        f"{socket.gethostname()}, started 2026-12-01T00:00:00+00:00)" in err[0], err
+    (ckpt / ".vlmcp.lock").unlink()
+    metrics.parent.mkdir()
+    (metrics.parent / ".m.jsonl.lock").write_text(_lock_of(other_run.pid))  # the metrics file too
+    assert main(["train", *SMALL, "--steps", "2", "--metrics-jsonl", str(metrics)]) == 2
+    assert f"--metrics-jsonl {metrics} is in use by another run" in capsys.readouterr().err
+    assert not metrics.exists()
+
+
+def test_a_stale_lock_is_taken_over_and_another_host_is_respected(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    (tmp_path / ".vlmcp.lock").write_text(_lock_of(int(gone.stdout)))
+    taking_over = f"taking over the lock of a run that no longer exists \\(pid {gone.stdout.strip()} "
+    with pytest.warns(UserWarning, match=taking_over):
+        lock = RunLock(tmp_path, "--output-dir").acquire()
+    assert json.loads((tmp_path / ".vlmcp.lock").read_text())["pid"] == os.getpid()
+    with pytest.raises(RunLocked, match="in use by another run"):  # even this process, a second time
+        RunLock(tmp_path, "--output-dir").acquire()
+    lock.release()
+    assert not (tmp_path / ".vlmcp.lock").exists()
+    (tmp_path / ".vlmcp.lock").write_text(_lock_of(int(gone.stdout), host="another-node"))
+    with pytest.raises(RunLocked, match="pid .* on another-node"):  # cannot be checked from here
+        RunLock(tmp_path, "--output-dir").acquire()
+
+
+def test_temp_files_are_removed_only_by_their_owner(tmp_path, other_run):
+    host = socket.gethostname()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    live = tmp_path / f".step_00000009.pt.tmp-{other_run.pid}-{host}"
+    remote = tmp_path / f".step_00000009.pt.tmp-{gone}-another-node"
+    dead = tmp_path / f".step_00000009.pt.tmp-{gone}-{host}"
+    for p in (live, remote, dead):
+        p.write_bytes(b"partial")
+    save_checkpoint(tmp_path, 1, {"w": torch.ones(1)})
+    assert live.exists() and remote.exists() and not dead.exists()
 
 
 # ---------------------------------------------------------------- minor
+
+
+def test_hf_resume_compares_resolved_paths(tmp_path, monkeypatch):
+    from vlmcp.train.hf.checkpoint import check_resumable
+
+    monkeypatch.chdir(tmp_path)
+    cfg = fault_cases.dcp_config(tmp_path)
+    saved = {**cfg.to_dict(), "model": "model", "data": "./data.jsonl"}  # relative spellings
+    check_resumable(saved, cfg, 1, tmp_path)
+    with pytest.raises(ValueError, match="--data './data.jsonl' -> "):
+        check_resumable(saved, fault_cases.dcp_config(tmp_path, data=str(tmp_path / "other.jsonl")), 1,
+                        tmp_path)
+
 
 
 def test_cp_cross_entropy_refuses_a_group_that_is_not_one():

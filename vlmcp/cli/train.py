@@ -208,15 +208,19 @@ def _run_locks(args: argparse.Namespace) -> contextlib.ExitStack:
 
 
 def run(args: argparse.Namespace) -> int:
+    previous = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # the launcher's warnings: one line each
-    if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
-        hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
+    try:
+        if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
+            hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
+            with _run_locks(args):
+                return run_hf(args)
+        check_reference_args(args)
+        cfg = config_from_args(args)
         with _run_locks(args):
-            return run_hf(args)
-    check_reference_args(args)
-    cfg = config_from_args(args)
-    with _run_locks(args):
-        return _run_reference(args, cfg)
+            return _run_reference(args, cfg)
+    finally:
+        warnings.formatwarning = previous
 
 
 def _join_torchrun(timeout: float):

@@ -223,7 +223,9 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     rank = dist.get_rank(world)
     found = None
     if rank == 0:  # reads and checks the checkpoints once; the others take its choice
-        found = latest_step(directory, cfg.fsdp)
+        with warnings.catch_warnings():  # the command line reported damaged ones before the ranks started
+            warnings.simplefilter("ignore")
+            found = latest_step(directory, cfg.fsdp)
     step = torch.tensor([-1 if found is None else found[0]], dtype=torch.float64, device=device)
     dist.all_reduce(step, op=dist.ReduceOp.MAX, group=world)
     step = int(step)
