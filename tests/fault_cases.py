@@ -134,3 +134,27 @@ def dcp_round(group, directory, mode):
         save_hf_checkpoint(cfg, model, opt, step, 10 * step, group, group)
         sums.append(param_sum())
     return sums
+
+
+def hf_sigterm_in_last_step(group, cfg, index):
+    """``train_hf_rank`` with a SIGTERM to every rank while it prepares the last step (exactly then:
+    the handler runs before the step's all-reduce reads the flag)."""
+    import os
+    import signal
+
+    from vlmcp.train.hf import loop
+
+    calls = {"n": 0}
+    original = loop.RowLoader.next
+
+    def next_row(self):
+        calls["n"] += 1
+        if calls["n"] == cfg.steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
+
+    loop.RowLoader.next = next_row
+    try:
+        return loop.train_hf_rank(group, cfg, index)
+    finally:
+        loop.RowLoader.next = original

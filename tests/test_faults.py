@@ -249,3 +249,48 @@ def test_cp_cross_entropy_refuses_a_group_that_is_not_one():
 
     with pytest.raises(TypeError, match="group must be a torch.distributed ProcessGroup.*got int 1"):
         cp_cross_entropy(torch.zeros(3, 5), torch.zeros(3, dtype=torch.long), 1)
+
+
+# ---------------------------------------------------------------- the final model is a checkpoint too
+
+
+def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.cli.train_hf import _resume_preflight, plan_data, preload_model_code
+    from vlmcp.data.hf.export import export_shapes
+    from vlmcp.hf.init_model import init_model
+    from vlmcp.launch import spawn_ranks
+    from vlmcp.train.hf.checkpoint import final_model_complete
+    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.hf.loop import train_hf_rank
+
+    model, data, out = init_model("llava", tmp_path / "llava"), export_shapes(tmp_path / "shapes", 8), \
+        tmp_path / "out"
+    cfg = HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=128, steps=2, cp=2,
+                        timeout=60.0)
+    preload_model_code(cfg.model)
+    index = plan_data(cfg)
+    summary = spawn_ranks(fault_cases.hf_sigterm_in_last_step, 2, cfg, index, timeout=150)[0]
+    # the SIGTERM came in the last step: the run finishes it, checkpoints it and saves the model
+    assert summary["stopped"] is None and summary["step"] == 2 and summary["model_dir"] == str(out)
+    assert sorted(p.name for p in cfg.checkpoints.iterdir()) == ["step_00000002.pt"]
+    assert final_model_complete(out, 2)
+    AutoModelForImageTextToText.from_pretrained(out)
+    weights = {k: v.clone() for k, v in load_file(out / "model.safetensors").items()}  # not the mmap
+    # a save that died part way (a full disk, a kill): --resume writes the model again
+    (out / "model.safetensors").unlink()
+    (out / "model.safetensors").write_bytes(b"half a model")
+    assert not final_model_complete(out, 2)
+    resume = HFTrainConfig(**{**cfg.to_dict(), "resume": True})
+    assert _resume_preflight(resume)
+    assert "is at step 2 = --steps, but the model in" in capsys.readouterr().out
+    again = spawn_ranks(train_hf_rank, 2, resume, index, timeout=150)[0]
+    assert again["start_step"] == 2 and again["losses"] == [] and again["model_dir"] == str(out)
+    assert final_model_complete(out, 2)
+    rewritten = load_file(out / "model.safetensors")
+    assert weights.keys() == rewritten.keys() and all(torch.equal(weights[k], rewritten[k]) for k in weights)
+    assert not _resume_preflight(resume) and "nothing to do" in capsys.readouterr().out
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".model.tmp")]
