@@ -7,11 +7,15 @@ stalled ranks end the job within ``--timeout``; ranks never outlive their launch
 
 import json
 import os
+import re
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import time
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,3 +298,105 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
     assert weights.keys() == rewritten.keys() and all(torch.equal(weights[k], rewritten[k]) for k in weights)
     assert not _resume_preflight(resume) and "nothing to do" in capsys.readouterr().out
     assert not [p.name for p in out.iterdir() if p.name.startswith(".model.tmp")]
+
+
+# ---------------------------------------------------------------- stalls, orphans, SIGTERM
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                if int(open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(stat))
+            except (OSError, IndexError):
+                pass
+    return sorted(kids)
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The rank processes of a ``vlmcp train`` launcher: children of its fork server, rank 0 first
+    (forked first)."""
+    server = [p for p in _children(launcher) if b"forkserver" in open(f"/proc/{p}/cmdline", "rb").read()]
+    return _children(server[0]) if server else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _train_cli(*args) -> subprocess.Popen:
+    """``vlmcp train`` of this checkout in a fresh process (2000 steps: it runs until stopped)."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen([sys.executable, "-m", "vlmcp", "train", *SMALL, "--steps", "2000",
+                             *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": path})
+
+
+def _wait_for_steps(proc, metrics, n: int, seconds: float = 90) -> list[int]:
+    """Wait until ``metrics`` holds ``n`` steps; returns the rank pids."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return _ranks_of(proc.pid)
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no {n} steps within {seconds}s: {proc.communicate()[1][-2000:]}")
+
+
+def test_a_stalled_rank_ends_the_job_within_the_timeout(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    proc = _train_cli("--timeout", 10, "--metrics-jsonl", metrics)
+    ranks = _wait_for_steps(proc, metrics, 2)
+    assert len(ranks) == 2
+    os.kill(ranks[1], signal.SIGSTOP)  # rank 1 stops answering, mid-run
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=10 + 30)
+    finally:
+        proc.kill()
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert time.monotonic() - start < 10 + 15  # the run's --timeout, plus a few seconds
+    assert proc.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("vlmcp")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    want = (r"vlmcp train: failed: rank 0: step \d+: .+ (over|with) ranks \[[01, ]+\] timed out "
+            r"\(waited --timeout for ranks \[1\]\); no answer from rank 1 \(stopped\)")
+    assert re.fullmatch(want, lines[0]), lines
+    time.sleep(1)
+    assert not any(_alive(p) for p in ranks)
+
+
+def test_ranks_do_not_outlive_a_killed_launcher(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    proc = _train_cli("--metrics-jsonl", metrics)
+    ranks = _wait_for_steps(proc, metrics, 1)
+    assert len(ranks) == 2
+    proc.kill()  # SIGKILL: no handler, no cleanup in the launcher
+    proc.communicate()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in ranks):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in ranks)
+
+
+def test_sigterm_on_the_reference_path_finishes_the_step_saves_and_exits_0(tmp_path):
+    metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
+    proc = _train_cli("--metrics-jsonl", metrics, "--checkpoint-dir", ckpt)
+    _wait_for_steps(proc, metrics, 2)
+    proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    done = len(_losses(metrics))
+    assert f"vlmcp train: SIGTERM: stopped after step {done} of 2000, checkpoint step_{done:08d}.pt; " \
+        "continue with --resume" in out
+    assert [p.name for p in list_checkpoints(ckpt)] == [f"step_{done:08d}.pt"]
+    assert load_checkpoint(ckpt / f"step_{done:08d}.pt").state["data_position"] > 0
+    assert not (ckpt / ".vlmcp.lock").exists()  # released

@@ -14,8 +14,8 @@ the parent holds it), and waits for every rank, optionally with one deadline:
   timeout the line adds the ranks that had not answered by then, and which of them are
   stopped (Note [vlmcp stalled peers and orphaned ranks]);
 * ranks still running at the deadline are killed and reported by number;
-* ranks never outlive the launcher: each asks to be SIGKILLed when its parent (the fork
-  server, which exits when the launcher does) dies.
+* ranks never outlive the launcher: each watches it and SIGKILLs itself within a
+  second of its death.
 
 The function receives ``(group, *args)`` where ``group`` is the default gloo
 process group of the spawned world, passed explicitly like every vlmcp API
@@ -79,13 +79,9 @@ def _proc_state(pid: int | None) -> str:
 
 
 def _rank_main(fn, args, rank, world_size, port, results, threads, collective_timeout, launcher):
-    from vlmcp.train.faults import die_with_parent
+    from vlmcp.train.faults import watch_launcher
 
-    die_with_parent(os.getppid())
-    try:
-        os.kill(launcher, 0)
-    except ProcessLookupError:
-        os._exit(1)  # the launcher died while this rank was starting
+    watch_launcher(launcher)  # Note [vlmcp stalled peers and orphaned ranks]
     try:
         torch.set_num_threads(threads)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

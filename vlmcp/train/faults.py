@@ -19,12 +19,17 @@ the rest (its own contract). On NCCL the flight recorder (``TORCH_NCCL_TRACE_BUF
 ``TORCH_NCCL_DUMP_ON_TIMEOUT``) records what each rank was waiting for.
 
 An orphan is a rank whose launcher died (SIGKILL, OOM killer, a lost terminal): it would
-go on training unsupervised, writing into the directories the next run uses. Each
-rank asks the kernel to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``,
-Linux, :func:`die_with_parent`); ranks of :func:`vlmcp.launch.spawn_ranks` are children of
-its fork server, which exits when the launcher's end of its pipe closes, so the chain
-launcher -> fork server -> rank ends within a second. torchrun's workers are its
-children, so the same call covers a SIGKILLed torchrun agent.
+go on training unsupervised, writing into the directories the next run uses. Ranks of
+:func:`vlmcp.launch.spawn_ranks` are children of its fork server, not of the launcher,
+and the fork server outlives the launcher while any rank lives (every rank holds a copy
+of the pipe whose end-of-file would stop it), so the parent's death signal
+(``prctl(PR_SET_PDEATHSIG)``) would never come: each rank runs a thread that checks the
+launcher every half second and SIGKILLs its own process when the launcher is gone
+(:func:`watch_launcher`; the launcher's start time guards against a reused pid). torchrun's
+workers are its agent's children: there the rank asks the kernel for SIGKILL when its
+parent dies (:func:`die_with_parent`, Linux), which covers a SIGKILLed agent; a
+SIGTERM to torchrun follows torchrun's own contract (it forwards SIGTERM to the workers,
+which finish the step, save and exit, and SIGKILLs them after its grace period).
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ import os
 import re
 import signal
 import sys
+import threading
+import time
 import traceback
 
 import torch.distributed as dist
 
-__all__ = ["CollectiveTimeout", "die_with_parent", "is_timeout", "stall_guard"]
+__all__ = ["CollectiveTimeout", "die_with_parent", "is_timeout", "stall_guard", "watch_launcher"]
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _PR_SET_PDEATHSIG = 1
@@ -60,12 +67,13 @@ def is_timeout(err: BaseException) -> bool:
     return False
 
 
-def _collective(err: BaseException) -> tuple[str, list[int] | None]:
-    """The collective's name and its group's global ranks, from the error or its traceback."""
+def _collective(err: BaseException) -> tuple[str, str, list[int] | None]:
+    """The collective's name, ``"with"`` (P2P peers) or ``"over"`` (a group), and those global
+    ranks, from the error or its traceback."""
     seen = err
     while seen is not None:
         if getattr(seen, "collective", None):
-            return seen.collective, getattr(seen, "peers", None)
+            return seen.collective, "with", getattr(seen, "peers", None)
         seen = seen.__cause__ or seen.__context__
     name, ranks = "a collective", None
     for frame, _ in traceback.walk_tb(err.__traceback__):
@@ -76,7 +84,7 @@ def _collective(err: BaseException) -> tuple[str, list[int] | None]:
                 ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
             except (RuntimeError, ValueError, AttributeError):
                 ranks = None
-    return name, ranks
+    return name, "over", ranks
 
 
 @contextlib.contextmanager
@@ -95,9 +103,9 @@ def stall_guard(where: str):
     except Exception as err:
         if not is_timeout(err):
             raise
-        name, ranks = _collective(err)
+        name, how, ranks = _collective(err)
         me = dist.get_rank() if dist.is_initialized() else None
-        group = f" over ranks {ranks}" if ranks else ""
+        group = f" {how} ranks {ranks}" if ranks else ""
         others = [r for r in ranks if r != me] if ranks else None
         waited = f" (waited --timeout for ranks {others})" if others else ""
         raise CollectiveTimeout(f"{where}: {name}{group} timed out{waited}") from err
@@ -121,3 +129,44 @@ def die_with_parent(expected_parent: int | None = None) -> bool:
     if expected_parent is not None and os.getppid() != expected_parent:
         os.kill(os.getpid(), signal.SIGKILL)  # the parent died before the call took effect
     return True
+
+
+def _start_time(pid: int) -> str | None:
+    """Process ``pid``'s start time (``/proc``, Linux), None if it does not exist or is a zombie
+    (dead, not yet reaped by its parent); ``""`` when this platform cannot tell (then only
+    existence is checked)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+
+
+def watch_launcher(pid: int, every: float = 0.5) -> threading.Thread | None:
+    """SIGKILL this process within ``every`` seconds of process ``pid`` (the launcher) ending.
+
+    Returns the daemon thread that watches, or None when ``pid`` is already gone (then this
+    process is killed at once).
+    """
+    born = _start_time(pid)
+
+    def check():
+        while True:
+            now = _start_time(pid)
+            if now is None or (born and now != born):
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(every)
+
+    if born is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    thread = threading.Thread(target=check, name="vlmcp-watch-launcher", daemon=True)
+    thread.start()
+    return thread

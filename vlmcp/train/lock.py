@@ -39,22 +39,31 @@ class RunLocked(ValueError):
     """Another run holds the lock (a flag error: the command line exits with code 2)."""
 
 
-def _proc_start(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux), or None."""
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3... of ``/proc/<pid>/stat`` (Linux), or None."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold spaces
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name may hold spaces
+
+
+def _proc_start(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), or None."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None  # field 22
 
 
 def _alive(pid: int, proc_start: int | None = None) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, another user's
         return True
+    fields = _stat(pid)
+    if fields and fields[0] in ("Z", "X"):
+        return False
     if proc_start is not None:
         now = _proc_start(pid)
         return now is None or now == proc_start
