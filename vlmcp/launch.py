@@ -59,10 +59,16 @@ class RankFailure(RuntimeError):
 
 def _one_line(err: BaseException) -> str | None:
     """The one-line report of an error that needs no traceback, else None."""
-    from vlmcp.train.faults import CollectiveTimeout
+    from vlmcp.train.faults import CollectiveTimeout, is_timeout, stall_guard
 
     if isinstance(err, CollectiveTimeout):
         return str(err)
+    if is_timeout(err):  # raised outside any stall_guard: name the collective, not the step
+        try:
+            with stall_guard("outside the step loop"):
+                raise err
+        except CollectiveTimeout as timeout:
+            return str(timeout)
     if isinstance(err, OSError) and not isinstance(err, (FileNotFoundError, NotADirectoryError)):
         return f"{type(err).__name__}: {err}"
     return None
