@@ -149,6 +149,8 @@ def remove_stale_temps(directory: Path, pattern: re.Pattern) -> None:
     names this process or a writer that no longer exists; never a live writer's file."""
     import shutil
 
+    if not directory.is_dir():
+        return
     for p in directory.iterdir():
         m = pattern.match(p.name)
         if m and (f"{m.group(1)}-{m.group(2)}" == writer_tag() or writer_gone(int(m.group(1)), m.group(2))):
