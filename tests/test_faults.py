@@ -267,8 +267,8 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
     from vlmcp.data.hf.export import export_shapes
     from vlmcp.hf.init_model import init_model
     from vlmcp.launch import spawn_ranks
-    from vlmcp.train.hf.checkpoint import final_model_complete
     from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.hf.final_model import final_model_complete
     from vlmcp.train.hf.loop import train_hf_rank
 
     model, data, out = init_model("llava", tmp_path / "llava"), export_shapes(tmp_path / "shapes", 8), \

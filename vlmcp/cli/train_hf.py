@@ -115,7 +115,8 @@ def _resume_preflight(cfg: HFTrainConfig) -> bool:
     them. A run whose last checkpoint is at ``--steps`` but whose final model is missing or
     incomplete goes on: its ranks load that checkpoint and write the model.
     """
-    from vlmcp.train.hf.checkpoint import check_resumable, checkpoint_count, final_model_complete, latest_step
+    from vlmcp.train.hf.checkpoint import check_resumable, checkpoint_count, latest_step
+    from vlmcp.train.hf.final_model import final_model_complete
 
     count = checkpoint_count(cfg.checkpoints, cfg.fsdp)
     if not cfg.resume:

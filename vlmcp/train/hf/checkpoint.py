@@ -1,4 +1,4 @@
-"""Checkpoints of ``vlmcp train --model``, and the final ``save_pretrained`` directory.
+"""Checkpoints of ``vlmcp train --model``.
 
 Two kinds, by ``--fsdp``:
 
@@ -17,17 +17,12 @@ Both keep the newest three and carry the data position (rows consumed) for an ex
 On resume the newest checkpoint that passes its checksums wins; a damaged one is skipped
 with a warning naming the file (:func:`latest_step`).
 
-The final model is a checkpoint too (:func:`save_trained_model`): ``save_pretrained`` writes
-into a temporary directory inside ``--output-dir``, its files are renamed into place, and
-``vlmcp_model.json`` (the step and every file's size) is written last, so a run that died
-while saving (a full disk, a kill) leaves a model :func:`final_model_complete` calls
-incomplete, and ``--resume`` writes it again from the last checkpoint.
+The final ``save_pretrained`` directory is a checkpoint too: :mod:`vlmcp.train.hf.final_model`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -42,7 +37,6 @@ from vlmcp.grads import local_part, partition_of
 from vlmcp.train.lock import writer_tag
 from vlmcp.train.reference.checkpoint import (
     checkpoint_path,
-    clean_os_error,
     list_checkpoints,
     load_checkpoint,
     load_latest_checkpoint,
@@ -52,14 +46,11 @@ from vlmcp.train.reference.checkpoint import (
 )
 from vlmcp.train.reference.state import full_state, load_full_state
 
-__all__ = ["checkpoint_count", "final_model_complete", "latest_step", "load_hf_checkpoint",
-           "save_hf_checkpoint", "save_trained_model"]
+__all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkpoint", "save_hf_checkpoint"]
 
 _DIR = re.compile(r"^step_(\d{8,})$")
 _TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
-_MODEL_TEMP = re.compile(r"^\.model\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
-MODEL_MARKER = "vlmcp_model.json"
 KEEP_LAST = 3
 _RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root")
 _PATH_FIELDS = ("model", "data", "image_root")
@@ -147,12 +138,12 @@ def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
         raise ValueError(f"cannot resume from {where}: its step {step} is past --steps {cfg.steps}")
 
 
-def _partitioned(model: nn.Module) -> dict[str, nn.Parameter]:
+def partitioned_params(model: nn.Module) -> dict[str, nn.Parameter]:
     """``hidden_shard``'s slices by name: kept out of FSDP, different on every CP rank."""
     return {n: p for n, p in model.named_parameters() if partition_of(p) is not None}
 
 
-def _gather(param: nn.Parameter, t: torch.Tensor, cp_group: dist.ProcessGroup) -> torch.Tensor:
+def gather_slice(param: nn.Parameter, t: torch.Tensor, cp_group: dist.ProcessGroup) -> torch.Tensor:
     dim, _, size = partition_of(param)
     pieces = [torch.empty_like(t) for _ in range(size)]
     dist.all_gather(pieces, t.detach().contiguous(), group=cp_group)
@@ -164,9 +155,9 @@ def _full_slices(model, model_state: dict, optim_state: dict, cp_group) -> tuple
     tensor, so every CP rank must hold the same one); a collective over the CP group. The
     inner dicts of ``get_state_dict`` are the optimizer's own: never written to."""
     model_state, states = dict(model_state), dict(optim_state["state"])
-    for name, p in _partitioned(model).items():
-        model_state[name] = _gather(p, model_state[name], cp_group)
-        states[name] = {k: _gather(p, v, cp_group) if torch.is_tensor(v) and v.dim() > 0 else v
+    for name, p in partitioned_params(model).items():
+        model_state[name] = gather_slice(p, model_state[name], cp_group)
+        states[name] = {k: gather_slice(p, v, cp_group) if torch.is_tensor(v) and v.dim() > 0 else v
                         for k, v in states.get(name, {}).items()}
     return model_state, {**optim_state, "state": states}
 
@@ -250,7 +241,7 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
 
     path = directory / f"step_{step:08d}"
     model_state, optim_state = get_state_dict(model, optimizer)
-    slices = _partitioned(model)
+    slices = partitioned_params(model)
     full_shape = lambda p, t: [t.shape[d] * partition_of(p)[2] if d == partition_of(p)[0] else t.shape[d]
                                for d in range(t.dim())]
     optim_state = {**optim_state, "state": dict(optim_state["state"])}
@@ -276,101 +267,3 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
                 optim["optimizer"]["state"][name][k] = local_part(p, v).clone()
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim["optimizer"])
     return int(meta["step"]), int(meta["data_position"])
-
-
-def _gathered_state(model: nn.Module, cp_group: dist.ProcessGroup, fsdp: bool) -> dict[str, torch.Tensor]:
-    """Full-size parameters and buffers by name on rank 0 (a collective)."""
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        for name, p in _partitioned(model).items():  # outside FSDP: still this rank's slice
-            full = _gather(p, p.detach(), cp_group).cpu()
-            if name in state:
-                state[name] = full
-        return state
-    out = {}
-    for name, p in model.named_parameters():
-        part = partition_of(p)
-        if part is None:
-            out[name] = p.detach().cpu()
-            continue
-        dim, _, size = part
-        pieces = [torch.empty_like(p) for _ in range(size)]
-        dist.all_gather(pieces, p.detach().contiguous(), group=cp_group)
-        out[name] = torch.cat(pieces, dim=dim).cpu()
-    for name, b in model.named_buffers():
-        out[name] = b.detach().cpu()
-    return out
-
-
-def final_model_complete(output_dir: str | os.PathLike, step: int) -> bool:
-    """Whether ``output_dir`` holds the whole final model of ``step`` (its marker lists every
-    file and its size; a save that died part way has no marker or misses a file)."""
-    out = Path(output_dir)
-    try:
-        marker = json.loads((out / MODEL_MARKER).read_text())
-        files = marker["files"]
-        return marker["step"] == step and bool(files) and all(
-            (out / name).is_file() and (out / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def _publish(temp: Path, out: Path, step: int) -> None:
-    """Move the files of ``temp`` into ``out`` and write the marker last (see the module docstring)."""
-    (out / MODEL_MARKER).unlink(missing_ok=True)  # from here until the end: incomplete
-    files = {}
-    for p in sorted(temp.iterdir()):
-        if p.is_dir():
-            shutil.rmtree(out / p.name, ignore_errors=True)
-        os.replace(p, out / p.name)
-        if p.is_file() or (out / p.name).is_file():
-            files[p.name] = (out / p.name).stat().st_size
-    marker = out / f".{MODEL_MARKER}.tmp-{writer_tag()}"
-    marker.write_text(json.dumps({"step": step, "files": files}, indent=1))
-    os.replace(marker, out / MODEL_MARKER)
-    temp.rmdir()
-
-
-def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGroup,
-                       cp_group: dist.ProcessGroup, step: int | None = None) -> Path:
-    """``save_pretrained`` of the trained weights and the processor into ``cfg.output_dir``.
-
-    The weights go into a fresh, unparallelized model of the directory's own config (no
-    vlmcp attention or vision placement is saved), so any transformers consumer loads it.
-    Written through a temporary directory and renamed into place, marker last (see the
-    module docstring); ``step`` (default ``cfg.steps``) goes into the marker.
-
-    Raises:
-        OSError: one line naming the directory and the reason (e.g. a full disk).
-    """
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    from vlmcp.data.hf.processor import save_processor
-
-    state = _gathered_state(model, cp_group, cfg.fsdp)
-    out = Path(cfg.output_dir)
-    if dist.get_rank(world) == 0:
-        config = AutoConfig.from_pretrained(cfg.model)
-        with torch.device("meta"):
-            clean = AutoModelForImageTextToText.from_config(config, dtype=next(iter(state.values())).dtype)
-        missing = sorted(set(clean.state_dict()) - set(state))
-        if missing:
-            raise RuntimeError(f"the trained model lacks {missing[:5]}; cannot save it as {cfg.model}'s kind")
-        clean.load_state_dict({k: state[k] for k in clean.state_dict()}, assign=True)
-        out.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(out, _MODEL_TEMP)
-        temp = out / f".model.tmp-{writer_tag()}"
-        try:
-            clean.save_pretrained(temp)
-            save_processor(processor, temp)
-            _publish(temp, out, cfg.steps if step is None else step)
-        except Exception as err:
-            shutil.rmtree(temp, ignore_errors=True)
-            failure = clean_os_error(err, f"the trained model to {out}")
-            if failure is not None:
-                raise failure from None
-            raise
-    dist.barrier(group=world)
-    return out

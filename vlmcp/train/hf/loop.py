@@ -32,8 +32,9 @@ from vlmcp.data.hf.rows import DataIndex, RowLoader
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
 from vlmcp.loss import cp_cross_entropy
 from vlmcp.train.faults import stall_guard
-from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
+from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from vlmcp.train.hf.config import HFTrainConfig
+from vlmcp.train.hf.final_model import save_trained_model
 from vlmcp.train.progress import MetricsWriter, ProgressBar
 from vlmcp.train.reference.config import TORCH_DTYPES
 from vlmcp.train.reference.loop import dp_cp_groups, lr_at  # the reference trainer's schedule (lr, steps)
