@@ -150,8 +150,16 @@ def _say(line: str, file=None) -> None:
         print(line, file=file or sys.stdout, flush=True)
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> str:
-    return f"vlmcp train: warning: {message}\n"
+def _one_line_warnings(previous):
+    """A ``warnings.formatwarning``: vlmcp's own warnings as one line each, others as before."""
+    ours = f"{os.sep}vlmcp{os.sep}"
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if ours in filename:
+            return f"vlmcp train: warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    return format_warning
 
 
 def _resume_preflight(cfg: TrainConfig) -> bool:
@@ -209,7 +217,7 @@ def _run_locks(args: argparse.Namespace) -> contextlib.ExitStack:
 
 def run(args: argparse.Namespace) -> int:
     previous = warnings.formatwarning
-    warnings.formatwarning = _one_line_warning  # the launcher's warnings: one line each
+    warnings.formatwarning = _one_line_warnings(previous)
     try:
         if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
             hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock

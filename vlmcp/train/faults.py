@@ -111,51 +111,41 @@ def stall_guard(where: str):
         raise CollectiveTimeout(f"{where}: {name}{group} timed out{waited}") from err
 
 
-def die_with_parent(expected_parent: int | None = None) -> bool:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux; False elsewhere).
-
-    Args:
-        expected_parent: the parent's pid when this process started; if the parent is
-            already gone (reparented), exit at once.
-    """
+def die_with_parent() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; False elsewhere)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            return False
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-    if expected_parent is not None and os.getppid() != expected_parent:
-        os.kill(os.getpid(), signal.SIGKILL)  # the parent died before the call took effect
-    return True
 
 
 def _start_time(pid: int) -> str | None:
     """Process ``pid``'s start time (``/proc``, Linux), None if it does not exist or is a zombie
-    (dead, not yet reaped by its parent); ``""`` when this platform cannot tell (then only
+    (dead, not yet reaped by its parent); ``""`` where there is no ``/proc`` (then only
     existence is checked)."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
-    except FileNotFoundError:
-        return None
-    except (OSError, IndexError):
+    if os.path.exists("/proc/self/stat"):
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            return None if fields[0] in ("Z", "X") else fields[19]
+        except FileNotFoundError:
             return None
-        except PermissionError:
+        except (OSError, IndexError):
             pass
-        return ""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # exists, another user's
+        pass
+    return ""
 
 
-def watch_launcher(pid: int, every: float = 0.5) -> threading.Thread | None:
-    """SIGKILL this process within ``every`` seconds of process ``pid`` (the launcher) ending.
-
-    Returns the daemon thread that watches, or None when ``pid`` is already gone (then this
-    process is killed at once).
-    """
+def watch_launcher(pid: int, every: float = 0.5) -> threading.Thread:
+    """SIGKILL this process within ``every`` seconds of process ``pid`` (the launcher) ending
+    (at once when it is already gone). Returns the daemon thread that watches."""
     born = _start_time(pid)
 
     def check():
