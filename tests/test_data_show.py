@@ -145,9 +145,10 @@ OTHER_FORMATS = [
     ({"query": "<image>And now?", "response": "a red circle", "history": [["What is red?", "a colour"]],
       "system": "Be brief.", "images": ["red.png"]},
      {"text": (QWEN_HEAD + "Be brief.<|im_end|>\n<|im_start|>user\nWhat is red?<|im_end|>\n<|im_start|>"
-               "assistant\na colour<|im_end|>\n<|im_start|>user\n<|vision_start|><image><|vision_end|>And now?"
-               "<|im_end|>\n<|im_start|>assistant\na red circle<|im_end|>\n"),
-      "trained": ["a colour<|im_end|>\n", "a red circle<|im_end|>\n"], "tokens": 62, "images": 1, "videos": 0}),
+               "assistant\na colour<|im_end|>\n<|im_start|>user\n<|vision_start|><image><|vision_end|>"
+               "And now?<|im_end|>\n<|im_start|>assistant\na red circle<|im_end|>\n"),
+      "trained": ["a colour<|im_end|>\n", "a red circle<|im_end|>\n"], "tokens": 62, "images": 1,
+      "videos": 0}),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "value": "red.png"},
                                                 {"type": "text", "value": "What is it?"}]},
                    {"role": "assistant", "content": [{"type": "text", "value": "a red square"}]}]},
