@@ -137,3 +137,37 @@ def test_a_long_view_is_cut_to_one_screen(models, data):
     assert len(text) == 6 and text[1:5] == view.marked.splitlines()[:4]
     assert text[5] == f"... ({len(view.marked) - len(chr(10).join(text[1:5]))} more characters; see it all " \
                       "with data show)"
+
+
+# ms-swift query/response/history, LLaMA-Factory v1 parts and transformers parts (the formats
+# a.jsonl does not hold), each asserted exactly on the tiny Qwen2-VL
+OTHER_FORMATS = [
+    ({"query": "<image>And now?", "response": "a red circle", "history": [["What is red?", "a colour"]],
+      "system": "Be brief.", "images": ["red.png"]},
+     {"text": (QWEN_HEAD + "Be brief.<|im_end|>\n<|im_start|>user\nWhat is red?<|im_end|>\n<|im_start|>"
+               "assistant\na colour<|im_end|>\n<|im_start|>user\n<|vision_start|><image><|vision_end|>"
+               "And now?<|im_end|>\n<|im_start|>assistant\na red circle<|im_end|>\n"),
+      "trained": ["a colour<|im_end|>\n", "a red circle<|im_end|>\n"], "tokens": 62, "images": 1,
+      "videos": 0}),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "value": "red.png"},
+                                                {"type": "text", "value": "What is it?"}]},
+                   {"role": "assistant", "content": [{"type": "text", "value": "a red square"}]}]},
+     {"text": (QWEN_HEAD + "You are a helpful assistant.<|im_end|>\n<|im_start|>user\n<|vision_start|><image>"
+               "<|vision_end|>What is it?<|im_end|>\n<|im_start|>assistant\na red square<|im_end|>\n"),
+      "trained": ["a red square<|im_end|>\n"], "tokens": 39, "images": 1, "videos": 0}),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "Look: "},
+                                                {"type": "image", "path": "red.png"}]},
+                   {"role": "assistant", "content": "red"}]},
+     {"text": (QWEN_HEAD + "You are a helpful assistant.<|im_end|>\n<|im_start|>user\nLook: <|vision_start|>"
+               "<image><|vision_end|><|im_end|>\n<|im_start|>assistant\nred<|im_end|>\n"),
+      "trained": ["red<|im_end|>\n"], "tokens": 34, "images": 1, "videos": 0}),
+]
+
+
+def test_json_of_query_response_and_structured_content_lines(models, data, capsys, tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line, _ in OTHER_FORMATS))
+    for number, (_, want) in enumerate(OTHER_FORMATS, start=1):
+        out = _show(capsys, "--model", str(models["qwen2_vl"]), "--data", str(path), "--line", str(number),
+                    "--json", "--image-root", str(data))
+        assert json.loads(out) == want

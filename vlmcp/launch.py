@@ -9,7 +9,13 @@ the parent holds it), and waits for every rank, optionally with one deadline:
 
 * a rank that raises makes the call fail at once with that rank's traceback,
   and the other ranks (probably stuck in a collective) are killed;
-* ranks still running at the deadline are killed and reported by number.
+* a rank whose collective timed out (:class:`vlmcp.train.faults.CollectiveTimeout`) or
+  whose disk failed (``OSError``) is reported in one line, not a traceback; for a
+  timeout the line adds the ranks that had not answered by then, and which of them are
+  stopped (Note [vlmcp stalled peers and orphaned ranks]);
+* ranks still running at the deadline are killed and reported by number;
+* ranks never outlive the launcher: each watches it and SIGKILLs itself within a
+  second of its death.
 
 The function receives ``(group, *args)`` where ``group`` is the default gloo
 process group of the spawned world, passed explicitly like every vlmcp API
@@ -39,10 +45,49 @@ _CTX.set_forkserver_preload(["torch", "torch.distributed", "vlmcp"])
 
 
 class RankFailure(RuntimeError):
-    """A rank raised, died, or missed the deadline."""
+    """A rank raised, died, or missed the deadline.
+
+    Attributes:
+        detail: the failing rank's traceback (also in the message, except for a one-line
+            failure: a collective timeout or an ``OSError``).
+    """
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
 
 
-def _rank_main(fn, args, rank, world_size, port, results, threads, collective_timeout):
+def _one_line(err: BaseException) -> str | None:
+    """The one-line report of an error that needs no traceback, else None."""
+    from vlmcp.train.faults import CollectiveTimeout, is_timeout, stall_guard
+
+    if isinstance(err, CollectiveTimeout):
+        return str(err)
+    if is_timeout(err):  # raised outside any stall_guard: name the collective, not the step
+        try:
+            with stall_guard("outside the step loop"):
+                raise err
+        except CollectiveTimeout as timeout:
+            return str(timeout)
+    if isinstance(err, OSError) and not isinstance(err, (FileNotFoundError, NotADirectoryError)):
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _proc_state(pid: int | None) -> str:
+    """``"stopped"``, ``"running"`` ... from ``/proc`` (Linux), or ``""``."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError, TypeError):
+        return ""
+    return {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O", "Z": "dead",
+            "R": "running", "S": "waiting"}.get(state, state)
+
+
+def _rank_main(fn, args, rank, world_size, port, results, threads, collective_timeout, launcher):
+    from vlmcp.train.faults import watch_launcher
+
+    watch_launcher(launcher)  # Note [vlmcp stalled peers and orphaned ranks]
     try:
         torch.set_num_threads(threads)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -55,8 +100,10 @@ def _rank_main(fn, args, rank, world_size, port, results, threads, collective_ti
         finally:
             dist.destroy_process_group()
         results.put((rank, "ok", pickle.dumps(out)))
-    except BaseException:  # noqa: BLE001 - the parent reports it
-        results.put((rank, "error", traceback.format_exc()))
+    except BaseException as err:  # noqa: BLE001 - the parent reports it
+        line = _one_line(err)
+        results.put((rank, "error", traceback.format_exc()) if line is None
+                    else (rank, "brief", (line, traceback.format_exc())))
 
 
 def spawn_ranks(
@@ -97,7 +144,7 @@ def spawn_ranks(
         _CTX.Process(
             target=_rank_main,
             args=(fn, args, r, world_size, store.port, results, threads_per_rank,
-                  collective_timeout),
+                  collective_timeout, os.getpid()),
             daemon=True,
         )
         for r in range(world_size)
@@ -127,6 +174,8 @@ def spawn_ranks(
                             f"{fn.__name__}: rank {dead[0]} died with exit code "
                             f"{procs[dead[0]].exitcode} without a report") from None
                 continue
+            if status == "brief":
+                _raise_brief(fn, rank, payload, procs, outputs, results)
             if status == "error":
                 time.sleep(0.3)  # a peer that died silently is the likelier root cause
                 silent = [f"rank {r} died with exit code {p.exitcode} without a report; "
@@ -145,3 +194,26 @@ def spawn_ranks(
                 p.join()
         results.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def _raise_brief(fn, rank: int, payload, procs, outputs: dict, results) -> None:
+    """Raise the one-line failure of ``rank``; after a timeout, name who had not answered.
+
+    Ranks whose own waits timed out within a second of the first are answering (they
+    waited on someone else); the ones left with no report are the stalled ones.
+    """
+    line, detail = payload
+    reported = {rank} | set(outputs)
+    if "timed out" in line:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            try:
+                other, _, _ = results.get(timeout=max(0.0, end - time.monotonic()))
+                reported.add(other)
+            except queue.Empty:
+                break
+        silent = [r for r in range(len(procs)) if r not in reported]
+        if silent:
+            states = [f"{r}" + (f" ({st})" if (st := _proc_state(procs[r].pid)) else "") for r in silent]
+            line += f"; no answer from rank{'s' if len(silent) > 1 else ''} {', '.join(states)}"
+    raise RankFailure(f"rank {rank}: {line}", detail)

@@ -44,7 +44,14 @@ def cp_cross_entropy(
 
     Returns:
         :class:`CPLoss` ``(loss, mean)``.
+
+    Raises:
+        TypeError: ``group`` is neither a process group nor None.
+        ValueError: the shapes do not match.
     """
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup (the CP group) or None for one "
+                        f"process, got {type(group).__name__} {group!r}")
     if logits.dim() != 2 or labels.shape != logits.shape[:1]:
         raise ValueError(
             f"logits must be (N, vocab) and labels (N,), got {tuple(logits.shape)} and "

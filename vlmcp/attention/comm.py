@@ -16,6 +16,12 @@ all-reduce of one element, once per process and group, on CUDA tensors (gloo on
 the CPU does not need it; ``warm_up=True`` forces it). Posting a batch anyway is not
 an option: ``batch_isend_irecv`` rejects an empty list, and zero-byte messages would
 change the message pattern.
+
+Waits are bounded by the group's timeout (``dist.new_group(..., timeout=)``; gloo's
+``Work.wait()`` without an argument uses it, NCCL's watchdog too). A wait that runs out
+raises a ``RuntimeError`` naming the ring transfer and both peers, with the attributes
+``collective`` and ``peers`` (global ranks) for whoever reports it
+(:func:`vlmcp.train.faults.stall_guard`).
 """
 
 from __future__ import annotations
@@ -100,6 +106,15 @@ class RingComm:
         """Block until the committed batch has completed."""
         if self._reqs is None:
             raise RuntimeError("RingComm.wait without commit()")
-        for req in self._reqs:
-            req.wait()
+        try:
+            for req in self._reqs:
+                req.wait()
+        except RuntimeError as err:
+            first = (str(err).strip().splitlines() or [""])[0]
+            failure = RuntimeError(f"ring attention send/recv timed out or failed (global rank "
+                                   f"{dist.get_global_rank(self.group, self.rank)} sends to {self.send_rank} "
+                                   f"and receives from {self.recv_rank}): {first}")
+            failure.collective = "ring attention send/recv"
+            failure.peers = sorted({self.send_rank, self.recv_rank})
+            raise failure from err
         self._reqs, self._in_flight = None, []

@@ -235,8 +235,11 @@ class CpuFlashKernel(AttentionKernel):
 
     Note: for a row whose mask hides every key it returns ``out = 0`` and
     ``lse = 0`` (torch 2.13), which a merge would count as weight ``exp(0)``; such
-    rows are set to ``lse = -inf`` here. It also crashes on a zero-length query
-    (callers never pass empty blocks).
+    rows are set to ``lse = -inf`` here. Its float32/bf16 kernels also return
+    ``out = 0``, ``lse = 0`` for a query row holding a NaN (without a mask; float64
+    and masked calls give NaN), which would hide bad data: such rows are set to NaN,
+    as one process computes them. It also crashes on a zero-length query (callers
+    never pass empty blocks).
     """
 
     name = "flash_cpu"
@@ -254,7 +257,9 @@ class CpuFlashKernel(AttentionKernel):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q[None], k[None], v[None], 0.0, block.kind is MaskKind.CAUSAL, attn_mask=bias, scale=scale)
         out, lse = out[0], lse[0].to(accumulator_dtype(q.dtype))
-        if dead is not None:
+        nan = torch.isnan(q).any(-1)  # (H, Lq); see the class docstring
+        lse, out = lse.masked_fill(nan, float("nan")), out.masked_fill(nan[..., None], float("nan"))
+        if dead is not None:  # a row that sees no key is 0 whatever its query holds
             lse = lse.masked_fill(dead, float("-inf"))
             out = out.masked_fill(dead[:, None], 0)
         return out, lse

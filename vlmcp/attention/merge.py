@@ -10,7 +10,10 @@ A and B::
 
 The sigmoid/logsigmoid form never exponentiates a large number. A query that
 saw no key has ``lse = -inf`` and ``out = 0``; merging two such partials keeps
-``-inf`` and 0 (the naive form gives ``-inf - -inf = NaN``). Merging in bf16 makes
+``-inf`` and 0 (the naive form gives ``-inf - -inf = NaN``). That case is told
+apart structurally (both log-sum-exps are ``-inf``), not by the value of the
+difference: a NaN that comes from the data (a NaN query, key or value gives a NaN
+``lse``) must stay NaN, as it does in one process, and never turn into 0. Merging in bf16 makes
 the error grow with the number of merges, i.e. with the ring size
 (ring-flash-attention issue #42), so the accumulators are float32 (float64 for
 float64 inputs) and each block is upcast before it is merged.
@@ -41,7 +44,8 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
     """
     block_lse = block_lse.to(lse.dtype)
     diff = block_lse - lse
-    # both -inf: the block adds nothing (its weight is 0, not NaN)
-    diff = torch.where(torch.isnan(diff), float("-inf"), diff)
+    # both -inf (no key on either side): the block adds nothing, its weight is 0, not NaN.
+    # Only that case: a NaN lse from NaN data keeps diff NaN, so out and lse become NaN.
+    diff = diff.masked_fill(torch.isneginf(lse) & torch.isneginf(block_lse), float("-inf"))
     out.sub_(torch.sigmoid(diff).unsqueeze(-1) * (out - block_out.to(out.dtype)))
     lse.copy_(torch.maximum(lse, block_lse) - F.logsigmoid(diff.abs()))

@@ -22,10 +22,29 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["UspGroups", "cached_usp_groups", "usp_groups"]
+__all__ = ["UspGroups", "cached_usp_groups", "group_timeout", "usp_groups"]
+
+
+def group_timeout(group: dist.ProcessGroup) -> timedelta | None:
+    """The timeout ``group`` was created with, or None where torch does not say.
+
+    ``dist.new_group`` without ``timeout=`` gives torch's default (30 minutes), not the
+    parent group's: a subgroup made without it would let a stalled peer hang the job for
+    half an hour whatever the run's ``--timeout``. Subgroups vlmcp makes inherit this.
+    """
+    for device in ("cpu", "cuda"):
+        try:
+            timeout = group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +83,7 @@ def cached_usp_groups(group: dist.ProcessGroup, ulysses_size: int) -> UspGroups 
     return _CACHE.get(group, {}).get(ulysses_size)
 
 
-def usp_groups(group: dist.ProcessGroup, ulysses_size: int) -> UspGroups:
+def usp_groups(group: dist.ProcessGroup, ulysses_size: int, timeout: timedelta | None = None) -> UspGroups:
     """Create (once) the Ulysses and ring subgroups of the CP group ``group``.
 
     Collective over the default group: every process of the job calls it at the same
@@ -75,6 +94,8 @@ def usp_groups(group: dist.ProcessGroup, ulysses_size: int) -> UspGroups:
     Args:
         group: this rank's CP process group (P ranks).
         ulysses_size: U, a divisor of P.
+        timeout: how long the subgroups wait for a peer; default: ``group``'s own
+            (:func:`group_timeout`), torch's default only where that is unknown.
 
     Returns:
         This rank's :class:`UspGroups`.
@@ -104,12 +125,13 @@ def usp_groups(group: dist.ProcessGroup, ulysses_size: int) -> UspGroups:
         raise ValueError(f"usp_groups: a CP group's ranks are not in increasing global order: {cp_groups}")
     U, R = ulysses_size, P // ulysses_size
     me = mine[dist.get_rank(group)]
+    timeout = group_timeout(group) if timeout is None else timeout
     made: dict[str, dist.ProcessGroup] = {}
     for ranks in cp_groups:  # the same order on every process
         for kind, subs in (("ulysses", [ranks[g * U:(g + 1) * U] for g in range(R)] if U > 1 else []),
                            ("ring", [ranks[j::U] for j in range(U)] if R > 1 else [])):
             for sub in subs:
-                pg = dist.new_group(list(sub))
+                pg = dist.new_group(list(sub), timeout=timeout)
                 if me in sub:
                     made[kind] = pg
     rank = dist.get_rank(group)

@@ -5,20 +5,30 @@ conversations (:mod:`vlmcp.cli.train_hf`).
 Without a launcher it spawns cp x dp gloo ranks on this machine; under torchrun it
 joins the launcher's process group (NCCL when CUDA is available).
 Every flag is checked before any rank starts, the paths it writes included.
+
+One run per directory: the run locks every place it writes (the checkpoint and output
+directories, the metrics file) for as long as it runs. SIGTERM finishes the step, saves
+a checkpoint and exits 0; ranks stop within a second when the launcher dies; a peer that
+does not answer within --timeout ends the run with one line naming the step, the
+collective and who did not answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import signal
 import sys
+import warnings
 from datetime import timedelta
+from pathlib import Path
 from typing import get_args
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
+from vlmcp.cli.train_hf import config_from_args as hf_config_from_args
 from vlmcp.train.reference.config import (
     AttentionBackend,
     DType,
@@ -75,7 +85,13 @@ def add_parser(sub) -> None:
     p.add_argument("--metrics-jsonl", default=None, metavar="PATH",
                    help="one JSON object per step; a loss-curve PNG is written beside it")
     p.add_argument("--timeout", type=float, default=d.timeout,
-                   help="seconds a rank waits for a peer before the run fails")
+                   help="seconds a rank waits for its peers in one collective or ring transfer (every "
+                        "process group the run makes) before the run fails, naming the step and the ranks "
+                        "that did not answer. It must exceed the longest time one rank can keep the others "
+                        "waiting: the slowest rank's step time plus the longest checkpoint or model save "
+                        "(rank 0 saves while the others wait in the next collective; minutes for a large "
+                        "model on a slow disk). A few step times plus the save time is a good value; the "
+                        "default suits steps of a minute and saves of several minutes")
     p.add_argument("--_fault", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     add_hf_arguments(p)
 
@@ -100,6 +116,15 @@ def check_outputs(cfg: TrainConfig) -> None:
     """
     if cfg.checkpoint_dir:
         check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
+    if cfg.metrics_jsonl:
+        check_writable_file("--metrics-jsonl", cfg.metrics_jsonl)
+        check_writable_file("--metrics-jsonl's loss curve", cfg.loss_curve_png)
+
+
+def check_fresh(cfg: TrainConfig) -> None:
+    """Refuse a fresh run in a directory that holds checkpoints (its saves would replace and
+    prune that run's checkpoints); checked under the lock."""
+    if cfg.checkpoint_dir:
         from vlmcp.train.reference.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(cfg.checkpoint_dir)
@@ -107,9 +132,6 @@ def check_outputs(cfg: TrainConfig) -> None:
             raise ValueError(f"--checkpoint-dir {cfg.checkpoint_dir}: already holds checkpoints (latest "
                              f"{latest.name}); pass --resume to continue that run, or choose another "
                              "directory")
-    if cfg.metrics_jsonl:
-        check_writable_file("--metrics-jsonl", cfg.metrics_jsonl)
-        check_writable_file("--metrics-jsonl's loss curve", cfg.loss_curve_png)
 
 
 def _kill_at(rank: int, step: int, this_rank: int, this_step: int) -> None:
@@ -122,68 +144,152 @@ def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _resume_preflight(cfg: TrainConfig) -> bool:
-    """Check ``--resume`` before any rank starts; returns False when there is nothing to do."""
-    from vlmcp.train.reference.checkpoint import load_latest_checkpoint
-    from vlmcp.train.reference.loop import check_resumable
+def _say(line: str, file=None) -> None:
+    """Print once per run: under torchrun every rank runs the checks, rank 0 reports."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=file or sys.stdout, flush=True)
 
-    ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
+
+def _one_line_warnings(previous):
+    """A ``warnings.formatwarning``: vlmcp's own warnings as one line each, others as before."""
+    ours = f"{os.sep}vlmcp{os.sep}"
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if ours in filename:
+            return f"vlmcp train: warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    return format_warning
+
+
+def _resume_preflight(cfg: TrainConfig) -> bool:
+    """Check ``--resume`` before any rank starts; returns False when there is nothing to do.
+
+    Damaged checkpoints are skipped with a warning naming the file; when checkpoints
+    exist but none is good, it is an error (exit 2), never a fresh start over them.
+    """
+    from vlmcp.train.reference.loop import check_resumable, load_resume_checkpoint
+
+    ckpt = load_resume_checkpoint(cfg.checkpoint_dir,
+                                  report=lambda line: _say(f"vlmcp train: warning: {line}", sys.stderr))
     if ckpt is None:
-        print(f"vlmcp train: no checkpoint in {cfg.checkpoint_dir}; starting from step 0", flush=True)
+        _say(f"vlmcp train: no checkpoint in {cfg.checkpoint_dir}; starting from step 0")
         return True
     check_resumable(ckpt, cfg)
     if ckpt.step == cfg.steps:
-        print(f"vlmcp train: {ckpt.path} is at step {ckpt.step} = --steps; nothing to do")
+        _say(f"vlmcp train: {ckpt.path} is at step {ckpt.step} = --steps; nothing to do")
         return False
-    print(f"vlmcp train: resuming from {ckpt.path} (step {ckpt.step} of {cfg.steps})", flush=True)
+    _say(f"vlmcp train: resuming from {ckpt.path} (step {ckpt.step} of {cfg.steps})")
     return True
 
 
+def _run_locks(args: argparse.Namespace) -> contextlib.ExitStack:
+    """Lock every place the run writes (see :mod:`vlmcp.train.lock`); under torchrun rank 0 holds them.
+
+    A path that cannot even be created gets no lock: the path checks that follow name the
+    problem.
+    """
+    from vlmcp.train.lock import RunLock
+
+    stack = contextlib.ExitStack()
+    if os.environ.get("RANK", "0") != "0":
+        return stack
+    places = [("--checkpoint-dir", args.checkpoint_dir, False)]
+    if args.output_dir is not None:
+        places += [("--output-dir", args.output_dir, False),
+                   ("--output-dir's checkpoints", None if args.checkpoint_dir else Path(args.output_dir)
+                    / "checkpoints", False)]
+    places.append(("--metrics-jsonl", args.metrics_jsonl, True))
+    try:
+        for what, path, file in places:
+            if path is None or os.fspath(path) == "":
+                continue
+            lock = RunLock(path, what, file=file)
+            try:
+                stack.enter_context(lock)
+            except OSError:
+                continue
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
 def run(args: argparse.Namespace) -> int:
-    if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
-        return run_hf(args)
-    check_reference_args(args)
-    cfg = config_from_args(args)
+    previous = warnings.formatwarning
+    warnings.formatwarning = _one_line_warnings(previous)
+    try:
+        if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
+            hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
+            with _run_locks(args):
+                return run_hf(args)
+        check_reference_args(args)
+        cfg = config_from_args(args)
+        with _run_locks(args):
+            return _run_reference(args, cfg)
+    finally:
+        warnings.formatwarning = previous
+
+
+def _join_torchrun(timeout: float):
+    """Join torchrun's process group: NCCL with the flight recorder on timeouts, or gloo."""
+    import torch
+    import torch.distributed as dist
+
+    from vlmcp.train.faults import die_with_parent
+
+    die_with_parent()  # a SIGKILLed torchrun agent takes its workers along
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # what each rank waited for
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    return dist
+
+
+def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
     check_outputs(cfg)
-    if cfg.resume and not _under_torchrun() and not _resume_preflight(cfg):
+    check_fresh(cfg)
+    if cfg.resume and not _resume_preflight(cfg):
         return 0
     on_step = functools.partial(_kill_at, *args._fault) if args._fault else None
     from vlmcp.train.reference.loop import train_rank
 
     if _under_torchrun():
-        import torch
-        import torch.distributed as dist
-
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world_size:
             raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but torchrun started "
                              f"{world} ranks")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
+        dist = _join_torchrun(cfg.timeout)
         try:
             summary = train_rank(dist.group.WORLD, cfg, on_step)
         finally:
             dist.destroy_process_group()
     else:
+        from vlmcp.cli.train_hf import _forward_sigterm
         from vlmcp.launch import RankFailure, spawn_ranks
 
         threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
         print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}, "
               f"{threads} thread(s) each), {cfg.steps} steps of {cfg.seq_len} tokens, "
               f"vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
+        previous = signal.signal(signal.SIGTERM, _forward_sigterm)
         try:
             summary = spawn_ranks(train_rank, cfg.world_size, cfg, on_step, timeout=None,
                                   threads_per_rank=threads, collective_timeout=cfg.timeout)[0]
         except RankFailure as err:
             print(f"vlmcp train: failed: {err}", file=sys.stderr)
             return 1
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     if int(os.environ.get("RANK", 0)) == 0:
         losses = summary["losses"]
+        if summary["stopped"]:
+            print(f"vlmcp train: {summary['stopped']}")
         if losses:
-            print(f"vlmcp train: steps {summary['start_step'] + 1}-{summary['steps']}, loss "
-                  f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+            first, last = summary["start_step"] + 1, summary["start_step"] + len(losses)
+            print(f"vlmcp train: steps {first}-{last}, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
         if cfg.image_strategy == "auto":
             picks = summary["image_strategies"]
             print(f"vlmcp train: image_strategy=auto chose replicate for {picks.count('replicate')} "

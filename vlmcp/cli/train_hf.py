@@ -181,22 +181,39 @@ def _say(line: str) -> None:
 
 
 def _resume_preflight(cfg: HFTrainConfig) -> bool:
-    """Check ``--resume`` (or a fresh run's empty checkpoint dir); False: nothing to do."""
-    from vlmcp.train.hf.checkpoint import check_resumable, latest_step
+    """Check ``--resume`` (or a fresh run's empty checkpoint dir); False: nothing to do.
 
-    found = latest_step(cfg.checkpoints, cfg.fsdp)
+    A damaged checkpoint is skipped with a warning (the one before it is used); when
+    checkpoints exist but none is good, ``--resume`` is an error, never a fresh start over
+    them. A run whose last checkpoint is at ``--steps`` but whose final model is missing or
+    incomplete goes on: its ranks load that checkpoint and write the model.
+    """
+    from vlmcp.train.hf.checkpoint import check_resumable, checkpoint_count, latest_step
+    from vlmcp.train.hf.final_model import final_model_complete
+
+    count = checkpoint_count(cfg.checkpoints, cfg.fsdp)
     if not cfg.resume:
-        if found is not None:
-            raise ValueError(f"{cfg.checkpoints} already holds checkpoints (latest step {found[0]}); pass "
-                             "--resume to continue that run, or choose another --output-dir/--checkpoint-dir")
+        if count:
+            raise ValueError(f"{cfg.checkpoints} already holds checkpoints; pass --resume to continue that "
+                             "run, or choose another --output-dir/--checkpoint-dir")
         return True
+    found = latest_step(cfg.checkpoints, cfg.fsdp)
     if found is None:
+        if count:
+            raise ValueError(f"--resume: none of the {count} checkpoint(s) in {cfg.checkpoints} is readable "
+                             "(see the warnings); not starting over from step 0 on top of them: move them "
+                             "away to start a new run")
         _say(f"vlmcp train: no checkpoint in {cfg.checkpoints}; starting from step 0")
         return True
     check_resumable(found[1], cfg, found[0], cfg.checkpoints)
     if found[0] == cfg.steps:
-        _say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps; nothing to do")
-        return False
+        if final_model_complete(cfg.output_dir, cfg.steps):
+            _say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps and the model is saved; "
+                 "nothing to do")
+            return False
+        _say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps, but the model in "
+             f"{cfg.output_dir} is missing or incomplete; writing it from that checkpoint")
+        return True
     _say(f"vlmcp train: resuming from step {found[0]} of {cfg.steps} in {cfg.checkpoints}")
     return True
 
@@ -272,9 +289,14 @@ def run_hf(args: argparse.Namespace) -> int:
         if int(os.environ["WORLD_SIZE"]) != cfg.world_size:
             raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but torchrun started "
                              f"{os.environ['WORLD_SIZE']} ranks")
+        from vlmcp.train.faults import die_with_parent
+
+        die_with_parent()  # a SIGKILLed torchrun agent takes its workers along
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # the flight recorder
+            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
         try:
             summary = train_hf_rank(dist.group.WORLD, cfg, index)

@@ -1,25 +1,32 @@
-"""Checkpoints of ``vlmcp train --model``, and the final ``save_pretrained`` directory.
+"""Checkpoints of ``vlmcp train --model``.
 
 Two kinds, by ``--fsdp``:
 
-* without FSDP every rank holds the whole model: the atomic single file of
+* without FSDP every rank holds the whole model: the atomic, checksummed single file of
   :mod:`vlmcp.train.reference.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
   wins]) with the layout-free state of :mod:`vlmcp.train.reference.state`, so it resumes at another
   CP size;
 * with FSDP each rank holds a shard: ``torch.distributed.checkpoint`` writes every rank's
-  shard into ``.step_N.tmp/`` (on a directory all ranks share), rank 0 adds
-  ``vlmcp_meta.pt`` (step, data position, config) and renames it to ``step_N/`` only after
-  every rank finished, so a crash never leaves a partial ``step_N``. DCP stores tensors by
-  name with their global shapes, so a run resumes at another CP or DP size.
+  shard into ``.step_N.tmp-<pid>-<host>/`` (on a directory all ranks share; rank 0 names it),
+  rank 0 adds ``vlmcp_meta.pt`` (step, data position, config, the SHA-256 of every file
+  and of the meta itself) and renames it to ``step_N/`` only after every rank finished, so a
+  crash never leaves a partial ``step_N``. DCP stores tensors by name with their global
+  shapes, so a run resumes at another CP or DP size.
 
 Both keep the newest three and carry the data position (rows consumed) for an exact resume.
+On resume the newest checkpoint that passes its checksums wins; a damaged one is skipped
+with a warning naming the file (:func:`latest_step`).
+
+The final ``save_pretrained`` directory is a checkpoint too: :mod:`vlmcp.train.hf.final_model`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,15 +34,26 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import local_part, partition_of
-from vlmcp.train.reference.checkpoint import load_latest_checkpoint, save_checkpoint
+from vlmcp.train.lock import writer_tag
+from vlmcp.train.reference.checkpoint import (
+    checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest_checkpoint,
+    payload_digest,
+    remove_stale_temps,
+    save_checkpoint,
+)
 from vlmcp.train.reference.state import full_state, load_full_state
 
-__all__ = ["latest_step", "load_hf_checkpoint", "save_hf_checkpoint", "save_trained_model"]
+__all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkpoint", "save_hf_checkpoint"]
 
 _DIR = re.compile(r"^step_(\d{8,})$")
+_TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
 KEEP_LAST = 3
 _RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root")
+_PATH_FIELDS = ("model", "data", "image_root")
 
 
 def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -46,23 +64,72 @@ def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dcp_meta(path: Path) -> dict:
+    """The meta of the DCP checkpoint ``path`` after checking every checksum it carries.
+
+    Raises:
+        ValueError: naming the file that cannot be read or does not match.
+    """
+    try:
+        meta = torch.load(path / _META, weights_only=True)
+        body = {k: v for k, v in meta.items() if k != "sha256"}
+        step, config = int(meta["step"]), meta["config"]
+    except Exception as err:
+        raise ValueError(f"cannot read {path / _META}: {type(err).__name__}: {err}") from err
+    if "sha256" in meta and meta["sha256"] != payload_digest(body):
+        raise ValueError(f"{path / _META} is damaged: its contents do not match its checksum")
+    for name, digest in meta.get("files", {}).items():
+        file = path / name
+        if not file.is_file() or _file_sha256(file) != digest:
+            raise ValueError(f"{file} is {'damaged' if file.is_file() else 'missing'}: "
+                             "the checkpoint's checksum does not match")
+    return {**body, "step": step, "config": config}
+
+
+def checkpoint_count(directory: str | os.PathLike, fsdp: bool) -> int:
+    """How many checkpoints of the kind ``fsdp`` writes ``directory`` holds, good or not."""
+    return len(_dcp_dirs(Path(directory))) if fsdp else len(list_checkpoints(directory))
+
+
 def latest_step(directory: str | os.PathLike, fsdp: bool) -> tuple[int, dict] | None:
-    """``(step, saved config)`` of the newest checkpoint of the kind ``fsdp`` writes, or None."""
+    """``(step, saved config)`` of the newest good checkpoint of the kind ``fsdp`` writes, or None.
+
+    Every checksum is checked (the whole checkpoint is read); a checkpoint that fails is
+    skipped with a warning naming the file, and the one before it is tried.
+    """
     directory = Path(directory)
-    if fsdp:
-        found = _dcp_dirs(directory)
-        if not found:
-            return None
-        meta = torch.load(found[-1][1] / _META, weights_only=True)
-        return found[-1][0], meta["config"]
-    ckpt = load_latest_checkpoint(directory)
-    return None if ckpt is None else (ckpt.step, ckpt.state["config"])
+    if not fsdp:
+        ckpt = load_latest_checkpoint(directory)
+        return None if ckpt is None else (ckpt.step, ckpt.state["config"])
+    for step, path in reversed(_dcp_dirs(directory)):
+        try:
+            return step, _dcp_meta(path)["config"]
+        except ValueError as err:
+            warnings.warn(f"skipping unreadable checkpoint: {err}", stacklevel=2)
+    return None
+
+
+def _same(field: str, a, b) -> bool:
+    """Paths compare resolved (``data/x.jsonl`` is ``/work/data/x.jsonl`` from /work)."""
+    if field in _PATH_FIELDS and a is not None and b is not None:
+        # --data is a list of files since it may be repeated; older checkpoints hold one string
+        resolve = lambda v: [os.path.realpath(x) for x in ([v] if isinstance(v, str) else v)]
+        return resolve(a) == resolve(b)
+    return a == b
 
 
 def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
     """Raise if a checkpoint of ``saved`` config cannot continue the run ``cfg``."""
     changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
-               for f in _RESUME_FIELDS if saved.get(f) != getattr(cfg, f)]
+               for f in _RESUME_FIELDS if not _same(f, saved.get(f), getattr(cfg, f))]
     if saved.get("fsdp") != cfg.fsdp:
         changed.append(f"--fsdp {saved.get('fsdp')} -> {cfg.fsdp}")
     if changed:
@@ -71,12 +138,12 @@ def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
         raise ValueError(f"cannot resume from {where}: its step {step} is past --steps {cfg.steps}")
 
 
-def _partitioned(model: nn.Module) -> dict[str, nn.Parameter]:
+def partitioned_params(model: nn.Module) -> dict[str, nn.Parameter]:
     """``hidden_shard``'s slices by name: kept out of FSDP, different on every CP rank."""
     return {n: p for n, p in model.named_parameters() if partition_of(p) is not None}
 
 
-def _gather(param: nn.Parameter, t: torch.Tensor, cp_group: dist.ProcessGroup) -> torch.Tensor:
+def gather_slice(param: nn.Parameter, t: torch.Tensor, cp_group: dist.ProcessGroup) -> torch.Tensor:
     dim, _, size = partition_of(param)
     pieces = [torch.empty_like(t) for _ in range(size)]
     dist.all_gather(pieces, t.detach().contiguous(), group=cp_group)
@@ -88,9 +155,9 @@ def _full_slices(model, model_state: dict, optim_state: dict, cp_group) -> tuple
     tensor, so every CP rank must hold the same one); a collective over the CP group. The
     inner dicts of ``get_state_dict`` are the optimizer's own: never written to."""
     model_state, states = dict(model_state), dict(optim_state["state"])
-    for name, p in _partitioned(model).items():
-        model_state[name] = _gather(p, model_state[name], cp_group)
-        states[name] = {k: _gather(p, v, cp_group) if torch.is_tensor(v) and v.dim() > 0 else v
+    for name, p in partitioned_params(model).items():
+        model_state[name] = gather_slice(p, model_state[name], cp_group)
+        states[name] = {k: gather_slice(p, v, cp_group) if torch.is_tensor(v) and v.dim() > 0 else v
                         for k, v in states.get(name, {}).items()}
     return model_state, {**optim_state, "state": states}
 
@@ -113,9 +180,11 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = Path(directory) / f"step_{step:08d}"
-    temp = Path(directory) / f".step_{step:08d}.tmp"
+    name = [f".step_{step:08d}.tmp-{writer_tag()}"]  # rank 0's name, for every rank
+    dist.broadcast_object_list(name, src=dist.get_global_rank(world, 0), group=world)
+    temp = Path(directory) / name[0]
     if rank == 0:
-        shutil.rmtree(temp, ignore_errors=True)  # a crashed earlier save of this step
+        remove_stale_temps(Path(directory), _TEMP)  # crashed earlier saves of this run or dead ones
         temp.mkdir(parents=True)
     dist.barrier(group=world)
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -123,6 +192,8 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=temp, process_group=world)
     dist.barrier(group=world)
     if rank == 0:
+        meta["files"] = {p.name: _file_sha256(p) for p in sorted(temp.iterdir()) if p.is_file()}
+        meta["sha256"] = payload_digest(meta)
         torch.save(meta, temp / _META)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temp, final)
@@ -139,29 +210,38 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     Ranks must agree on the step (a directory that is not shared would let them
     continue from different states and wait forever for each other).
     """
-    directory = cfg.checkpoints
-    found = latest_step(directory, cfg.fsdp)
+    directory = Path(cfg.checkpoints)
+    rank = dist.get_rank(world)
+    found = None
+    if rank == 0:  # reads and checks the checkpoints once; the others take its choice
+        with warnings.catch_warnings():  # the command line reported damaged ones before the ranks started
+            warnings.simplefilter("ignore")
+            found = latest_step(directory, cfg.fsdp)
     step = torch.tensor([-1 if found is None else found[0]], dtype=torch.float64, device=device)
-    lo, hi = step.clone(), step.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=world)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=world)
-    if lo != hi:
-        raise RuntimeError(f"ranks found different latest checkpoints in {directory} (steps {int(lo)} to "
-                           f"{int(hi)}); is the directory shared by every rank?")
-    if found is None:
+    dist.all_reduce(step, op=dist.ReduceOp.MAX, group=world)
+    step = int(step)
+    there = checkpoint_path(directory, step) if not cfg.fsdp else directory / f"step_{step:08d}" / _META
+    have = torch.tensor([float(step < 0 or there.is_file())], dtype=torch.float64, device=device)
+    dist.all_reduce(have, op=dist.ReduceOp.MIN, group=world)
+    if not bool(have):
+        raise RuntimeError(f"rank 0 resumes from step {step} in {directory}, but some rank does not see "
+                           "that checkpoint; is the directory shared by every rank?")
+    if step < 0:
         return 0, 0
-    check_resumable(found[1], cfg, found[0], Path(directory))
     if not cfg.fsdp:
-        ckpt = load_latest_checkpoint(directory)
+        ckpt = load_checkpoint(checkpoint_path(directory, step))  # checks the checksum on every rank
+        check_resumable(ckpt.state["config"], cfg, step, directory)
         load_full_state(model, optimizer, ckpt.state)
         return ckpt.step, int(ckpt.state["data_position"])
+    meta = torch.load(directory / f"step_{step:08d}" / _META, weights_only=True)  # rank 0 checked it
+    check_resumable(meta["config"], cfg, step, directory)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    path = Path(directory) / f"step_{found[0]:08d}"
+    path = directory / f"step_{step:08d}"
     model_state, optim_state = get_state_dict(model, optimizer)
-    slices = _partitioned(model)
+    slices = partitioned_params(model)
     full_shape = lambda p, t: [t.shape[d] * partition_of(p)[2] if d == partition_of(p)[0] else t.shape[d]
                                for d in range(t.dim())]
     optim_state = {**optim_state, "state": dict(optim_state["state"])}
@@ -170,70 +250,20 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
         optim_state["state"][name] = {
             k: v.new_empty(full_shape(p, v)) if torch.is_tensor(v) and v.dim() > 0 else v
             for k, v in optim_state["state"].get(name, {}).items()}
-    dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
     # a parameter that never had a gradient (a ViT layer the model does not use) has no
     # AdamW state in the checkpoint; the fresh state get_state_dict made for it stays
     optim = {"optimizer": optim_state}
     partial = DefaultLoadPlanner(allow_partial_load=True)
-    dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
+    try:
+        dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
+        dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
+    except Exception as err:  # the checksums passed on rank 0: a file changed since, or another reader
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: {first}") from err
     for name, p in slices.items():  # this rank's slice, at this run's CP size
         model_state[name] = local_part(p, model_state[name]).clone()
         for k, v in optim["optimizer"]["state"].get(name, {}).items():
             if torch.is_tensor(v) and v.dim() > 0:
                 optim["optimizer"]["state"][name][k] = local_part(p, v).clone()
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim["optimizer"])
-    meta = torch.load(path / _META, weights_only=True)
     return int(meta["step"]), int(meta["data_position"])
-
-
-def _gathered_state(model: nn.Module, cp_group: dist.ProcessGroup, fsdp: bool) -> dict[str, torch.Tensor]:
-    """Full-size parameters and buffers by name on rank 0 (a collective)."""
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        for name, p in _partitioned(model).items():  # outside FSDP: still this rank's slice
-            full = _gather(p, p.detach(), cp_group).cpu()
-            if name in state:
-                state[name] = full
-        return state
-    out = {}
-    for name, p in model.named_parameters():
-        part = partition_of(p)
-        if part is None:
-            out[name] = p.detach().cpu()
-            continue
-        dim, _, size = part
-        pieces = [torch.empty_like(p) for _ in range(size)]
-        dist.all_gather(pieces, p.detach().contiguous(), group=cp_group)
-        out[name] = torch.cat(pieces, dim=dim).cpu()
-    for name, b in model.named_buffers():
-        out[name] = b.detach().cpu()
-    return out
-
-
-def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGroup,
-                       cp_group: dist.ProcessGroup) -> Path:
-    """``save_pretrained`` of the trained weights and the processor into ``cfg.output_dir``.
-
-    The weights go into a fresh, unparallelized model of the directory's own config (no
-    vlmcp attention or vision placement is saved), so any transformers consumer loads it.
-    """
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    from vlmcp.data.hf.processor import save_processor
-
-    state = _gathered_state(model, cp_group, cfg.fsdp)
-    out = Path(cfg.output_dir)
-    if dist.get_rank(world) == 0:
-        config = AutoConfig.from_pretrained(cfg.model)
-        with torch.device("meta"):
-            clean = AutoModelForImageTextToText.from_config(config, dtype=next(iter(state.values())).dtype)
-        missing = sorted(set(clean.state_dict()) - set(state))
-        if missing:
-            raise RuntimeError(f"the trained model lacks {missing[:5]}; cannot save it as {cfg.model}'s kind")
-        clean.load_state_dict({k: state[k] for k in clean.state_dict()}, assign=True)
-        clean.save_pretrained(out)
-        save_processor(processor, out)
-    dist.barrier(group=world)
-    return out

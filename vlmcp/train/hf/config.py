@@ -66,8 +66,12 @@ class HFTrainConfig:
     """Continue from the latest checkpoint."""
     metrics_jsonl: str | None = None
     """One JSON object per step; a loss-curve PNG is written beside it."""
-    timeout: float = 300.0
-    """Seconds a rank waits in one collective before the run fails."""
+    timeout: float = 600.0
+    """Seconds a rank waits for its peers in one collective or ring transfer, in every process
+    group of the run (FSDP's mesh is the world group), before the run fails naming the step
+    and who did not answer. Must exceed the slowest rank's step time plus the longest save
+    (a checkpoint, or the final ``save_pretrained``: rank 0 writes while the others wait in
+    a barrier); raise it for a large model on a slow disk."""
     nan_at_step: int | None = None
     """Tests only: rank 1 (or 0) makes the loss of this step NaN."""
 

@@ -36,9 +36,11 @@ from vlmcp.data.hf.processor import load_processor
 from vlmcp.data.hf.rows import DataIndex, RowLoader
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
 from vlmcp.loss import cp_cross_entropy
+from vlmcp.train.faults import stall_guard
 from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
-from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint, save_trained_model
+from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from vlmcp.train.hf.config import HFTrainConfig
+from vlmcp.train.hf.final_model import save_trained_model
 from vlmcp.train.progress import MetricsWriter, ProgressBar
 from vlmcp.train.reference.config import TORCH_DTYPES
 from vlmcp.train.reference.loop import dp_cp_groups, lr_at  # the reference trainer's schedule (lr, steps)
@@ -230,10 +232,11 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
     try:
         for step in range(run.start, cfg.steps):
             t0 = time.perf_counter()
-            row = loader.next()
-            row = agree_on_skips(row, run.index.rows[row.index], loader.rebuild, run.cp_group, run.device)
-            run.decode_skips.note(row)
-            norms, st = run.step(row, step, term)
+            with stall_guard(f"step {step + 1}"):  # a timeout: one line naming the step
+                row = loader.next()
+                row = agree_on_skips(row, run.index.rows[row.index], loader.rebuild, run.cp_group, run.device)
+                run.decode_skips.note(row)
+                norms, st = run.step(row, step, term)
             if st["bad"] or not bool(torch.isfinite(norms).all()):
                 stopped = "nonfinite"
                 message = (f"step {step + 1}: the loss ({float('nan') if st['bad'] else st['loss']:.4g}) or "
@@ -253,8 +256,9 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
                                "tokens": st["tokens"], "seconds": time.perf_counter() - t0})
             if st["sigterm"] or (saving and (done == cfg.steps or
                                              (cfg.checkpoint_every and done % cfg.checkpoint_every == 0))):
-                run.save(done)
-            if st["sigterm"]:
+                with stall_guard(f"checkpoint of step {done}"):
+                    run.save(done)
+            if st["sigterm"] and done < cfg.steps:  # in the last step: finish, the model is saved below
                 stopped = "sigterm"
                 message = (f"SIGTERM: stopped after step {done} of {cfg.steps}, checkpoint {run.checkpoint}; "
                            "continue with --resume")
@@ -269,7 +273,8 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
     probe = on_finish(run.model, run.processor, run.index, run.cp_group) if on_finish is not None else None
     model_dir = None
     if stopped is None:
-        model_dir = str(save_trained_model(cfg, run.model, run.processor, run.group, run.cp_group))
+        with stall_guard("saving the model"):
+            model_dir = str(save_trained_model(cfg, run.model, run.processor, run.group, run.cp_group))
     curve = None
     if metrics is not None and (run.losses or run.start):
         from vlmcp.report import plot_loss_curve  # matplotlib only at the end, on rank 0

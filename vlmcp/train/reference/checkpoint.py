@@ -8,18 +8,29 @@ fsynced, and only then renamed over its final name with ``os.replace`` (atomic o
 POSIX within one file system); the directory is fsynced so the rename survives a
 power cut::
 
-    .step_00000200.pt.tmp-<pid>   <- torch.save, flush, fsync     (crash here: ignored)
-    step_00000200.pt              <- os.replace                    (visible, complete)
+    .step_00000200.pt.tmp-<pid>-<host>   <- torch.save, flush, fsync  (crash here: ignored)
+    step_00000200.pt                     <- os.replace                (visible, complete)
 
 A crash at any point leaves either the old set of checkpoints or the old set plus a
 complete new one; a partial temporary file never matches ``step_*.pt``, so it can
-never shadow the last good checkpoint, and the next successful save deletes it.
-Only then are all but the newest ``keep_last`` checkpoints deleted. One process (the
-trainer's rank 0) writes to a directory.
+never shadow the last good checkpoint. Temporary names carry their writer (pid and
+host): a save deletes only its own leftovers and those of writers on this host that
+no longer exist, never the file another live process is writing. Only then are all
+but the newest ``keep_last`` checkpoints deleted. One process (the trainer's rank 0)
+writes to a directory, and one run at a time (:mod:`vlmcp.cli.lock`).
+
+Each file carries the SHA-256 of its payload (the step and every tensor's bytes,
+dtype and shape, every other value's ``repr``, in order), checked on load: a bit
+flip that the zip container does not notice (torch does not check its CRCs) is a
+:class:`ValueError` naming the file, and :func:`load_latest_checkpoint` falls back
+to the previous checkpoint with a warning. Files of format version 1 (before
+checksums) still load, unchecked.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import random
 import re
@@ -32,15 +43,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlmcp.train.lock import writer_gone, writer_tag
+
 __all__ = [
-    "Checkpoint", "capture_rng_state", "checkpoint_path", "latest_checkpoint", "list_checkpoints",
-    "load_checkpoint", "load_latest_checkpoint", "restore_rng_state", "save_checkpoint",
+    "Checkpoint", "capture_rng_state", "checkpoint_path", "clean_os_error", "latest_checkpoint",
+    "list_checkpoints", "load_checkpoint", "load_latest_checkpoint", "payload_digest", "remove_stale_temps",
+    "restore_rng_state", "save_checkpoint",
 ]
 
 _FORMAT = "vlmcp.checkpoint"
-_VERSION = 1
+_VERSION = 2  # 2: with "sha256"
+_READS = (1, 2)
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
-_TEMP = re.compile(r"^\.step_\d{8,}\.pt\.tmp-")
+_TEMP = re.compile(r"^\.step_\d{8,}\.pt\.tmp-(\d+)-(.*)$")
 
 
 @dataclass(frozen=True)
@@ -90,9 +105,64 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def payload_digest(obj: Any) -> str:
+    """SHA-256 (hex) of a checkpoint payload: tensors by dtype, shape and bytes, dicts, lists and
+    tuples in order, every other value by its ``repr``. Equal for a payload and its reload."""
+    h = hashlib.sha256()
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(x, Mapping):
+            h.update(f"D{len(x)}".encode())
+            for k, v in x.items():
+                walk(k)
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            h.update(f"{type(x).__name__[0]}{len(x)}".encode())
+            for v in x:
+                walk(v)
+        else:
+            h.update(f"{type(x).__name__}:{x!r};".encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def clean_os_error(err: BaseException, what: str) -> OSError | None:
+    """The operating system's error behind ``err`` (a full disk inside ``torch.save`` surfaces as
+    ``RuntimeError: unexpected pos`` chained to it) as one clean ``OSError`` naming ``what``;
+    None when no ``OSError`` caused it."""
+    seen = err
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    reason = seen.strerror or str(seen)
+    return OSError(seen.errno or errno.EIO, f"cannot write {what}: {reason}")
+
+
+def remove_stale_temps(directory: Path, pattern: re.Pattern) -> None:
+    """Remove the temporaries in ``directory`` whose name (``pattern``: groups pid and host)
+    names this process or a writer that no longer exists; never a live writer's file."""
+    import shutil
+
+    if not directory.is_dir():
+        return
+    for p in directory.iterdir():
+        m = pattern.match(p.name)
+        if m and (f"{m.group(1)}-{m.group(2)}" == writer_tag() or writer_gone(int(m.group(1)), m.group(2))):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
 def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str, Any],
                     keep_last: int | None = 3) -> Path:
-    """Write ``state`` as the checkpoint of ``step``, atomically.
+    """Write ``state`` as the checkpoint of ``step``, atomically, with its checksum.
 
     See Note [vlmcp checkpoints: atomic write, newest good file wins].
 
@@ -107,6 +177,10 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
 
     Returns:
         The final path.
+
+    Raises:
+        OSError: the file cannot be written (e.g. a full disk): one line naming the file and
+            the reason; the previous checkpoints stay as they were.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
@@ -118,21 +192,24 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, step)
-    temp = directory / f".{final.name}.tmp-{os.getpid()}"
-    payload = {"format": _FORMAT, "version": _VERSION, "step": step, "state": dict(state)}
+    temp = directory / f".{final.name}.tmp-{writer_tag()}"
+    state = dict(state)
+    payload = {"format": _FORMAT, "version": _VERSION, "step": step,
+               "sha256": payload_digest((step, state)), "state": state}
     try:
         with open(temp, "wb") as f:
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, final)
-    except BaseException:
+    except BaseException as err:
         temp.unlink(missing_ok=True)
+        clean = clean_os_error(err, f"checkpoint {final}") if isinstance(err, Exception) else None
+        if clean is not None:
+            raise clean from None
         raise
     _fsync_dir(directory)
-    for p in directory.iterdir():  # partial files of earlier, crashed saves
-        if _TEMP.match(p.name):
-            p.unlink(missing_ok=True)
+    remove_stale_temps(directory, _TEMP)  # partial files of earlier, crashed saves
     if keep_last is not None:
         for old in list_checkpoints(directory)[:-keep_last]:
             old.unlink(missing_ok=True)
@@ -141,7 +218,7 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     weights_only: bool = True) -> Checkpoint:
-    """Read a checkpoint written by :func:`save_checkpoint`.
+    """Read a checkpoint written by :func:`save_checkpoint` and verify its checksum.
 
     Args:
         path: the checkpoint file.
@@ -150,7 +227,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         weights_only: refuse arbitrary pickled objects (safe for files from elsewhere).
 
     Raises:
-        ValueError: if the file is not a vlmcp checkpoint or cannot be read.
+        ValueError: if the file is not a vlmcp checkpoint, cannot be read, or its contents
+            do not match its checksum (the message names the file).
     """
     path = Path(path)
     try:
@@ -161,19 +239,27 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
     if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
         raise ValueError(f"{path} is not a vlmcp checkpoint")
-    if payload.get("version") != _VERSION:
+    if payload.get("version") not in _READS:
         raise ValueError(f"{path} has checkpoint version {payload.get('version')!r}, "
-                         f"this vlmcp reads version {_VERSION}")
-    return Checkpoint(path=path, step=int(payload["step"]), state=payload["state"])
+                         f"this vlmcp reads versions {', '.join(map(str, _READS))}")
+    try:
+        step, state = int(payload["step"]), payload["state"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
+    if payload["version"] >= 2 and payload.get("sha256") != payload_digest((step, state)):
+        raise ValueError(f"checkpoint {path} is damaged: its contents do not match its checksum")
+    return Checkpoint(path=path, step=step, state=state)
 
 
 def load_latest_checkpoint(directory: str | os.PathLike,
                            map_location: str | torch.device = "cpu") -> Checkpoint | None:
-    """Load the newest readable checkpoint of ``directory``, or None if there is none.
+    """Load the newest good checkpoint of ``directory``, or None if there is none.
 
-    A checkpoint that cannot be read (damaged after it was written, e.g. by a full
-    disk elsewhere or a manual copy) is skipped with a warning, and the one before it
-    is tried.
+    A checkpoint that cannot be read or fails its checksum (damaged after it was
+    written: a full disk elsewhere, a bad sector, a manual copy) is skipped with a
+    warning naming the file, and the one before it is tried. Whether *no* checkpoint
+    means a fresh start is the caller's decision (``vlmcp train --resume`` refuses to
+    start over when files exist but none is good).
     """
     for path in reversed(list_checkpoints(directory)):
         try:

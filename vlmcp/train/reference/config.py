@@ -83,8 +83,11 @@ class TrainConfig:
     metrics_jsonl: str | None = None
     """Append one JSON object per step here; a loss-curve PNG is written beside it
     (:attr:`loss_curve_png`)."""
-    timeout: float = 120.0
-    """Seconds a rank waits in one collective before the run fails (a dead peer)."""
+    timeout: float = 600.0
+    """Seconds a rank waits for its peers in one collective or ring transfer, in every process
+    group of the run, before the run fails naming the step and who did not answer. Must
+    exceed the slowest rank's step time plus the longest checkpoint save (rank 0 saves while
+    the others wait in the next collective)."""
 
     def __post_init__(self):
         for name in ("cp", "dp", "steps", "seq_len", "hidden", "layers", "heads", "kv_heads"):

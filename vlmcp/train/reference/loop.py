@@ -7,27 +7,38 @@ and steps AdamW. Rank 0 draws the progress bar, writes the metrics and the
 checkpoints. Nothing random happens after initialization (no dropout, data is a
 pure function of the data position), so a resumed run on CPU reproduces the
 uninterrupted one exactly.
+
+A SIGTERM on any rank (the launcher forwards its own) finishes the step, saves a
+checkpoint and ends the run cleanly: one all-reduce per step over the world carries
+the flag, so every rank stops after the same step. A collective that times out ends the
+rank with one line naming the step (Note [vlmcp stalled peers and orphaned ranks]).
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from vlmcp.attention import usp_groups
+from vlmcp.attention.usp_groups import group_timeout
 from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import CostModel
 from vlmcp.models import VLM, LLMConfig, VLMConfig
+from vlmcp.train.faults import stall_guard
 from vlmcp.train.progress import MetricsWriter, ProgressBar
 from vlmcp.train.reference.checkpoint import (
     Checkpoint,
     capture_rng_state,
+    list_checkpoints,
     load_latest_checkpoint,
     restore_rng_state,
     save_checkpoint,
@@ -37,8 +48,8 @@ from vlmcp.train.reference.state import full_state, load_full_state
 from vlmcp.train.reference.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 
-__all__ = ["check_resumable", "cost_model", "dataset_config", "dp_cp_groups", "lr_at", "model_config",
-           "train_rank"]
+__all__ = ["check_resumable", "cost_model", "dataset_config", "dp_cp_groups", "load_resume_checkpoint",
+           "lr_at", "model_config", "train_rank"]
 WARMUP_STEPS = 5
 
 
@@ -81,10 +92,13 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def dp_cp_groups(group: dist.ProcessGroup, cp: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+def dp_cp_groups(group: dist.ProcessGroup, cp: int,
+                 timeout: timedelta | None = None) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """Split ``group`` (D*P ranks) into CP groups of consecutive ranks and strided DP groups.
 
     Every rank creates every subgroup in the same order (``new_group`` is collective).
+    The subgroups wait ``timeout`` for a peer, by default as long as ``group`` does
+    (:func:`vlmcp.attention.usp_groups.group_timeout`), never torch's 30-minute default.
 
     Returns:
         ``(cp_group, dp_group)`` of the calling rank.
@@ -95,10 +109,11 @@ def dp_cp_groups(group: dist.ProcessGroup, cp: int) -> tuple[dist.ProcessGroup, 
     me = ranks[dist.get_rank(group)]
     cp_groups = [ranks[i:i + cp] for i in range(0, len(ranks), cp)]
     dp_groups = [ranks[i::cp] for i in range(cp)]
+    timeout = group_timeout(group) if timeout is None else timeout
     mine = {}
     for kind, subgroups in (("cp", cp_groups), ("dp", dp_groups)):
         for sub in subgroups:
-            pg = dist.new_group(sub)
+            pg = dist.new_group(sub, timeout=timeout)
             if me in sub:
                 mine[kind] = pg
     return mine["cp"], mine["dp"]
@@ -120,14 +135,39 @@ def check_resumable(ckpt: Checkpoint, cfg: TrainConfig) -> None:
         raise ValueError(f"cannot resume {ckpt.path}: its step {ckpt.step} is past --steps {cfg.steps}")
 
 
+def load_resume_checkpoint(directory, report=None) -> Checkpoint | None:
+    """The newest good checkpoint of ``directory`` for ``--resume``; None when there is none at all.
+
+    Damaged checkpoints are skipped; ``report(line)`` gets one line per skipped file
+    (None: they are dropped).
+
+    Raises:
+        ValueError: checkpoints exist but none is good: starting over from step 0 would
+            silently throw the run away and overwrite them.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = load_latest_checkpoint(directory)
+    for w in caught:
+        if report is not None:
+            report(str(w.message))
+    if ckpt is None and list_checkpoints(directory):
+        last = str(caught[0].message).removeprefix("skipping unreadable checkpoint: ") if caught else ""
+        raise ValueError(f"--resume: none of the {len(list_checkpoints(directory))} checkpoint(s) in "
+                         f"{directory} is readable ({last}); not starting over from step 0 on top of them: "
+                         "move them away to start a new run")
+    return ckpt
+
+
 def _resume(cfg: TrainConfig, model, optimizer, group, device: torch.device) -> tuple[int, int]:
     """Load the latest checkpoint on every rank; returns ``(start step, data position)``.
 
     Ranks must agree on the step: with a directory that is not shared (or lagging),
     ranks could otherwise continue from different parameters and a different number
-    of remaining steps, and one would wait forever for the others.
+    of remaining steps, and one would wait forever for the others. The command line
+    reported skipped checkpoints already; ranks stay quiet.
     """
-    ckpt = load_latest_checkpoint(cfg.checkpoint_dir)
+    ckpt = load_resume_checkpoint(cfg.checkpoint_dir)
     # on the group's device: NCCL reduces CUDA tensors only
     step = torch.tensor([-1 if ckpt is None else ckpt.step], dtype=torch.float64, device=device)
     lo, hi = step.clone(), step.clone()
@@ -156,16 +196,30 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
 
     Returns:
         ``start_step``, ``steps``, ``losses`` (per step, identical on every rank),
-        ``loss_curve`` (rank 0) and ``param_checksum`` (sum of this rank's parameters).
+        ``loss_curve`` (rank 0), ``param_checksum`` (sum of this rank's parameters) and
+        ``stopped`` (None, or the line saying where a SIGTERM stopped the run).
+
+    Raises:
+        vlmcp.train.faults.CollectiveTimeout: a peer did not answer within ``cfg.timeout``.
     """
     if dist.get_world_size(group) != cfg.world_size:
         raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but the group has "
                          f"{dist.get_world_size(group)} ranks")
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
-    cp_group, dp_group = dp_cp_groups(group, cfg.cp)
+    timeout = timedelta(seconds=cfg.timeout)
+    cp_group, dp_group = dp_cp_groups(group, cfg.cp, timeout)
     if cfg.usp_size is not None:
-        usp_groups(cp_group, cfg.usp_size)  # every rank, here: new_group is collective over the job
+        usp_groups(cp_group, cfg.usp_size, timeout)  # every rank, here: new_group is collective over the job
+    term = {"flag": False}  # from the start: a SIGTERM while loading still ends with a checkpoint
+    previous = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__("flag", True))
+    try:
+        return _train(group, cfg, on_step, device, cp_group, dp_group, term)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(group, cfg: TrainConfig, on_step, device, cp_group, dp_group, term: dict) -> dict:
     rank, cp_rank, dp_rank = dist.get_rank(group), dist.get_rank(cp_group), dist.get_rank(dp_group)
     dtype = TORCH_DTYPES[cfg.dtype]
 
@@ -184,28 +238,16 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
              "llm": list(model.llm.parameters())}
     costs = cost_model(cfg) if cfg.image_strategy == "auto" or cfg.sample_placement != "split" else None
     losses, strategies = [], []
+    stopped = None
     for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        if on_step is not None:
-            on_step(rank, step)
-        rows = pack_rows(dataset, cfg.seq_len, position, cfg.dp)
-        row, position = rows[dp_rank], rows[-1].stop
-        plan = row.plan(cfg.cp, image_strategy=cfg.image_strategy, cost_model=costs,
-                        sample_placement=cfg.sample_placement)
-        for group_ in optimizer.param_groups:
-            group_["lr"] = lr_at(cfg, step)
-        optimizer.zero_grad(set_to_none=True)
-        out = forward_backward(model, row, plan.for_rank(cp_rank), cp_group, backend=cfg.attention,
-                               image_attention=cfg.image_attention, ulysses_size=cfg.usp_size)
-        reduce_gradients(model, cp_group, dp_group)
-        norms = grad_norms(parts, cp_group)
-        optimizer.step()
-        loss = out.mean.detach().double().reshape(1).to(device)
-        dist.all_reduce(loss, group=dp_group)
-        loss = float(loss) / cfg.dp
+        with stall_guard(f"step {step + 1}"):
+            loss, norms, plan, seconds, position = _step(cfg, model, optimizer, dataset, parts, costs, step,
+                                                         position, (rank, dp_rank, cp_rank), cp_group,
+                                                         dp_group, device, on_step)
+            flag = torch.tensor([float(term["flag"])], dtype=torch.float64, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)  # every rank stops after the same step
         losses.append(loss)
         strategies.append(plan.image_strategy)
-        seconds = time.perf_counter() - t0
         tokens = cfg.seq_len * cfg.dp
         bar.update(step + 1, loss=loss, tokens=tokens)
         if metrics is not None:
@@ -213,12 +255,19 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
                            "grad_norm_projector": norms["projector"], "grad_norm_llm": norms["llm"],
                            "tokens": tokens, "seconds": seconds})
         done = step + 1
-        if cfg.checkpoint_dir and (done == cfg.steps or
+        sigterm = bool(flag) and done < cfg.steps
+        if cfg.checkpoint_dir and (done == cfg.steps or sigterm or
                                    (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
-            state = full_state(model, optimizer, cp_group)  # a collective: every rank joins
+            with stall_guard(f"checkpoint of step {done}"):
+                state = full_state(model, optimizer, cp_group)  # a collective: every rank joins
             if rank == 0:
                 state.update(rng=capture_rng_state(), data_position=position, config=asdict(cfg))
                 save_checkpoint(cfg.checkpoint_dir, done, state)
+        if sigterm:
+            where = f"checkpoint step_{done:08d}.pt; continue with --resume" if cfg.checkpoint_dir \
+                else "no --checkpoint-dir, nothing saved"
+            stopped = f"SIGTERM: stopped after step {done} of {cfg.steps}, {where}"
+            break
     bar.close()
     curve = None
     if metrics is not None:
@@ -228,4 +277,29 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
         curve = str(plot_loss_curve(cfg.metrics_jsonl, cfg.loss_curve_png))
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     return {"start_step": start, "steps": cfg.steps, "losses": losses, "loss_curve": curve,
-            "param_checksum": checksum, "image_strategies": strategies}
+            "param_checksum": checksum, "image_strategies": strategies, "stopped": stopped}
+
+
+def _step(cfg, model, optimizer, dataset, parts, costs, step, position, ranks, cp_group, dp_group, device,
+          on_step):
+    """One optimizer step; returns ``(DP-mean loss, gradient norms, the row's plan, seconds, next data
+    position)``. ``ranks``: this rank in the world, DP and CP groups."""
+    t0 = time.perf_counter()
+    rank, dp_rank, cp_rank = ranks
+    if on_step is not None:
+        on_step(rank, step)
+    rows = pack_rows(dataset, cfg.seq_len, position, cfg.dp)
+    row = rows[dp_rank]
+    plan = row.plan(cfg.cp, image_strategy=cfg.image_strategy, cost_model=costs,
+                    sample_placement=cfg.sample_placement)
+    for group_ in optimizer.param_groups:
+        group_["lr"] = lr_at(cfg, step)
+    optimizer.zero_grad(set_to_none=True)
+    out = forward_backward(model, row, plan.for_rank(cp_rank), cp_group, backend=cfg.attention,
+                           image_attention=cfg.image_attention, ulysses_size=cfg.usp_size)
+    reduce_gradients(model, cp_group, dp_group)
+    norms = grad_norms(parts, cp_group)
+    optimizer.step()
+    loss = out.mean.detach().double().reshape(1).to(device)
+    dist.all_reduce(loss, group=dp_group)
+    return float(loss) / cfg.dp, norms, plan, time.perf_counter() - t0, rows[-1].stop

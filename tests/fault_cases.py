@@ -1,0 +1,160 @@
+"""Rank functions of the fault tests (module level: spawned ranks import them by name)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import vlmcp
+from tests import rows
+from vlmcp.attention import cp_attention, reference_attention, reference_mask, usp_groups
+from vlmcp.train.reference.loop import dp_cp_groups
+
+NAN_SAMPLES = ["t3 i5 t6", "i4 t9", (0, 7)]
+"""Three packed samples (text before an image, an image first, text only); their text is
+not a multiple of 2P, so the plans have padding slots."""
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
+NAN_SPOTS = (("q", 10, 1), ("k", 10, 0), ("v", 10, 1), ("k", 5, 1), ("q", 4, 0))
+"""``(tensor, global position, head)`` of the one NaN of each case: text of sample 0 at 10,
+an image token (replicated on every rank) at 4 and 5."""
+
+
+def nan_inputs(spot, dtype):
+    """The row, ``q, k, v`` with one NaN, and the ``(L, H)`` outputs it must make NaN.
+
+    A NaN query makes its own row and head NaN; a NaN key or value makes NaN every
+    query row that attends to it, in the query heads of its key head (GQA).
+    """
+    is_image, cu, ids = rows.make_row(NAN_SAMPLES)
+    L, g = is_image.numel(), HEADS // KV_HEADS
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(L, h, HEAD_DIM, generator=gen, dtype=torch.float64).to(dtype)
+               for h in (HEADS, KV_HEADS, KV_HEADS))
+    name, j, h = spot
+    {"q": q, "k": k, "v": v}[name][j, h] = float("nan")
+    affected = torch.zeros(L, HEADS, dtype=torch.bool)
+    if name == "q":
+        affected[j, h] = True
+    else:
+        seen = reference_mask(is_image, cu)[:, j]
+        affected[:, h * g:(h + 1) * g] = seen[:, None]
+    return is_image, cu, ids, q, k, v, affected
+
+
+def check_nan_output(out, lse, positions, spot, is_image, cu, ids, q, k, v, affected) -> None:
+    """The affected outputs are NaN (lse too, unless the NaN is a value), padding is exactly 0
+    (lse -inf), and the samples the NaN cannot reach equal one process's attention."""
+    valid = positions >= 0
+    pos = positions[valid]
+    o, s, hit = out[valid].double(), lse[valid].double(), affected[pos]
+    assert bool(o[hit].isnan().all()), (spot, "an affected output is not NaN")
+    if spot[0] != "v":  # the log-sum-exp depends on the scores only
+        assert bool(s[hit].isnan().all()), (spot, "an affected lse is not NaN")
+    assert bool((out[~valid] == 0).all()) and bool(lse[~valid].isneginf().all()), (spot, "padding not 0")
+    sample = torch.searchsorted(cu, torch.arange(is_image.numel()), right=True) - 1
+    other = sample[pos] != sample[spot[1]]
+    ref, ref_lse = reference_attention(*(t.double().nan_to_num() for t in (q, k, v)), is_image, cu,
+                                       image_ids=ids)
+    tol = 1e-2 if out.dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(o[other], ref[pos][other], rtol=tol, atol=tol)
+    torch.testing.assert_close(s[other], ref_lse[pos][other], rtol=tol, atol=tol)
+
+
+def nan_grid(group, dtypes) -> tuple[int, list[float]]:
+    """NaN cases on every backend: ring, Ulysses and USP (U = 2) over the whole group, and ring
+    and Ulysses on CP subgroups of two ranks. Returns the number of checked calls, and the
+    timeouts (seconds) of the world group and of the subgroups vlmcp made of it (CP, DP,
+    Ulysses, ring)."""
+    from vlmcp.attention.usp_groups import group_timeout
+
+    sub, dp = dp_cp_groups(group, 2)
+    usp = usp_groups(group, 2)
+    timeouts = [group_timeout(g).total_seconds() for g in (group, sub, dp, usp.ulysses, usp.ring)]
+    runs = [(group, "ring", None), (group, "ulysses", None), (group, "usp", 2),
+            (sub, "ring", None), (sub, "ulysses", None)]
+    checked = 0
+    for cp_group, backend, u in runs:
+        rank = dist.get_rank(cp_group)
+        for dtype in (getattr(torch, name) for name in dtypes):
+            for spot in NAN_SPOTS:
+                is_image, cu, ids, q, k, v, affected = nan_inputs(spot, dtype)
+                plan = vlmcp.plan_cp(is_image, dist.get_world_size(cp_group), cu, image_ids=ids)
+                shard = plan.for_rank(rank)
+                out, lse = cp_attention(shard.shard(q), shard.shard(k), shard.shard(v), shard, cp_group,
+                                        backend, return_lse=True, ulysses_size=u)
+                check_nan_output(out, lse, shard.positions, spot, is_image, cu, ids, q, k, v, affected)
+                checked += 1
+    return checked, timeouts
+
+
+def raise_os_error(group):
+    if dist.get_rank(group) == 1:
+        raise OSError(28, "No space left on device: cannot write checkpoint /x/step_00000002.pt")
+    dist.barrier(group=group)
+
+
+def dcp_config(directory, **kw):
+    """An HF run's config whose checkpoints go to ``directory`` (FSDP: DCP checkpoints)."""
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    directory = Path(directory)
+    base = dict(model=str(directory / "model"), data=str(directory / "data.jsonl"),
+                output_dir=str(directory / "out"), checkpoint_dir=str(directory), fsdp=True, steps=2,
+                seq_len=64)
+    return HFTrainConfig(**{**base, **kw})
+
+
+def dcp_round(group, directory, mode):
+    """FSDP over the group: ``"save"`` trains two steps and checkpoints each (returns the parameter
+    sums after each); ``"load"`` resumes (returns the step and the parameter sum)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+
+    cfg = dcp_config(directory, resume=mode == "load")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(group),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def param_sum():
+        return float(sum(p.full_tensor().double().sum() for p in model.parameters()))
+
+    if mode == "load":
+        step, _ = load_hf_checkpoint(cfg, model, opt, group, torch.device("cpu"))
+        return step, param_sum()
+    sums = []
+    for step in (1, 2):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        save_hf_checkpoint(cfg, model, opt, step, 10 * step, group, group)
+        sums.append(param_sum())
+    return sums
+
+
+def hf_sigterm_in_last_step(group, cfg, index):
+    """``train_hf_rank`` with a SIGTERM to every rank while it prepares the last step (exactly then:
+    the handler runs before the step's all-reduce reads the flag)."""
+    import os
+    import signal
+
+    from vlmcp.train.hf import loop
+
+    calls = {"n": 0}
+    original = loop.RowLoader.next
+
+    def next_row(self):
+        calls["n"] += 1
+        if calls["n"] == cfg.steps:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
+
+    loop.RowLoader.next = next_row
+    try:
+        return loop.train_hf_rank(group, cfg, index)
+    finally:
+        loop.RowLoader.next = original
