@@ -1,4 +1,4 @@
-"""The built-in shapes-and-captions data as a JSONL conversations file with PNG images.
+"""The built-in shapes-and-captions data as a JSONL conversations file with PNG images and MP4 videos.
 
 One line per sample of :class:`vlmcp.data.ShapesDataset`, in the LLaMA-Factory /
 ms-swift format that :mod:`vlmcp.data.hf.conversations` reads::
@@ -9,8 +9,15 @@ ms-swift format that :mod:`vlmcp.data.hf.conversations` reads::
 
 The prompt comes before the images, as in real chat data; a comparison holds two
 pictures ("Compare the pictures. <image><image>", answered "first ... second ...") and
-a video its frames as images. Text-only samples (every ``text_only_every``-th) become
-a conversation without images.
+a built-in "video" its frames as images. Text-only samples (every ``text_only_every``-th)
+become a conversation without images.
+
+With ``videos``, that many real videos follow (:mod:`vlmcp.data.builtin.motion`: shapes
+crossing the frame, 8 frames of 64x64 at 4 fps, H.264 in MP4, written with PyAV)::
+
+    {"messages": [{"role": "user", "content": "Describe the video. <video>"},
+                  {"role": "assistant", "content": "a red square moves left"}],
+     "videos": ["videos/000000.mp4"]}
 """
 
 from __future__ import annotations
@@ -34,20 +41,35 @@ PROMPTS = {"caption": IMAGE_PROMPT, "compare": COMPARE_PROMPT, "video": VIDEO_PR
 """The user's words for each kind of built-in sample (:meth:`ShapesDataset.kind`)."""
 
 
-def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0) -> Path:
-    """Write ``samples`` conversations to ``out/train.jsonl`` and their images to ``out/images/``.
+VIDEO_FPS = 4
+"""Frame rate of the exported videos (8 frames: 2 seconds, 4 frames at ``--video-fps 2``)."""
+
+
+def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos: int = 0) -> Path:
+    """Write ``samples`` conversations to ``out/train.jsonl`` and their images to ``out/images/``,
+    then ``videos`` video conversations with their videos in ``out/videos/``.
 
     Args:
         out: the directory (created).
-        samples: how many samples of the stream to write (>= 1).
+        samples: how many samples of the stream to write (>= 0; >= 1 without videos).
         seed: the dataset seed (:attr:`ShapesConfig.seed`).
+        videos: how many moving-shapes videos to write (>= 0; needs PyAV).
 
     Returns:
-        The path of ``train.jsonl``; image paths in it are relative to its directory.
+        The path of ``train.jsonl``; image and video paths in it are relative to its directory.
     """
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"--samples must be an integer >= 1, got {samples!r}")
+    if isinstance(videos, bool) or not isinstance(videos, int) or videos < 0:
+        raise ValueError(f"--videos must be an integer >= 0, got {videos!r}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < (0 if videos else 1):
+        raise ValueError(f"--samples must be an integer >= 1 (>= 0 with --videos), got {samples!r}")
     from PIL import Image
+
+    if videos:
+        from vlmcp.data.builtin.motion import motion_clip
+        from vlmcp.data.hf.video import require_av, write_video
+
+        require_av()
+        (out_dir := Path(out) / "videos").mkdir(parents=True, exist_ok=True)
 
     dataset = ShapesDataset(ShapesConfig(seed=seed))
     out = Path(out)
@@ -65,6 +87,14 @@ def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0) -> Pat
             content = PROMPTS[kind] + (" " + "<image>" * len(names) if names else "")
             record = {"messages": [{"role": "user", "content": content},
                                    {"role": "assistant", "content": sample.text}], "images": names}
+            f.write(json.dumps(record) + "\n")
+        for i in range(videos):
+            clip = motion_clip(seed, i)
+            name = f"videos/{i:06d}.mp4"
+            frames = (clip.frames.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+            write_video(out_dir / Path(name).name, frames, VIDEO_FPS)
+            record = {"messages": [{"role": "user", "content": f"{VIDEO_PROMPT} <video>"},
+                                   {"role": "assistant", "content": clip.caption}], "videos": [name]}
             f.write(json.dumps(record) + "\n")
     os.replace(temp, path)
     return path

@@ -28,12 +28,13 @@ transform, the same for video frames) in a background thread of :class:`RowLoade
 ends. The ranks of a CP group decode the same images and videos (cheap against the
 model's step for images; for long videos it is the price of no broadcast of pixels).
 
-*A bad image or video at training* (header fine, pixels not: a truncated JPEG or MP4): the
-row is built without that conversation (more padding), never with a hole. :func:`build_row` is a pure
-function of ``(row, exclude)`` and of which images decode, so ranks that see the same
-bytes build the same row; the training step still agrees on the skips over the CP group
-before sharding (:func:`vlmcp.train.hf.agree.agree_on_skips`), so that one rank's flaky
-read cannot leave the group training on different rows.
+*A bad image or video at training* (header fine, pixels not: a truncated JPEG or MP4):
+the row is built without that conversation (more padding), never with a hole.
+:func:`build_row` is a pure function of ``(row, exclude)`` and of which images and videos
+decode, so ranks that see the same bytes build the same row; the training step still
+agrees on the skips over the CP group before sharding
+(:func:`vlmcp.train.hf.agree.agree_on_skips`), so that one rank's flaky read cannot leave
+the group training on different rows.
 """
 
 from __future__ import annotations

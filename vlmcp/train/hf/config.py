@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import get_args
 
+from vlmcp.data.hf.video import VideoSampling
 from vlmcp.train.reference.config import AttentionBackend, DType, SamplePlacement, VisionMode
 
 __all__ = ["HFTrainConfig"]
@@ -31,8 +32,10 @@ class HFTrainConfig:
     image_root: str | None = None
     """Directory relative image paths start from (default: the JSONL file's)."""
     strict: bool = False
-    """Stop before training on a conversation longer than ``seq_len`` or an image that cannot
-    be read or decoded (every image is decoded up front), instead of skipping it."""
+    """Stop before training on a conversation longer than ``seq_len`` or an image or video that
+    cannot be read or decoded (every image and video is decoded up front), instead of skipping it."""
+    video: VideoSampling = VideoSampling()
+    """How videos become frames (``--video-*``): frames per second, frame counts, pixels."""
     cp: int = 2
     """CP group size P."""
     dp: int = 1
@@ -77,6 +80,8 @@ class HFTrainConfig:
                 not all(isinstance(p, (str, os.PathLike)) for p in data):
             raise ValueError(f"--data must be one or more file paths, got {self.data!r}")
         object.__setattr__(self, "data", tuple(str(p) for p in data))
+        if not isinstance(self.video, VideoSampling):
+            raise ValueError(f"video must be a VideoSampling, got {type(self.video).__name__}")
         for name in ("cp", "dp", "steps", "seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
