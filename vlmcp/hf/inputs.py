@@ -10,24 +10,57 @@ sharded (PITFALLS, Hugging Face section):
 * positions: the model's own rope index (Qwen M-RoPE ``get_rope_index``) per sample, as
   if the sample ran alone, then sharded; padding gets position 0, never -1 (HF's
   packed-sequence detection uses ``min()``; vlmcp's attention ignores it anyway);
-* image tokens stay whole (``image_strategy="replicate"``): a split sample's on every
-  rank, a whole sample's (``sample_placement="whole"``/``"auto"``) on its owner only.
-  The local ``input_ids`` hold the placeholders of exactly those images, and the vision
-  wrapper hands HF's merge their features in order (Note [vlmcp HF vision placement]);
-  padding slots get the pad token, never the image token. A whole sample's slots are
-  not replicated, so its targets stay on its owner and count once.
+* visual tokens (image and video placeholders) follow ``image_strategy``. Under
+  ``"replicate"`` they stay whole: a split sample's on every rank, a whole sample's
+  (``sample_placement="whole"``/``"auto"``) on its owner only. Under ``"shard"`` a split
+  sample's visual and text tokens are zigzagged together (``"auto"``: the cost model picks
+  one of the two per row). Either way the local ``input_ids`` hold the placeholders of
+  exactly the visual tokens this rank holds, and the vision wrapper hands HF's image and
+  video merges the feature rows of those tokens, in order (Note [vlmcp HF vision
+  placement]); padding slots get the pad token, never a placeholder. Non-replicated
+  slots' targets stay on their owner and count once;
+* videos (Note [vlmcp HF videos: frame groups are visual units]): the unit of visual
+  identity is an image or one temporal patch group (frame group) of a video, numbered in
+  row order and passed to the plan as ``image_ids``; each sample's videos (and Qwen2.5-VL's
+  ``second_per_grid_ts``) go to its rope index, so Qwen3-VL's and GLM-4.1V's timestamps
+  between frame groups keep their positions.
+
+Note [vlmcp HF videos: frame groups are visual units]
+-----------------------------------------------------
+A video of grid ``(t, h, w)`` gives ``t`` frame groups (temporal patch groups) of
+``h*w / merge**2`` tokens each, in order. Qwen2-VL and Qwen2.5-VL write them as one run of
+video placeholders; Qwen3-VL and GLM-4.1V as ``t`` runs with a timestamp (text) before or
+after each. All four ViTs (transformers 5.24) attend within a frame group only (``cu_seqlens``
+of ``h*w`` per ``t``; rotary, window and interpolated position indices repeat per ``t``),
+so a frame group is the ViT's unit of work, and vlmcp makes it the unit everywhere::
+
+    Qwen2-VL row:  [ t t | V0 V0 V0 V1 V1 V1 | t | I I | t t ]   video (t=2) then an image
+    Qwen3-VL row:  [ t <0.5 s> V0 V0 V0 <1.5 s> V1 V1 V1 | t | I I | t t ]
+    units:                 u0  u0  u0         u1  u1  u1      u2 u2
+
+* layout: each unit is one "image" of the plan (``image_ids``): replicated or sharded,
+  placed with its sample;
+* ``scatter``: images stay whole, a video's frame groups are assigned one by one (balanced
+  by cost), so one long video's ViT work spreads over the group;
+* merge: HF's video merge fills the video placeholders in row order with
+  ``get_video_features``' rows, and every rank's wrapper returns the rows of the video
+  tokens it holds (Note [vlmcp HF vision placement]).
+
+``mm_token_type_ids`` is 2 at video tokens (GLM-4.1V: the only way to tell its video frames,
+written with the image placeholder, from images).
 
 No ``attention_mask`` is passed: the plan is the mask. Every key of ``inputs`` is
 classified by the adapter (:class:`~vlmcp.hf.adapters.InputKind`): per-token and sharded,
-per-token and consumed here, per-image and passed on whole, per-video (refused for now);
-a key the adapter does not handle is refused, named, never dropped (``None`` values are
-ignored). Every check runs on metadata every rank holds, before any collective.
+per-token and consumed here, per-image and per-video and passed on whole (videos refused
+where the adapter takes none); a key the adapter does not handle is refused, named, never
+dropped (``None`` values are ignored). Every check runs on metadata every rank holds,
+before any collective.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -38,6 +71,7 @@ from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
 from vlmcp.layout.placement import SamplePlacement
+from vlmcp.layout.plan import ImageStrategy
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = ["HFBatch", "shard_inputs", "shift_hf_labels"]
@@ -52,6 +86,8 @@ _UNHANDLED_WHY = {
     "token_type_ids": "per-token types the model reads (Gemma 3: bidirectional attention within each image)",
     "mm_token_type_ids": "multimodal token types the model reads (M-RoPE positions, bidirectional image "
                          "masks)",
+    "second_per_grid_ts": "seconds per temporal patch group of each video (Qwen2.5-VL's temporal "
+                          "positions), which this model does not read",
     "position_ids": "vlmcp computes the position ids on the global row itself",
     "labels": "pass labels=... to shard_inputs instead",
     "inputs_embeds": "vlmcp shards input_ids, and HF's merge runs on the local row",
@@ -92,7 +128,8 @@ def _row(name: str, x, length: int | None = None) -> torch.Tensor:
 
 
 def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKind, list[str]]:
-    """The keys of ``inputs`` by kind (``None`` values skipped); raises on any other key, and on videos."""
+    """The keys of ``inputs`` by kind (``None`` values skipped); raises on any other key, and on videos
+    for an adapter that takes none."""
     out: dict[InputKind, list[str]] = {kind: [] for kind in InputKind}
     for key in inputs.keys():
         if inputs[key] is None:
@@ -100,7 +137,8 @@ def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKi
         kind = adapter.input_kind(key)
         if kind is None:
             why = _UNHANDLED_WHY.get(key, "a key vlmcp does not know")
-            takes = ", ".join(adapter.token_keys + adapter.consumed_keys + adapter.pixel_keys)
+            takes = ", ".join(adapter.token_keys + adapter.consumed_keys + adapter.pixel_keys
+                              + (adapter.video_keys if adapter.takes_videos else ()))
             model_type = getattr(model.config, "model_type", None)
             raise ValueError(
                 f"inputs[{key!r}] is not handled for {type(model).__name__} (model_type={model_type!r}, "
@@ -108,50 +146,91 @@ def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKi
                 "than the model expects; remove it only if the model does not read it, or register an "
                 f"adapter that handles it (vlmcp.hf.register_adapter). This adapter takes {takes}")
         out[kind].append(key)
-    if out[InputKind.VIDEO]:
-        raise NotImplementedError(f"videos are not supported under vlmcp CP yet (inputs "
-                                  f"{out[InputKind.VIDEO]})")
+    if out[InputKind.VIDEO] and not adapter.takes_videos:
+        raise NotImplementedError(f"videos are not supported under vlmcp CP for {type(model).__name__} "
+                                  f"(vlmcp adapter {adapter.name!r}; inputs {out[InputKind.VIDEO]}): "
+                                  "Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V take them")
+    if out[InputKind.VIDEO] and adapter.video_pixel_keys[0] not in out[InputKind.VIDEO]:
+        raise ValueError(f"video inputs {out[InputKind.VIDEO]} without {adapter.video_pixel_keys[0]}: pass "
+                         "the videos' pixels with their grids, or none of the video keys")
     return out
 
 
-def _token_types(token_type: torch.Tensor, is_image: torch.Tensor) -> torch.Tensor:
-    """``mm_token_type_ids`` of the row, checked: 0 text, 1 exactly at the image tokens."""
-    if bool((token_type == 2).any()):
-        raise NotImplementedError("mm_token_type_ids marks video tokens (2): videos are not supported under "
-                                  "vlmcp CP yet")
-    bad = (token_type != is_image.to(token_type.dtype)).nonzero()
+def _token_types(adapter: HFAdapter, config, ids: torch.Tensor, given: torch.Tensor | None,
+                 videos: bool) -> torch.Tensor:
+    """``IntTensor[L]`` 0 text, 1 image, 2 video of the row; ``mm_token_type_ids`` checked against it."""
+    types = adapter.token_types(config, ids, given, videos)
+    if given is None:
+        return types
+    bad = (given != types).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        what = "an image" if is_image[i] else "a text"
-        raise ValueError(f"mm_token_type_ids must be 1 exactly at the image tokens and 0 elsewhere; "
-                         f"position {i} has {int(token_type[i])} but is {what} token")
-    return token_type
+        what = ("a text", "an image", "a video")[int(types[i])]
+        raise ValueError(f"mm_token_type_ids must be 1 exactly at the image tokens, 2 at the video tokens "
+                         f"and 0 elsewhere; position {i} has {int(given[i])} but is {what} token")
+    return types
 
 
-def _images_per_sample(tokens: list[int] | None, is_image: torch.Tensor, cu: torch.Tensor,
-                       n_images: int) -> list[list[int]]:
-    """Which images (in order) each sample's image tokens take; raises on any mismatch."""
+def _items_per_sample(tokens: list[int] | None, is_kind: torch.Tensor, cu: torch.Tensor,
+                      n_items: int, what: str = "image") -> list[list[int]]:
+    """Which items (images or videos, in order) each sample's ``what`` tokens take; raises on any mismatch."""
     counts = torch.zeros(cu.numel() - 1, dtype=torch.long).index_add_(
-        0, torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1]), is_image.long().cpu())
+        0, torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1]), is_kind.long().cpu())
     total = int(counts.sum())
     if tokens is None:  # the adapter cannot tell: HF's own merge check raises on a mismatch
-        if n_images and cu.numel() > 2:
-            raise ValueError("packing samples with images needs an adapter that knows each "
-                             "image's token count")
-        return [list(range(n_images))]
+        if n_items and cu.numel() > 2:
+            raise ValueError(f"packing samples with {what}s needs an adapter that knows each "
+                             f"{what}'s token count")
+        return [list(range(n_items))]
     if sum(tokens) != total:
-        raise ValueError(f"image features and image tokens do not match: the row has {total} image tokens "
-                         f"but the {len(tokens)} images give {sum(tokens)} ({tokens})")
+        raise ValueError(f"{what} features and {what} tokens do not match: the row has {total} {what} tokens "
+                         f"but the {len(tokens)} {what}s give {sum(tokens)} ({tokens})")
     out, i = [], 0
     for s, n in enumerate(counts.tolist()):
         first, got = i, 0
         while got < n and i < len(tokens):
             got, i = got + tokens[i], i + 1
         if got != n:
-            raise ValueError(f"image features and image tokens do not match: sample {s} has {n} image tokens "
-                             f"but images {first}..{i - 1} give {got} ({tokens[first:i]})")
+            raise ValueError(f"{what} features and {what} tokens do not match: sample {s} has {n} {what} "
+                             f"tokens but {what}s {first}..{i - 1} give {got} ({tokens[first:i]})")
         out.append(list(range(first, i)))
     return out
+
+
+_images_per_sample = _items_per_sample  # the image-only name vlmcp.hf.verify imported
+
+
+def _unit_ids(types: torch.Tensor, image_units: list[int], video_units: list[int]) -> torch.Tensor:
+    """``LongTensor[L]``: each visual token's unit (an image, or one frame group of a video), numbered in
+    row order, -1 at text; raises where a unit's placeholders are not one contiguous run.
+
+    ``image_units`` / ``video_units``: tokens per unit in the order of the row's image / video tokens.
+    """
+    firsts, parts = [], []
+    for kind, sizes, name in ((1, image_units, "image"), (2, video_units, "video frame group")):
+        pos = torch.nonzero(types == kind).flatten()
+        if not sizes:
+            continue
+        size = torch.as_tensor(sizes, dtype=torch.long)
+        ends = torch.cumsum(size, 0)
+        first, last = pos[ends - size], pos[ends - 1]
+        broken = torch.nonzero(last - first + 1 != size).flatten()
+        if broken.numel():
+            u = int(broken[0])
+            raise ValueError(f"{name} {u}'s {sizes[u]} placeholder tokens (from position {int(first[u])}) "
+                             f"are not one contiguous run: position {int(last[u])} is its last; a {name} "
+                             "must not be cut by other tokens")
+        firsts.append(first)
+        parts.append((pos, torch.bucketize(torch.arange(pos.numel()), ends, right=True)))
+    ids = torch.full_like(types, -1, dtype=torch.long)
+    if not firsts:
+        return ids
+    rank = torch.argsort(torch.argsort(torch.cat(firsts)))  # every unit's place in row order
+    offset = 0
+    for (pos, unit), first in zip(parts, firsts, strict=True):
+        ids[pos] = rank[offset + unit]
+        offset += first.numel()
+    return ids
 
 
 def _is_fsdp(model: nn.Module) -> bool:
@@ -176,6 +255,7 @@ def shard_inputs(
     labels: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     sample_placement: SamplePlacement = "split",
+    image_strategy: ImageStrategy | Literal["auto"] = "replicate",
 ) -> HFBatch:
     """This rank's inputs, targets and shard for one (packed) processor row.
 
@@ -183,13 +263,14 @@ def shard_inputs(
         model: a model passed to :func:`vlmcp.hf.parallelize` (with this ``cp_group``).
         inputs: the processor's output for one row, batch dimension 1: ``input_ids (1, L)``,
             optional ``attention_mask`` of ones, ``pixel_values`` (+ ``image_grid_thw`` and
-            ``mm_token_type_ids`` for Qwen-VL); no pixel keys for a row without images.
-            A packed row concatenates its samples' inputs in order. Every other key is
-            refused unless the adapter handles it (``HFAdapter.input_kind``); ``None``
-            values are ignored.
+            ``mm_token_type_ids`` for Qwen-VL), ``pixel_values_videos`` + ``video_grid_thw``
+            (+ ``second_per_grid_ts``, Qwen2.5-VL) for videos; no pixel keys for a row
+            without images or videos. A packed row concatenates its samples' inputs in
+            order (images and videos each in row order). Every other key is refused unless
+            the adapter handles it (``HFAdapter.input_kind``); ``None`` values are ignored.
         cp_group: the CP group (the one the model was parallelized for).
         labels: HF-convention ``(1, L)``, unshifted, -100 where there is no loss; default
-            ``input_ids`` with image tokens at -100.
+            ``input_ids`` with image and video tokens at -100.
         cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample. Samples
             are independent (no attention across them, positions restart).
         sample_placement: ``"split"`` (every sample zigzagged over the group), ``"whole"``
@@ -197,6 +278,13 @@ def shard_inputs(
             whole, long ones split, chosen per row by the default cost model); see Note
             [vlmcp whole-sample placement]. Every vision mode works with each: all ranks
             still compute (or gather) all images' features, and each merges its own.
+        image_strategy: where a split sample's visual (image and video) tokens live:
+            ``"replicate"`` (every rank holds all of them; only text is zigzagged),
+            ``"shard"`` (the whole merged sample is zigzagged: visual K/V travel in ring
+            and Ulysses like text, and each rank merges only the feature rows of the
+            visual tokens it holds) or ``"auto"`` (the default :class:`~vlmcp.CostModel`
+            prices both layouts of the row and keeps the cheaper: one decision per row,
+            not per image), as :func:`vlmcp.plan_cp`.
 
     Returns:
         :class:`HFBatch` with ``model_inputs``, ``labels`` and ``shard``.
@@ -206,11 +294,13 @@ def shard_inputs(
             the architecture: e.g. ``image_sizes``, ``pixel_attention_mask``,
             ``spatial_shapes``, ``token_type_ids`` or ``mm_token_type_ids`` without an
             adapter that reads them), bad shapes, labels not matching ``input_ids``,
-            ``cu_seqlens`` not covering the row, image tokens not matching the images
-            (or ``mm_token_type_ids``), a group other than the model's, or whole
-            placement of a row with images on a model without a vlmcp adapter (all
-            before any communication).
-        NotImplementedError: videos (the adapter's video keys, or video token types).
+            ``cu_seqlens`` not covering the row, image or video tokens not matching the
+            images or videos (or ``mm_token_type_ids``), a frame group or image cut by
+            other tokens, images and videos in one row of a model whose forward cannot
+            merge both (GLM-4.1V), a group other than the model's, or whole placement or
+            sharded visual tokens of a row with images on a model without a vlmcp adapter
+            (all before any communication).
+        NotImplementedError: videos for an architecture whose adapter takes none.
     """
     state = parallel_state(model)
     if cp_group is not state.group:
@@ -219,6 +309,9 @@ def shard_inputs(
         raise TypeError(f"inputs must be the processor's dict, got {type(inputs).__name__}")
     if inputs.get("input_ids") is None:
         raise ValueError("inputs must hold input_ids (1, L)")
+    strategies = (*get_args(ImageStrategy), "auto")
+    if image_strategy not in strategies:
+        raise ValueError(f"image_strategy must be one of {strategies}, got {image_strategy!r}")
     adapter, config = state.adapter, model.config
     keys = _classify_keys(model, adapter, inputs)
     ids = _row("input_ids", inputs["input_ids"])
@@ -234,17 +327,35 @@ def shard_inputs(
         _row("labels", labels, L)
     cu = check_cu_seqlens(cu_seqlens, L)
     image_id = adapter.image_token_id(config)
-    is_image = (ids == image_id).cpu()
+    ids_cpu = ids.cpu()
     pixels = {k: inputs[k] for k in keys[InputKind.IMAGE]}
+    videos = {k: inputs[k] for k in keys[InputKind.VIDEO]}
     has_pixels = bool(pixels) and (adapter.pixel_keys[0] in pixels)
+    has_videos = bool(videos)
+    given = per_token.get("mm_token_type_ids")
+    types = _token_types(adapter, config, ids_cpu, None if given is None else given.cpu(), has_videos)
+    is_image, is_video = types == 1, types == 2
+    visual = types > 0
     if not has_pixels and bool(is_image.any()):
         raise ValueError(f"image features and image tokens do not match: the row has {int(is_image.sum())} "
                          "image tokens but no pixel_values")
+    if not has_videos and bool(is_video.any()):
+        raise ValueError(f"video features and video tokens do not match: the row has {int(is_video.sum())} "
+                         "video tokens but no pixel_values_videos")
+    if not adapter.mixes_images_and_videos and has_pixels and has_videos:
+        raise ValueError(f"{type(model).__name__} (vlmcp adapter {adapter.name!r}) fills images and videos "
+                         "at the same placeholder token, so its own forward cannot take both in one row (it "
+                         "raises 'Image features and image tokens do not match'): put images and videos in "
+                         "different rows")
     tokens = adapter.image_tokens(model, pixels) if has_pixels else []
     n_images = len(tokens) if tokens is not None else 1
-    groups = _images_per_sample(tokens, is_image, cu, n_images if has_pixels else 0)
-    token_type = per_token.get("mm_token_type_ids")
-    token_type = is_image.int() if token_type is None else _token_types(token_type.cpu(), is_image)
+    groups = _items_per_sample(tokens, is_image, cu, n_images if has_pixels else 0)
+    vtokens = adapter.video_tokens(model, videos) if has_videos else []
+    vgroups = _items_per_sample(vtokens, is_video, cu, len(vtokens), "video")
+    unit_ids = None
+    if tokens is not None and bool(visual.any()):
+        frames = [n for t, n in adapter.frame_groups(model, videos) for _ in range(t)] if has_videos else []
+        unit_ids = _unit_ids(types, tokens, frames)
 
     fsdp = _is_fsdp(model)
     if fsdp and state.vision_mode in ("broadcast", "scatter"):
@@ -264,24 +375,30 @@ def shard_inputs(
         raise ValueError(f"sample_placement={sample_placement!r} with images needs a vlmcp adapter (the "
                          "vision wrapper gives each rank its own images' features); this model has none: "
                          "use sample_placement='split' or register one (vlmcp.hf.register_adapter)")
+    if image_strategy != "replicate" and has_pixels and not adapter.vision_modules:
+        raise ValueError(f"image_strategy={image_strategy!r} with images needs a vlmcp adapter (the vision "
+                         "wrapper gives each rank the features of the image tokens it holds); this model has "
+                         "none: use image_strategy='replicate' or register one (vlmcp.hf.register_adapter)")
     cp_size = state.cp_size
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
-    plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate", sample_placement=sample_placement)
+    plan = plan_cp(visual, cp_size, cu, image_strategy=image_strategy, image_ids=unit_ids,
+                   sample_placement=sample_placement)
     shard = plan.for_rank(rank)
 
-    ids_cpu = ids.cpu()
     parts = []
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
         sub = adapter.select_images(pixels, groups[s]) if has_pixels and tokens is not None else pixels
-        parts.append(adapter.position_ids(model, ids_cpu[a:b], token_type[a:b], sub).cpu())
+        extra = {"videos": adapter.select_videos(videos, vgroups[s])} if vgroups[s] else {}
+        parts.append(adapter.position_ids(model, ids_cpu[a:b], types[a:b], sub, **extra).cpu())
     positions = torch.cat(parts, dim=-1)  # (R, L)
 
-    targets = labels[0] if labels is not None else torch.where(is_image.to(ids.device), IGNORE_INDEX, ids)
+    targets = labels[0] if labels is not None else torch.where(visual.to(ids.device), IGNORE_INDEX, ids)
     targets = shift_hf_labels(targets.long(), cu.to(targets.device))
     pad_id = getattr(config.text_config, "pad_token_id", None)
-    if pad_id is None or pad_id == image_id:  # a padding slot must never look like an image token
-        pad_id = 1 if image_id == 0 else 0
+    placeholders = {image_id, adapter.video_token_id(config)} if has_videos else {image_id}
+    if pad_id is None or pad_id in placeholders:  # a padding slot must never look like a visual token
+        pad_id = min({0, 1, 2} - placeholders)
     device = ids.device
     model_inputs: dict[str, Any] = {  # padding slots: the pad token in input_ids, 0 in other token keys
         k: shard.shard(per_token[k], fill=pad_id if k == "input_ids" else 0).unsqueeze(0)
@@ -292,10 +409,14 @@ def shard_inputs(
     dummy = False
     if has_pixels:
         model_inputs.update(pixels)
-    elif adapter.vision_modules and (state.dummy_vision or (state.dummy_vision is None and fsdp)):
+    if has_videos:
+        model_inputs.update(videos)
+    if not (has_pixels or has_videos) and adapter.vision_modules and (
+            state.dummy_vision or (state.dummy_vision is None and fsdp)):
         model_inputs.update(adapter.dummy_images(model))
         dummy = True
-    ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy)
+    ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy,
+                    token_types=types.to(torch.int8))
     model_inputs[CONTEXT_KEY] = ctx
     local_targets = shard.shard_labels(targets)
     if rank > 0:  # a replicated slot's target (the last image token predicts the text after it) counts once

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 import vlmcp
 from vlmcp.grads import local_part
 from vlmcp.hf.adapters import adapter_for
-from vlmcp.hf.inputs import _images_per_sample, shard_inputs, shift_hf_labels
+from vlmcp.hf.inputs import _items_per_sample, shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
 from vlmcp.layout.validate import check_cu_seqlens
 
@@ -50,20 +50,27 @@ DEFAULT_SAMPLES = (
 """The verification row: 3 packed samples (Qwen grids; LLaVA images are fixed-size)."""
 def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     adapter = adapter_for(model)
-    ids = inputs["input_ids"][0]
-    is_image = (ids == adapter.image_token_id(model.config)).cpu()
+    ids = inputs["input_ids"][0].cpu()
+    videos = {k: inputs[k] for k in adapter.video_keys if inputs.get(k) is not None} if adapter.takes_videos \
+        else {}
+    given = inputs.get("mm_token_type_ids")
+    types = adapter.token_types(model.config, ids, None if given is None else given[0].cpu(), bool(videos))
     pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
     tokens = adapter.image_tokens(model, pixels) if pixels else []
     n_images = len(tokens) if tokens is not None else pixels[adapter.pixel_keys[0]].shape[0]
-    groups = _images_per_sample(tokens, is_image, cu, n_images)
+    groups = _items_per_sample(tokens, types == 1, cu, n_images)
+    vtokens = adapter.video_tokens(model, videos) if videos else []
+    vgroups = _items_per_sample(vtokens, types == 2, cu, len(vtokens), "video")
     out = []
+    one = cu.numel() == 2  # a single sample takes every image and video, as is
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
         sample = {k: v[:, a:b] for k, v in inputs.items()
                   if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
         if groups[s]:
-            one = cu.numel() == 2  # a single sample takes every image, as is
             sample.update(pixels if one else adapter.select_images(pixels, groups[s]))
+        if vgroups[s]:
+            sample.update(videos if one else adapter.select_videos(videos, vgroups[s]))
         out.append(sample)
     return out
 
@@ -89,14 +96,16 @@ def reference_step(model: nn.Module, inputs: dict, labels: torch.Tensor,
 
 def cp_step(model: nn.Module, inputs: dict, labels: torch.Tensor, cu_seqlens: torch.Tensor | None,
             group: dist.ProcessGroup | None, loss_scale: float = 1.0, reduce: bool = True,
-            sample_placement: str = "split") -> torch.Tensor:
+            sample_placement: str = "split", image_strategy: str = "replicate") -> torch.Tensor:
     """One CP forward + backward (+ ``reduce_gradients``); returns the group's mean loss."""
-    return _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale, reduce, sample_placement)[0]
+    return _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale, reduce, sample_placement,
+                    image_strategy)[0]
 
 
-def _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale=1.0, reduce=True, sample_placement="split"):
+def _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale=1.0, reduce=True, sample_placement="split",
+             image_strategy="replicate"):
     batch = shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu_seqlens,
-                         sample_placement=sample_placement)
+                         sample_placement=sample_placement, image_strategy=image_strategy)
     out = model(**batch.model_inputs)
     loss, mean = vlmcp.cp_cross_entropy(out.logits[0], batch.labels, group)
     (loss * loss_scale).backward()
@@ -147,6 +156,8 @@ class HFParityCase:
     """Qwen-VL: wrap images in vision start/end tokens (text before every image)."""
     sample_placement: str = "split"
     """``shard_inputs``' ``sample_placement``: ``"split"``, ``"whole"`` or ``"auto"``."""
+    image_strategy: str = "replicate"
+    """``shard_inputs``' ``image_strategy``: ``"replicate"``, ``"shard"`` or ``"auto"``."""
 
 
 def _rms_norm_in_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -309,7 +320,8 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
         model.gradient_checkpointing_enable()
     parallelize(model, group, attention=case.attention, vision_mode=case.vision_mode)
     with float64_exact(DTYPES[case.dtype]):
-        loss, batch = _cp_step(model, inputs, labels, cu, group, sample_placement=case.sample_placement)
+        loss, batch = _cp_step(model, inputs, labels, cu, group, sample_placement=case.sample_placement,
+                               image_strategy=case.image_strategy)
     err, worst = compare_gradients(model, ref, group)
     ref_loss = float(reference.loss)
     loss_err = abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-300)
@@ -319,6 +331,7 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
             "cp": 1 if group is None else dist.get_world_size(group), "loss": float(loss),
             "ref_loss": ref_loss, "loss_rel_error": loss_err, "max_rel_grad_error": err,
             "worst_param": worst, "whole": batch.shard.plan.whole.tolist(),
+            "strategy": batch.shard.plan.image_strategy,
             "image_tokens_per_rank": [int(s.is_image.sum()) for s in batch.shard.plan.shards()],
             "params_checked": sum(1 for _ in model.parameters()),
             "vision_params_with_grad": sum(p.grad is not None for p in vision),
