@@ -19,35 +19,11 @@ sharded (PITFALLS, Hugging Face section):
   video merges the feature rows of those tokens, in order (Note [vlmcp HF vision
   placement]); padding slots get the pad token, never a placeholder. Non-replicated
   slots' targets stay on their owner and count once;
-* videos (Note [vlmcp HF videos: frame groups are visual units]): the unit of visual
-  identity is an image or one temporal patch group (frame group) of a video, numbered in
-  row order and passed to the plan as ``image_ids``; each sample's videos (and Qwen2.5-VL's
-  ``second_per_grid_ts``) go to its rope index, so Qwen3-VL's and GLM-4.1V's timestamps
-  between frame groups keep their positions.
-
-Note [vlmcp HF videos: frame groups are visual units]
------------------------------------------------------
-A video of grid ``(t, h, w)`` gives ``t`` frame groups (temporal patch groups) of
-``h*w / merge**2`` tokens each, in order. Qwen2-VL and Qwen2.5-VL write them as one run of
-video placeholders; Qwen3-VL and GLM-4.1V as ``t`` runs with a timestamp (text) before or
-after each. All four ViTs (transformers 5.24) attend within a frame group only (``cu_seqlens``
-of ``h*w`` per ``t``; rotary, window and interpolated position indices repeat per ``t``),
-so a frame group is the ViT's unit of work, and vlmcp makes it the unit everywhere::
-
-    Qwen2-VL row:  [ t t | V0 V0 V0 V1 V1 V1 | t | I I | t t ]   video (t=2) then an image
-    Qwen3-VL row:  [ t <0.5 s> V0 V0 V0 <1.5 s> V1 V1 V1 | t | I I | t t ]
-    units:                 u0  u0  u0         u1  u1  u1      u2 u2
-
-* layout: each unit is one "image" of the plan (``image_ids``): replicated or sharded,
-  placed with its sample;
-* ``scatter``: images stay whole, a video's frame groups are assigned one by one (balanced
-  by cost), so one long video's ViT work spreads over the group;
-* merge: HF's video merge fills the video placeholders in row order with
-  ``get_video_features``' rows, and every rank's wrapper returns the rows of the video
-  tokens it holds (Note [vlmcp HF vision placement]).
-
-``mm_token_type_ids`` is 2 at video tokens (GLM-4.1V: the only way to tell its video frames,
-written with the image placeholder, from images).
+* videos (Note [vlmcp HF videos: frame groups are visual units] in :mod:`vlmcp.hf.visuals`):
+  the unit of visual identity is an image or one temporal patch group (frame group) of a
+  video, numbered in row order and passed to the plan as ``image_ids``; each sample's
+  videos (and Qwen2.5-VL's ``second_per_grid_ts``) go to its rope index, so Qwen3-VL's and
+  GLM-4.1V's timestamps between frame groups keep their positions.
 
 No ``attention_mask`` is passed: the plan is the mask. Every key of ``inputs`` is
 classified by the adapter (:class:`~vlmcp.hf.adapters.InputKind`): per-token and sharded,
@@ -69,6 +45,7 @@ from torch import nn
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
+from vlmcp.hf.visuals import row_visuals
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
 from vlmcp.layout.placement import SamplePlacement
 from vlmcp.layout.plan import ImageStrategy
@@ -154,83 +131,6 @@ def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKi
         raise ValueError(f"video inputs {out[InputKind.VIDEO]} without {adapter.video_pixel_keys[0]}: pass "
                          "the videos' pixels with their grids, or none of the video keys")
     return out
-
-
-def _token_types(adapter: HFAdapter, config, ids: torch.Tensor, given: torch.Tensor | None,
-                 videos: bool) -> torch.Tensor:
-    """``IntTensor[L]`` 0 text, 1 image, 2 video of the row; ``mm_token_type_ids`` checked against it."""
-    types = adapter.token_types(config, ids, given, videos)
-    if given is None:
-        return types
-    bad = (given != types).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        what = ("a text", "an image", "a video")[int(types[i])]
-        raise ValueError(f"mm_token_type_ids must be 1 exactly at the image tokens, 2 at the video tokens "
-                         f"and 0 elsewhere; position {i} has {int(given[i])} but is {what} token")
-    return types
-
-
-def _items_per_sample(tokens: list[int] | None, is_kind: torch.Tensor, cu: torch.Tensor,
-                      n_items: int, what: str = "image") -> list[list[int]]:
-    """Which items (images or videos, in order) each sample's ``what`` tokens take; raises on any mismatch."""
-    counts = torch.zeros(cu.numel() - 1, dtype=torch.long).index_add_(
-        0, torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1]), is_kind.long().cpu())
-    total = int(counts.sum())
-    if tokens is None:  # the adapter cannot tell: HF's own merge check raises on a mismatch
-        if n_items and cu.numel() > 2:
-            raise ValueError(f"packing samples with {what}s needs an adapter that knows each "
-                             f"{what}'s token count")
-        return [list(range(n_items))]
-    if sum(tokens) != total:
-        raise ValueError(f"{what} features and {what} tokens do not match: the row has {total} {what} tokens "
-                         f"but the {len(tokens)} {what}s give {sum(tokens)} ({tokens})")
-    out, i = [], 0
-    for s, n in enumerate(counts.tolist()):
-        first, got = i, 0
-        while got < n and i < len(tokens):
-            got, i = got + tokens[i], i + 1
-        if got != n:
-            raise ValueError(f"{what} features and {what} tokens do not match: sample {s} has {n} {what} "
-                             f"tokens but {what}s {first}..{i - 1} give {got} ({tokens[first:i]})")
-        out.append(list(range(first, i)))
-    return out
-
-
-_images_per_sample = _items_per_sample  # the image-only name vlmcp.hf.verify imported
-
-
-def _unit_ids(types: torch.Tensor, image_units: list[int], video_units: list[int]) -> torch.Tensor:
-    """``LongTensor[L]``: each visual token's unit (an image, or one frame group of a video), numbered in
-    row order, -1 at text; raises where a unit's placeholders are not one contiguous run.
-
-    ``image_units`` / ``video_units``: tokens per unit in the order of the row's image / video tokens.
-    """
-    firsts, parts = [], []
-    for kind, sizes, name in ((1, image_units, "image"), (2, video_units, "video frame group")):
-        pos = torch.nonzero(types == kind).flatten()
-        if not sizes:
-            continue
-        size = torch.as_tensor(sizes, dtype=torch.long)
-        ends = torch.cumsum(size, 0)
-        first, last = pos[ends - size], pos[ends - 1]
-        broken = torch.nonzero(last - first + 1 != size).flatten()
-        if broken.numel():
-            u = int(broken[0])
-            raise ValueError(f"{name} {u}'s {sizes[u]} placeholder tokens (from position {int(first[u])}) "
-                             f"are not one contiguous run: position {int(last[u])} is its last; a {name} "
-                             "must not be cut by other tokens")
-        firsts.append(first)
-        parts.append((pos, torch.bucketize(torch.arange(pos.numel()), ends, right=True)))
-    ids = torch.full_like(types, -1, dtype=torch.long)
-    if not firsts:
-        return ids
-    rank = torch.argsort(torch.argsort(torch.cat(firsts)))  # every unit's place in row order
-    offset = 0
-    for (pos, unit), first in zip(parts, firsts, strict=True):
-        ids[pos] = rank[offset + unit]
-        offset += first.numel()
-    return ids
 
 
 def _is_fsdp(model: nn.Module) -> bool:
@@ -333,29 +233,8 @@ def shard_inputs(
     has_pixels = bool(pixels) and (adapter.pixel_keys[0] in pixels)
     has_videos = bool(videos)
     given = per_token.get("mm_token_type_ids")
-    types = _token_types(adapter, config, ids_cpu, None if given is None else given.cpu(), has_videos)
-    is_image, is_video = types == 1, types == 2
-    visual = types > 0
-    if not has_pixels and bool(is_image.any()):
-        raise ValueError(f"image features and image tokens do not match: the row has {int(is_image.sum())} "
-                         "image tokens but no pixel_values")
-    if not has_videos and bool(is_video.any()):
-        raise ValueError(f"video features and video tokens do not match: the row has {int(is_video.sum())} "
-                         "video tokens but no pixel_values_videos")
-    if not adapter.mixes_images_and_videos and has_pixels and has_videos:
-        raise ValueError(f"{type(model).__name__} (vlmcp adapter {adapter.name!r}) fills images and videos "
-                         "at the same placeholder token, so its own forward cannot take both in one row (it "
-                         "raises 'Image features and image tokens do not match'): put images and videos in "
-                         "different rows")
-    tokens = adapter.image_tokens(model, pixels) if has_pixels else []
-    n_images = len(tokens) if tokens is not None else 1
-    groups = _items_per_sample(tokens, is_image, cu, n_images if has_pixels else 0)
-    vtokens = adapter.video_tokens(model, videos) if has_videos else []
-    vgroups = _items_per_sample(vtokens, is_video, cu, len(vtokens), "video")
-    unit_ids = None
-    if tokens is not None and bool(visual.any()):
-        frames = [n for t, n in adapter.frame_groups(model, videos) for _ in range(t)] if has_videos else []
-        unit_ids = _unit_ids(types, tokens, frames)
+    rv = row_visuals(model, adapter, ids_cpu, None if given is None else given.cpu(), pixels, videos, cu)
+    types, visual = rv.types, rv.visual
 
     fsdp = _is_fsdp(model)
     if fsdp and state.vision_mode in ("broadcast", "scatter"):
@@ -381,15 +260,16 @@ def shard_inputs(
                          "none: use image_strategy='replicate' or register one (vlmcp.hf.register_adapter)")
     cp_size = state.cp_size
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
-    plan = plan_cp(visual, cp_size, cu, image_strategy=image_strategy, image_ids=unit_ids,
+    plan = plan_cp(visual, cp_size, cu, image_strategy=image_strategy, image_ids=rv.unit_ids,
                    sample_placement=sample_placement)
     shard = plan.for_rank(rank)
 
     parts = []
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
-        sub = adapter.select_images(pixels, groups[s]) if has_pixels and tokens is not None else pixels
-        extra = {"videos": adapter.select_videos(videos, vgroups[s])} if vgroups[s] else {}
+        imgs, vids = rv.images_per_sample[s], rv.videos_per_sample[s]
+        sub = adapter.select_images(pixels, imgs) if has_pixels and rv.image_tokens is not None else pixels
+        extra = {"videos": adapter.select_videos(videos, vids)} if vids else {}
         parts.append(adapter.position_ids(model, ids_cpu[a:b], types[a:b], sub, **extra).cpu())
     positions = torch.cat(parts, dim=-1)  # (R, L)
 

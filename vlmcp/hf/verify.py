@@ -29,13 +29,15 @@ from torch.nn import functional as F
 import vlmcp
 from vlmcp.grads import local_part
 from vlmcp.hf.adapters import adapter_for
-from vlmcp.hf.inputs import _items_per_sample, shard_inputs, shift_hf_labels
+from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
+from vlmcp.hf.visuals import row_visuals
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = [
-    "DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step",
-    "float64_exact", "float64_islands", "float64_norms", "hf_parity", "load_model",
+    "DEFAULT_SAMPLES", "VIDEO_ONLY_SAMPLES", "VIDEO_SAMPLES", "HFParityCase", "Reference",
+    "compare_gradients",
+    "cp_step", "float64_exact", "float64_islands", "float64_norms", "hf_parity", "load_model",
     "reference_for", "reference_step",
 ]
 
@@ -48,29 +50,33 @@ DEFAULT_SAMPLES = (
     (3, (1, 4, 8), 4, (1, 4, 4), 7),   # two images in one sample, text between
 )
 """The verification row: 3 packed samples (Qwen grids; LLaVA images are fixed-size)."""
+
+VIDEO_SAMPLES = (
+    (5, ("video", 3, 4, 4), 9),                                    # a video of 3 frame groups
+    (12,),                                                         # text only
+    (3, (1, 4, 8), 4, ("video", 2, 4, 8, 0.5), 2, (1, 4, 4), 7),   # image, video, image
+)
+"""``vlmcp verify --model --video``'s row (Qwen2.5-VL: the second video at 0.5 s per frame group)."""
+VIDEO_ONLY_SAMPLES = ((5, ("video", 3, 4, 4), 9), (12,), (3, ("video", 2, 4, 8), 7))
+"""The same for a model whose forward cannot take images and videos in one row (GLM-4.1V)."""
 def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     adapter = adapter_for(model)
-    ids = inputs["input_ids"][0].cpu()
+    pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
     videos = {k: inputs[k] for k in adapter.video_keys if inputs.get(k) is not None} if adapter.takes_videos \
         else {}
     given = inputs.get("mm_token_type_ids")
-    types = adapter.token_types(model.config, ids, None if given is None else given[0].cpu(), bool(videos))
-    pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
-    tokens = adapter.image_tokens(model, pixels) if pixels else []
-    n_images = len(tokens) if tokens is not None else pixels[adapter.pixel_keys[0]].shape[0]
-    groups = _items_per_sample(tokens, types == 1, cu, n_images)
-    vtokens = adapter.video_tokens(model, videos) if videos else []
-    vgroups = _items_per_sample(vtokens, types == 2, cu, len(vtokens), "video")
+    rv = row_visuals(model, adapter, inputs["input_ids"][0].cpu(), None if given is None else given[0].cpu(),
+                     pixels, videos, cu)
     out = []
     one = cu.numel() == 2  # a single sample takes every image and video, as is
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
         sample = {k: v[:, a:b] for k, v in inputs.items()
                   if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
-        if groups[s]:
-            sample.update(pixels if one else adapter.select_images(pixels, groups[s]))
-        if vgroups[s]:
-            sample.update(videos if one else adapter.select_videos(videos, vgroups[s]))
+        if rv.images_per_sample[s] and pixels:
+            sample.update(pixels if one else adapter.select_images(pixels, rv.images_per_sample[s]))
+        if rv.videos_per_sample[s]:
+            sample.update(videos if one else adapter.select_videos(videos, rv.videos_per_sample[s]))
         out.append(sample)
     return out
 

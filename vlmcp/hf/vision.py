@@ -1,32 +1,42 @@
-"""The complete image features on every CP rank of a Hugging Face VLM, in five modes.
+"""The complete image and video features on every CP rank of a Hugging Face VLM, in five modes.
 
 Note [vlmcp HF vision placement]
 --------------------------------
-HF's forward calls the base model's ``get_image_features`` and merges the result at
-the image placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``). With every
-image token on every rank, that merge works unchanged on the local row; only *who
-computes* the features changes with the mode. :func:`place_hf_vision` replaces
-``get_image_features`` on the base model (an instance attribute bound to it, so copies
-rebind) by :func:`_placed_image_features`, which runs the original ViT call as the
-mode says and returns the features of all images, in order, on every rank::
+HF's forward calls the base model's ``get_image_features`` (and ``get_video_features``) and
+merges the result at the image (video) placeholder tokens (``get_placeholder_mask`` +
+``masked_scatter``). With every visual token on every rank, that merge works unchanged on
+the local row; only *who computes* the features changes with the mode. :func:`place_hf_vision`
+replaces both calls on the base model (instance attributes bound to it, so copies rebind)
+by one code path, :func:`_placed_features`, which runs the original ViT call as the mode
+says and returns the features of all images (videos), in order, on every rank::
 
     replicate       original call on every rank                          (SHARE)
     allreduce_hook  original call; hook all-reduces the feature gradient (FULL)
     broadcast       original call on src; vlmcp.comm.broadcast            (SHARE)
-    scatter         original call on this rank's images (assign_images, patches^2);
-                    vlmcp.comm.all_gather of rows, back to image order    (SHARE)
+    scatter         original call on this rank's ViT units (assign_images, patches^2);
+                    vlmcp.comm.all_gather of rows, back to unit order     (SHARE)
     hidden_shard    original call with the projector's last Linear cut to this rank's
                     1/P output columns; all_gather on the hidden dim       (ViT SHARE, slice PARTITIONED)
+
+A ViT unit is what the ViT attends over: an image, or one temporal patch group (frame
+group) of a video (Note [vlmcp HF videos: frame groups are visual units]). ``scatter``
+balances the units of one call by cost (largest first), so one long video's frame groups
+spread over the group and its ViT work falls by about P per rank, while an image is never
+cut. Images and videos are two calls (HF makes them), each balanced on its own.
 
 The duals are :mod:`vlmcp.comm`'s (reduce-sum, reduce-scatter), and the parameters
 carry the same rules as under :func:`vlmcp.place_vision` (Note [vlmcp gradient rules]),
 recorded per vision module so :func:`vlmcp.reduce_gradients` re-applies them. Every
-decision reads metadata the CP group shares (image count and grids).
+decision reads metadata the CP group shares (image and video counts and grids).
+
+Qwen3-VL's class ``get_video_features`` calls ``self.get_image_features``, which is the
+stand-in: while the original call runs, a nested stand-in call passes straight through to
+the class's function (``_BUSY``), so the video's features are placed once, as a video.
 
 Deepstack (Qwen3-VL; the adapter's ``deepstack_output``): the call also returns one
-feature list per level (``deepstack_features``), which HF adds at the image tokens of
-early LLM layers (``visual_pos_masks``: the same tokens, in the same order, as the
-merge). Every level is a second set of features of the same images, so it follows the
+feature list per level (``deepstack_features``), which HF adds at the visual tokens of
+early LLM layers (``visual_pos_masks``: the same tokens, in the same order, as the image
+and video merges). Every level is a second set of features of the same units, so it follows the
 same mode: the wrapper stacks the levels, ``(tokens, levels, D)``, and every step above
 (the hook, the broadcast, the row gather, the hidden-dim gather of each level's
 ``hidden_shard`` slice, the whole-sample selection below) runs once on the stack; the
@@ -37,20 +47,23 @@ merger's last Linear (``adapter.deepstack_projectors``) like the projector's::
     run(images) -> [ main | level 1 | ... ]  (tokens, 1 + K, D or D/P)
                    ── the mode's collective and dual, once ──> unbind(1), split per image
 
-Whole samples (``shard_inputs(..., sample_placement="whole"|"auto")``, Note [vlmcp
-whole-sample placement]): a rank's ``input_ids`` then hold only the placeholders of its
-own samples' images (and of the split samples' replicated ones), so after the mode has
-given every rank all images' features, :func:`_local_features` keeps the rows of the
-image tokens this rank holds, in row order (an ``index_select``). Every rank still runs
-the mode's collectives on all images, so they match across ranks; the selection's
-backward scatters the local rows' gradient into zeros of the full features, so a rank
-holding no image token still joins every dual (with a zero gradient)::
+Whole samples and sharded visual tokens (``shard_inputs(..., sample_placement="whole"|"auto")``,
+Note [vlmcp whole-sample placement]; ``image_strategy="shard"``): a rank's ``input_ids`` then
+hold only some visual tokens (its own samples' images; under ``shard`` its zigzag chunks of
+every split sample, which may cut an image or a frame group anywhere), so after the mode
+has given every rank all features, :func:`_local_features` keeps the rows of the tokens of
+this kind (image or video, from the row's ``CPContext.token_types``) this rank holds, in row
+order (an ``index_select``). Every rank still runs the mode's collectives on all units, so
+they match across ranks; the selection's backward scatters the local rows' gradient into
+zeros of the full features, so a rank holding no visual token still joins every dual (with
+a zero gradient)::
 
-    features (all images, every rank) ──index_select(local image slots)──> HF's merge
-    whole:  rank 0 [ a a a a | d d ]  takes the rows of a's and d's images
-            rank 1 [ b b | c c c ]    takes b's and c's
+    features (all units, every rank) ──index_select(local slots of this kind)──> HF's merge
+    whole:  rank 0 [ a a a a | d d ]        takes the rows of a's and d's images
+            rank 1 [ b b | c c c ]          takes b's and c's
+    shard:  rank 0 [ t V V | V t ]  rank 1 [ V V t | t ]   each takes its own V rows, in order
 
-Text-only rows: HF skips the ViT when there is no ``pixel_values``. Under FSDP or DDP
+Text-only rows: HF skips the ViT when there is no ``pixel_values`` (nor videos). Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
 ``dummy_vision`` ``shard_inputs`` passes one blank image and the call returns zero
