@@ -34,3 +34,37 @@ def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dic
             refs[key] = reference_for(c)
         out.append(hf_parity(group, c, refs[key]))
     return out
+
+
+def vit_units(group: dist.ProcessGroup) -> dict:
+    """Under ``scatter``, the patch rows each rank's ViT runs (a pre-hook on ``model.visual``) for one
+    long video and for two images; under ``shard``, whether the visual slots travel."""
+    import torch
+
+    import vlmcp.hf
+    from vlmcp.hf.rows import synthetic_row
+    from vlmcp.hf.tiny import tiny_model
+
+    out = {}
+    for name, samples in (("long_video", LONG_VIDEO), ("two_images", ((3, (1, 4, 8), 4, (1, 4, 4), 7),))):
+        model = vlmcp.hf.parallelize(tiny_model("qwen2_vl", torch.float64), group, vision_mode="scatter")
+        rows: list[int] = []
+        model.model.visual.register_forward_pre_hook(
+            lambda m, args, rows=rows: rows.append(int(args[0].shape[0])))
+        inputs, labels, cu = synthetic_row(model, samples)
+        for strategy in ("replicate", "shard"):
+            batch = vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu,
+                                          image_strategy=strategy)
+            model(**batch.model_inputs).logits.sum().backward()
+            shard = batch.shard
+            out[(name, strategy)] = {
+                "vit_rows": sum(rows), "visual_slots": int(shard.is_image.sum()),
+                "visual_travel": bool(shard.travels[shard.is_image].all()),
+                "visual_replicated": bool(shard.replicated[shard.is_image].all())}
+            rows.clear()
+    return out
+
+
+def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> dict:
+    """The P=2 group's whole job: the parity grid and the ViT-unit counts."""
+    return {"parity": parity_grid(group, cases), "vit": vit_units(group)}
