@@ -203,3 +203,18 @@ def test_cli_verify_model_video(capsys):
     assert any(isinstance(seg, list) and seg[0] == "video" for s in result["samples"] for seg in s)
     assert main(["verify", "--model", "hf:llava", "--video"]) != 0
     assert "takes no videos" in capsys.readouterr().err
+
+
+def test_train_passes_image_strategy_on():
+    import argparse
+
+    from vlmcp.cli import train, train_hf
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    parser = argparse.ArgumentParser()
+    train.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "--model", "m", "--data", "d.jsonl", "--output-dir", "o",
+                              "--image-strategy", "auto"])
+    assert train_hf.config_from_args(args).image_strategy == "auto"
+    with pytest.raises(ValueError, match="--image-strategy must be one of"):
+        HFTrainConfig(model="m", data="d.jsonl", output_dir="o", image_strategy="images")
