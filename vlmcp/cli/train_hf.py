@@ -43,7 +43,7 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
         "Hugging Face model (with --model)",
         "The shared flags above apply too. Checkpoints go to --checkpoint-dir (default OUT/checkpoints): "
         "every --checkpoint-every steps and at the end when either flag is given, and always when a SIGTERM "
-        "stops the run. --image-strategy stays replicate (images whole on every rank).")
+        "stops the run. --image-strategy replicate|shard|auto is passed to vlmcp.hf.shard_inputs.")
     g.add_argument("--model", default=None, metavar="DIR",
                    help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
     g.add_argument("--data", default=None, action="append", metavar="FILE.jsonl",
@@ -88,12 +88,9 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
     for name in _REFERENCE_ONLY:
         if getattr(args, name) != getattr(defaults, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
-    if args.image_strategy != "replicate":
-        raise ValueError("--model keeps images whole on every rank: --image-strategy must be replicate")
-    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "steps", "seq_len", "dtype", "seed",
-              "lr", "fsdp",
-              "activation_checkpointing", "checkpoint_dir", "checkpoint_every", "resume", "metrics_jsonl",
-              "timeout", "image_root", "strict", "nan_at_step")
+    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy", "steps",
+              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "checkpoint_dir",
+              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
     return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
                          video=video_sampling(args), **{f: getattr(args, f) for f in fields})
 

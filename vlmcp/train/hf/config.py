@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.data.hf.video import VideoSampling
-from vlmcp.train.reference.config import AttentionBackend, DType, SamplePlacement, VisionMode
+from vlmcp.train.reference.config import (
+    AttentionBackend,
+    DType,
+    ImageStrategyChoice,
+    SamplePlacement,
+    VisionMode,
+)
 
 __all__ = ["HFTrainConfig"]
 
@@ -47,6 +53,9 @@ class HFTrainConfig:
     sample_placement: SamplePlacement = "split"
     """Split every conversation over the CP group, place each whole on one rank, or ``auto``
     (short ones whole, long ones split, by the cost model): ``vlmcp.hf.shard_inputs``."""
+    image_strategy: ImageStrategyChoice = "replicate"
+    """Where a split conversation's image and video tokens live: on every rank, zigzagged with the
+    text, or ``auto`` (the cost model, per row): ``vlmcp.hf.shard_inputs``."""
     steps: int = 100
     """Total optimizer steps (a resumed run with the same value finishes it)."""
     seq_len: int = 2048
@@ -87,7 +96,8 @@ class HFTrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend), ("dtype", DType),
-                              ("sample_placement", SamplePlacement)):
+                              ("sample_placement", SamplePlacement),
+                              ("image_strategy", ImageStrategyChoice)):
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")
