@@ -389,3 +389,72 @@ def test_help_names_every_video_default(capsys):
                               ("--video-max-pixels PX", "(default: 768*F^2: 602112"),
                               ("--video-total-pixels PX", "(default: 0.9*128000*F^2: 90316800")):
             assert default in text.rsplit(flag, 1)[1].split("--video-", 1)[0], (argv, flag)  # not the usage
+
+
+# -- training ------------------------------------------------------------------------------------------
+
+
+def _probe(model, processor, index, cp_group):
+    """The trained model's logits on training row 0 under CP (its bad videos left out), gathered."""
+    import vlmcp
+    import vlmcp.hf
+
+    row = build_row(processor, index, 0)
+    batch = vlmcp.hf.shard_inputs(model, row.inputs, cp_group, labels=row.labels, cu_seqlens=row.cu_seqlens)
+    with torch.no_grad():
+        logits = model(**batch.model_inputs).logits[0]
+    return {"logits": vlmcp.unshard(logits, batch.shard, cp_group), "cu_seqlens": row.cu_seqlens,
+            "samples": [i for i in index.rows[0] if i not in row.skipped], "keys": sorted(row.inputs)}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("arch, options", [
+    ("qwen2_vl", {}),
+    ("qwen2_5_vl", {"image_strategy": "shard", "vision_mode": "scatter"}),  # second_per_grid_ts
+])
+def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path, arch, options):
+    """``data shapes --videos`` lines, a real mp4 and avi, and a cut avi, CP=2: the loss falls, the
+    video inputs reach the model, the cut avi is skipped on both ranks, and the trained model's
+    CP logits on a row equal plain transformers' on each of its conversations."""
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.cli.train_hf import plan_data, preload_model_code
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.launch import spawn_ranks
+    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.hf.loop import train_hf_rank
+
+    model = init_model(arch, tmp_path / arch)
+    (model / "chat_template.jinja").write_text(_with_video(CHAT_TEMPLATES[arch]))
+    data = tmp_path / "train.jsonl"
+    lines = [line for line in shapes.read_text().splitlines() if "videos" in line]
+    lines = [line.replace('"videos/', f'"{shapes.parent}/videos/') for line in lines]
+    for name in ("v.mp4", "v.avi", "cut.avi"):
+        lines.append(json.dumps({"videos": [str(media / name)], "messages": [
+            {"role": "user", "content": "<video>Where does the bar go?"},
+            {"role": "assistant", "content": "a red bar moves right"}]}))
+    data.write_text("\n".join(lines) + "\n")
+    cfg = HFTrainConfig(model=str(model), data=str(data), output_dir=str(tmp_path / "out"), seq_len=256,
+                        lr=3e-3, timeout=120.0, steps=6, cp=2, video=VideoSampling(min_pixels=512), **options)
+    preload_model_code(cfg.model)
+    index = plan_data(cfg)
+    assert len(index.conversations) == 6 and not index.unreadable
+    ranks = spawn_ranks(train_hf_rank, 2, cfg, index, _probe, timeout=200, threads_per_rank=1)
+    summary = ranks[0]
+    losses = summary["losses"]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, losses
+    assert [(s.where, s.reason.split(":")[0]) for s in summary["decode_skipped"]] == \
+        [(f"{data}:6", f"cannot decode video {media}/cut.avi")]
+    assert ranks[1]["decode_skipped"] == summary["decode_skipped"] and ranks[1]["losses"] == losses
+    probe = summary["probe"]
+    videos = {"pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+    assert videos | ({"second_per_grid_ts"} if arch == "qwen2_5_vl" else set()) <= set(probe["keys"])
+    loaded = AutoModelForImageTextToText.from_pretrained(cfg.output_dir, dtype=torch.float32).eval()
+    processor = load_processor(cfg.output_dir)
+    cu = probe["cu_seqlens"]
+    for k, i in enumerate(probe["samples"]):  # each conversation alone, in one process, plain transformers
+        sample = encode_conversation(processor, index.conversations[i], cfg.video)
+        with torch.no_grad():
+            want = loaded(input_ids=sample.input_ids[None], mm_token_type_ids=sample.mm_token_type_ids[None],
+                          **sample.pixels).logits[0]
+        torch.testing.assert_close(probe["logits"][int(cu[k]):int(cu[k + 1])], want, rtol=1e-4, atol=1e-4)
