@@ -21,7 +21,7 @@ from vlmcp.data.builtin.shapes import COLOUR_RGB  # noqa: E402
 from vlmcp.data.hf.conversation import Conversation, Media, Message  # noqa: E402
 from vlmcp.data.hf.conversations import read_conversations  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation, sample_length, video_plans  # noqa: E402
-from vlmcp.data.hf.export import export_shapes  # noqa: E402
+from vlmcp.data.hf.export import export_shapes, write_video  # noqa: E402
 from vlmcp.data.hf.rows import build_index, build_row  # noqa: E402
 from vlmcp.data.hf.video import (  # noqa: E402
     Patching,
@@ -32,7 +32,6 @@ from vlmcp.data.hf.video import (  # noqa: E402
     plan_video,
     read_header,
     sample_indices,
-    write_video,
 )
 from vlmcp.data.hf.video_processor import video_pixels  # noqa: E402
 from vlmcp.hf.init_model import CHAT_TEMPLATES, build_processor, init_model  # noqa: E402
@@ -220,6 +219,25 @@ def test_planned_tokens_from_headers_equal_the_decoded_row(qwen, media, name):
             assert sample.pixels["second_per_grid_ts"].tolist() == [1.0]
         else:
             assert set(sample.pixels) == {"pixel_values_videos", "video_grid_thw"}
+
+
+def test_images_and_videos_in_one_conversation(qwen, media):
+    from PIL import Image
+
+    processor = qwen["qwen2_5_vl"]
+    conv = dataclasses.replace(_conv(Media("video", path=media / "v.webm"), text="<image>Which moves?"),
+                               images=(Media("image", path=media / "small.jpg"),))
+    sampling = VideoSampling(min_pixels=512, max_pixels=2048)
+    sample = encode_conversation(processor, conv, sampling)
+    assert len(sample) == sample_length(processor, conv, sampling)
+    ids = processor.tokenizer.convert_tokens_to_ids
+    kinds = (sample.input_ids == ids("<|image_pad|>")).long() + 2 * (sample.input_ids == ids("<|video_pad|>"))
+    assert torch.equal(sample.mm_token_type_ids, kinds) and set(kinds.tolist()) == {0, 1, 2}
+    want = processor.image_processor(images=[Image.open(media / "small.jpg")], return_tensors="pt")
+    assert torch.equal(sample.pixels["pixel_values"], want["pixel_values"])  # images as before
+    assert sample.pixels["video_grid_thw"].tolist() == [[2, 4, 6]]
+    assert sorted(sample.pixels) == ["image_grid_thw", "pixel_values", "pixel_values_videos",
+                                     "second_per_grid_ts", "video_grid_thw"]
 
 
 def test_two_identical_frames_are_the_image_processor_output_for_that_frame(qwen, media):

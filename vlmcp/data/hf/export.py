@@ -30,8 +30,11 @@ import numpy as np
 
 from vlmcp.data.builtin.config import ShapesConfig
 from vlmcp.data.builtin.dataset import ShapesDataset
+from vlmcp.data.builtin.motion import motion_clip
+from vlmcp.data.hf.video import require_av
 
-__all__ = ["COMPARE_PROMPT", "IMAGE_PROMPT", "PROMPTS", "TEXT_PROMPT", "VIDEO_PROMPT", "export_shapes"]
+__all__ = ["COMPARE_PROMPT", "IMAGE_PROMPT", "PROMPTS", "TEXT_PROMPT", "VIDEO_PROMPT", "export_shapes",
+           "write_video"]
 
 IMAGE_PROMPT = "Describe the picture."
 COMPARE_PROMPT = "Compare the pictures."
@@ -65,15 +68,12 @@ def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos
     from PIL import Image
 
     if videos:
-        from vlmcp.data.builtin.motion import motion_clip
-        from vlmcp.data.hf.video import require_av, write_video
-
-        require_av()
-        (out_dir := Path(out) / "videos").mkdir(parents=True, exist_ok=True)
-
+        require_av()  # before anything is written
     dataset = ShapesDataset(ShapesConfig(seed=seed))
     out = Path(out)
     (out / "images").mkdir(parents=True, exist_ok=True)
+    if videos:
+        (out / "videos").mkdir(exist_ok=True)
     path = out / "train.jsonl"
     temp = out / f".train.jsonl.tmp-{os.getpid()}"
     with open(temp, "w", encoding="utf-8") as f:
@@ -92,9 +92,35 @@ def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos
             clip = motion_clip(seed, i)
             name = f"videos/{i:06d}.mp4"
             frames = (clip.frames.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
-            write_video(out_dir / Path(name).name, frames, VIDEO_FPS)
+            write_video(out / name, frames, VIDEO_FPS)
             record = {"messages": [{"role": "user", "content": f"{VIDEO_PROMPT} <video>"},
                                    {"role": "assistant", "content": clip.caption}], "videos": [name]}
             f.write(json.dumps(record) + "\n")
     os.replace(temp, path)
+    return path
+
+
+_CODECS = {".mp4": "libx264", ".mov": "libx264", ".mkv": "libx264", ".avi": "mpeg4", ".webm": "libvpx-vp9"}
+
+
+def write_video(path: str | Path, frames: np.ndarray, fps: int) -> Path:
+    """Write ``uint8[n, H, W, 3]`` RGB frames (H and W even) as a video file, codec by suffix:
+    H.264 in .mp4 / .mov / .mkv (MPEG-4 part 2 where PyAV lacks libx264), MPEG-4 part 2 in
+    .avi, VP9 in .webm."""
+    av = require_av()
+    path = Path(path)
+    codec = _CODECS.get(path.suffix.lower())
+    if codec is None:
+        raise ValueError(f"write_video writes {', '.join(_CODECS)} files, not {path.name}")
+    if codec == "libx264" and codec not in av.codecs_available:  # an FFmpeg built without GPL codecs
+        codec = "mpeg4"
+    _, height, width, _ = frames.shape
+    options = {"mpeg4": {"qscale": "2"}, "libx264": {"crf": "18"}, "libvpx-vp9": {"crf": "20", "b": "0"}}
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=fps, options=options[codec])
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for rgb in frames:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
     return path

@@ -36,7 +36,6 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -44,7 +43,7 @@ import numpy as np
 from vlmcp.data.hf.conversation import Media
 
 __all__ = ["Patching", "VideoHeader", "VideoPlan", "VideoSampling", "decode_frames", "frame_bounds",
-           "plan_video", "read_header", "require_av", "sample_indices", "write_video"]
+           "plan_video", "read_header", "require_av", "sample_indices"]
 
 VIDEO_MIN_TOKENS = 128
 """qwen-vl-utils' ``VIDEO_MIN_TOKEN_NUM``: the default least pixels of a frame, in F^2 units."""
@@ -292,29 +291,3 @@ def decode_frames(media: Media, plan: VideoPlan, resample: int) -> np.ndarray:
         if len(got) < len(wanted):
             raise ValueError(f"the stream ends after {seen} frames; its header says {plan.total}")
     return np.stack([got[i] for i in plan.indices])
-
-
-_CODECS = {".mp4": "libx264", ".mov": "libx264", ".mkv": "libx264", ".avi": "mpeg4", ".webm": "libvpx-vp9"}
-
-
-def write_video(path: str | Path, frames: np.ndarray, fps: int) -> Path:
-    """Write ``uint8[n, H, W, 3]`` RGB frames (H and W even) as a video file, codec by suffix:
-    H.264 in .mp4 / .mov / .mkv (MPEG-4 part 2 where PyAV lacks libx264), MPEG-4 part 2 in
-    .avi, VP9 in .webm."""
-    av = require_av()
-    path = Path(path)
-    codec = _CODECS.get(path.suffix.lower())
-    if codec is None:
-        raise ValueError(f"write_video writes {', '.join(_CODECS)} files, not {path.name}")
-    if codec not in av.codecs_available:
-        codec = "mpeg4"
-    n, height, width, _ = frames.shape
-    options = {"mpeg4": {"qscale": "2"}, "libx264": {"crf": "18"}, "libvpx-vp9": {"crf": "20", "b": "0"}}
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=fps, options=options[codec])
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for rgb in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return path
