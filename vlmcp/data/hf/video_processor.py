@@ -21,6 +21,19 @@ frames there instead::
 which is ``Qwen2VLVideoProcessor.patchify``'s layout, with ``video_grid_thw = (t, H'/p, W'/p)``.
 So two identical frames give exactly the image processor's rows for that frame.
 
+What is exact (``tests/test_video_data.py``): two identical frames give the image
+processor's rows for that frame bit for bit. Against transformers' own
+``Qwen2VLVideoProcessor`` (its module run without torchvision; ``tvF.normalize`` is
+``(x - mean) / std``) on the same sampled, resized frames: the same ``video_grid_thw`` and
+layout, values within 2e-6 (it fuses the 1/255 rescale into mean and std: float32
+rounding), the same token count (``get_num_of_video_patches``) and frame count. What is not:
+the resize (PIL's bicubic here, the image processor's; torchvision's antialiased bicubic
+in qwen-vl-utils and the video processor: at most 1 level of 255 apart where a frame is
+resized, measured on 480x640 -> 476x644 and the like), the video processor's own frame
+picks (``arange(0, total, total / n)``; here qwen-vl-utils' ``linspace(0, total - 1, n)``
+rounded: the same n frames, other indices) and its own size bounds (without
+qwen-vl-utils' per-video pixel budget unless ``cap_pixels_per_frame``).
+
 The text is expanded by the processor itself: :func:`process` calls it with a stand-in for
 its video processor (:class:`FramesVideoProcessor`) that returns these pixels, so
 ``<|video_pad|>`` runs, ``mm_token_type_ids`` (2 on video tokens, which Qwen2-VL's
