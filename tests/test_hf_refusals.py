@@ -357,19 +357,28 @@ def test_none_values_are_ignored():
     assert set(batch.model_inputs) == {"input_ids", "position_ids", "use_cache", "pixel_values", "vlmcp_cp"}
 
 
-def test_videos_are_the_key_classifications_not_implemented():
-    model = vlmcp.hf.parallelize(tiny_model("qwen2_vl", torch.float64), None)
+def test_videos_are_refused_where_the_adapter_takes_none():
+    model = vlmcp.hf.parallelize(tiny_model("llava", torch.float64), None)
     inputs, labels, cu = synthetic_row(model, hf_cases.PROMPT_FIRST)
     assert model_adapter(model).input_kind("pixel_values_videos") is InputKind.VIDEO
+    assert not model_adapter(model).takes_videos
     for key in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
-        with pytest.raises(NotImplementedError, match=rf"videos are not supported under vlmcp CP yet "
-                                                      rf"\(inputs \['{key}'\]\)"):
+        with pytest.raises(NotImplementedError, match=rf"videos are not supported under vlmcp CP for "
+                                                      rf"LlavaForConditionalGeneration .*\['{key}'\]"):
             vlmcp.hf.shard_inputs(model, {**inputs, key: torch.ones(1, 3)}, None, labels=labels,
                                   cu_seqlens=cu)
+    qwen = vlmcp.hf.parallelize(tiny_model("qwen2_vl", torch.float64), None)
+    inputs, labels, cu = synthetic_row(qwen, hf_cases.PROMPT_FIRST)
+    with pytest.raises(ValueError, match="without pixel_values_videos"):
+        vlmcp.hf.shard_inputs(qwen, {**inputs, "video_grid_thw": torch.ones(1, 3)}, None, labels=labels,
+                              cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"inputs\['second_per_grid_ts'\] is not handled .*Qwen2.5-VL"):
+        vlmcp.hf.shard_inputs(qwen, {**inputs, "second_per_grid_ts": torch.ones(1)}, None, labels=labels,
+                              cu_seqlens=cu)
     tt = inputs["mm_token_type_ids"].clone()
     tt[0, 0] = 2
-    with pytest.raises(NotImplementedError, match="marks video tokens"):
-        vlmcp.hf.shard_inputs(model, {**inputs, "mm_token_type_ids": tt}, None, labels=labels, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="position 0 has 2 but is a text token"):
+        vlmcp.hf.shard_inputs(qwen, {**inputs, "mm_token_type_ids": tt}, None, labels=labels, cu_seqlens=cu)
 
 
 def test_mm_token_type_ids_must_mark_exactly_the_image_tokens():
@@ -392,6 +401,8 @@ def test_adapters_declare_their_keys():
     assert kinds == {"input_ids": InputKind.TOKENS, "attention_mask": InputKind.CONSUMED,
                      "mm_token_type_ids": InputKind.CONSUMED, "pixel_values": InputKind.IMAGE,
                      "image_grid_thw": InputKind.IMAGE, "video_grid_thw": InputKind.VIDEO}
+    assert qwen.takes_videos and qwen.input_kind("second_per_grid_ts") is None  # Qwen2.5-VL's only
+    assert adapters.QWEN2_5_VL.input_kind("second_per_grid_ts") is InputKind.VIDEO
     assert llava.input_kind("mm_token_type_ids") is None and llava.input_kind("image_grid_thw") is None
     assert llava.input_kind("pixel_values") is InputKind.IMAGE
     with pytest.raises(ValueError, match="must hold 'input_ids'"):

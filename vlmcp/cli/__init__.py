@@ -15,8 +15,8 @@ from vlmcp.cli import verify as verify_cmd
 
 __all__ = ["main"]
 
-_HF_EXTRA = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "PIL")
-"""Modules the ``hf`` extra brings (``init-model``, ``data shapes``, ``train --model``)."""
+_HF_EXTRA = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "PIL", "av")
+"""Modules the ``hf`` extra brings (``init-model``, ``data shapes``, ``train --model``; ``av``: videos)."""
 
 _COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd,
              "bench": bench_cmd, "init-model": init_model_cmd, "data": data_cmd}

@@ -6,11 +6,13 @@ every conversation and plans the packed rows; all ranks then share that plan. Un
 torchrun each rank makes the same checks and the same plan itself.
 
 Bad samples never stop a long run silently, nor train wrongly: a conversation longer than
-``--seq-len``, or with an image whose header cannot be read, is skipped at planning; one
-whose image fails to decode during training is skipped then, on every rank of its CP
-group. Each is named (``file:line`` and the image) and counted in the opening plan line
-and the final summary. ``--strict`` turns all of them into one-line errors before any rank
-starts (it decodes every image up front).
+``--seq-len``, or with an image or video whose header cannot be read, is skipped at
+planning; one whose image or video fails to decode during training is skipped then, on
+every rank of its CP group. Each is named (``file:line`` and the file) and counted in the
+opening plan line and the final summary. ``--strict`` turns all of them into one-line
+errors before any rank starts (it decodes every image and video up front).
+
+Videos are sampled by the ``--video-*`` flags (:mod:`vlmcp.cli.video`), as qwen-vl-utils does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
+from vlmcp.cli.video import add_video_arguments, video_sampling
+from vlmcp.data.hf.video import VideoSampling
 from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.reference.config import TrainConfig
 
@@ -39,24 +43,29 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
         "Hugging Face model (with --model)",
         "The shared flags above apply too. Checkpoints go to --checkpoint-dir (default OUT/checkpoints): "
         "every --checkpoint-every steps and at the end when either flag is given, and always when a SIGTERM "
-        "stops the run. --image-strategy stays replicate (images whole on every rank).")
+        "stops the run. --image-strategy replicate|shard|auto is passed to vlmcp.hf.shard_inputs.")
     g.add_argument("--model", default=None, metavar="DIR",
                    help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
     g.add_argument("--data", default=None, action="append", metavar="FILE.jsonl",
-                   help="conversations: LLaMA-Factory/ms-swift messages+images or LLaVA conversations; "
-                        "repeat for several files, read in order")
+                   help="conversations: LLaMA-Factory/ms-swift messages+images+videos or LLaVA "
+                        "conversations; repeat for several files, read in order")
     g.add_argument("--output-dir", default=None, metavar="OUT",
                    help="where the trained model and processor are saved (save_pretrained)")
     g.add_argument("--image-root", default=None, metavar="DIR",
-                   help="relative image paths start here; none: the JSONL file's directory")
+                   help="relative image and video paths start here; none: the JSONL file's directory")
     g.add_argument("--strict", action="store_true",
-                   help="stop before training on a conversation longer than --seq-len or an image that "
-                        "cannot be read or decoded (every image is decoded up front), instead of skipping it")
+                   help="stop before training on a conversation longer than --seq-len or an image or video "
+                        "that cannot be read or decoded (every image and video is decoded up front), instead "
+                        "of skipping it")
     g.add_argument("--fsdp", action="store_true",
                    help="FSDP2 over the DP x CP ranks (loss scaled by P), sharded checkpoints")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each decoder block in backward")
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
+    add_video_arguments(p.add_argument_group(
+        "videos (with --model)", "How a video becomes frames, as qwen-vl-utils samples them for Qwen2-VL and "
+        "Qwen2.5-VL: frames at --video-fps, a multiple of 2 of them, each resized to a multiple of F = "
+        "patch_size*merge_size pixels per side within the pixel bounds."))
 
 
 def check_reference_args(args: argparse.Namespace) -> None:
@@ -67,6 +76,8 @@ def check_reference_args(args: argparse.Namespace) -> None:
     for flag in ("strict", "fsdp", "activation_checkpointing"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
+    if video_sampling(args) != VideoSampling():
+        raise ValueError("the --video-* flags need --model (the reference VLM's videos are its own frames)")
 
 
 def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
@@ -77,14 +88,11 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
     for name in _REFERENCE_ONLY:
         if getattr(args, name) != getattr(defaults, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
-    if args.image_strategy != "replicate":
-        raise ValueError("--model keeps images whole on every rank: --image-strategy must be replicate")
-    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "steps", "seq_len", "dtype", "seed",
-              "lr", "fsdp",
-              "activation_checkpointing", "checkpoint_dir", "checkpoint_every", "resume", "metrics_jsonl",
-              "timeout", "image_root", "strict", "nan_at_step")
+    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy", "steps",
+              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "checkpoint_dir",
+              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
     return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
-                         **{f: getattr(args, f) for f in fields})
+                         video=video_sampling(args), **{f: getattr(args, f) for f in fields})
 
 
 def check_outputs(cfg: HFTrainConfig) -> None:
@@ -113,35 +121,44 @@ def _plan(cfg: HFTrainConfig):
     processor = load_processor(cfg.model)
     data = read_conversations(cfg.data, cfg.image_root)
     source = "--data " + ", ".join(cfg.data)
-    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source)
+    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video)
     if cfg.strict:
-        _decode_every_image(index)
+        _decode_every_image(processor, index)
     return processor, index
 
 
-def _decode_every_image(index) -> None:
-    """``--strict``: decode every image now, with a progress line; the first failure is the error."""
+def _decode_every_image(processor, index) -> None:
+    """``--strict``: decode every image and video now, with a progress line; the first failure
+    is the error."""
     from vlmcp.data.hf.encode import MediaError, check_pixels
 
-    total = sum(len(c.images) for c in index.conversations)
+    total = sum(len(c.images) + len(c.videos) for c in index.conversations)
     if not total:
         return
+    one = "image and video" if _has_videos(index) else "image"
+    what = "images and videos" if _has_videos(index) else "images"
     tty = os.environ.get("RANK", "0") == "0" and sys.stdout.isatty()
-    _say(f"vlmcp train: --strict: decoding {total} images before training")
+    _say(f"vlmcp train: --strict: decoding {total} {what} before training")
     done = 0
     for conv in index.conversations:
         try:
-            check_pixels(conv)
+            check_pixels(conv, processor, index.video)
         except MediaError as err:
             if tty:
                 print(flush=True)
-            raise ValueError(f"{err} (--strict decodes every image before training)") from None
-        done += len(conv.images)
+            raise ValueError(f"{err} (--strict decodes every {one} before training)") from None
+        done += len(conv.images) + len(conv.videos)
         if tty:
-            print(f"\rvlmcp train: --strict: {done}/{total} images decoded", end="", flush=True)
+            print(f"\rvlmcp train: --strict: {done}/{total} {what} decoded", end="", flush=True)
     if tty:
         print(flush=True)
-    _say(f"vlmcp train: --strict: all {total} images decode")
+    _say(f"vlmcp train: --strict: all {total} {what} decode")
+
+
+def _has_videos(index) -> bool:
+    """Whether the data has videos (kept, or skipped at planning for one)."""
+    return any(c.videos for c in index.conversations) or \
+        any(s.reason.startswith(("cannot read video", "cannot sample video")) for s in index.unreadable)
 
 
 def _where(skips, most: int = 5) -> str:
@@ -153,10 +170,11 @@ def _where(skips, most: int = 5) -> str:
 
 def _skips(cfg: HFTrainConfig, index, decode_skipped=None) -> str:
     """How many conversations are (or were) left out, by cause, and the turns a format dropped."""
+    media = "image or video" if _has_videos(index) else "image"
     causes = [(f"longer than --seq-len {cfg.seq_len}", index.too_long),
-              ("with an unreadable image", index.unreadable)]
+              (f"with an unreadable {media}", index.unreadable)]
     if decode_skipped is not None:
-        causes.append(("whose image failed to decode in training", decode_skipped))
+        causes.append((f"whose {media} failed to decode in training", decode_skipped))
     causes.append(("by a format rule", index.format_skipped))
     named = decode_skipped is not None  # the final summary names them; the plan line counts them
     parts = [f"{len(skips)} {what}{_where(skips) if named else ''}" for what, skips in causes]
@@ -170,7 +188,7 @@ def _first_view(cfg: HFTrainConfig, processor, index) -> str:
 
     conv = index.conversations[index.rows[row_at(index, cfg.seed, 0)][0]]
     more = f"; vlmcp data show --model {cfg.model} --data {conv.source} --line {conv.line} prints it all"
-    view = view_conversation(processor, conv).plain(max_lines=30, max_chars=2400, more=more)
+    view = view_conversation(processor, conv, index.video).plain(max_lines=30, max_chars=2400, more=more)
     return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}"
 
 
@@ -280,7 +298,7 @@ def run_hf(args: argparse.Namespace) -> int:
         _say(f"vlmcp train: warning: {skip.where}: {skip.reason}; skipped")
     if len(index.unreadable) > 5:
         _say(f"vlmcp train: warning: ... and {len(index.unreadable) - 5} more conversations with an "
-             "unreadable image")
+             f"unreadable {'image or video' if _has_videos(index) else 'image'}")
     _say(_first_view(cfg, processor, index))
     if under_torchrun:
         import torch

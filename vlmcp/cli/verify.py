@@ -40,7 +40,10 @@ def add_parser(sub) -> None:
                    help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
                         "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v "
                         "(a tiny random model) or a local model directory, against the unmodified model "
-                        "(float64 or float32; --image-strategy replicate, --image-attention causal)")
+                        "(float64 or float32; --image-attention causal)")
+    p.add_argument("--video", action="store_true",
+                   help="with --model: a row with videos (a video sample, a text-only sample, a sample "
+                        "mixing images and a video; videos only where the model cannot mix them, GLM-4.1V)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--ulysses-size needs --attention usp, got --attention {args.attention}")
     if args.model is not None:
         return _run_hf(args)
+    if args.video:
+        raise ValueError("--video needs --model (the reference VLM has no videos)")
     llm = verify_model_config().llm
     ulysses_size = None
     if args.attention == "usp":
@@ -101,12 +106,18 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--model checks float64 or float32, got --dtype {args.dtype}")
     if args.attention == "usp":
         raise ValueError("--attention usp is for the reference VLM; --model takes ring or ulysses")
-    if args.image_strategy != "replicate" or args.image_attention != "causal":
-        raise ValueError("--model keeps every image token on every rank (--image-strategy replicate) and "
-                         "the model's own causal attention (--image-attention causal)")
+    if args.image_attention != "causal":
+        raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
+        from vlmcp.hf.adapters import adapter_for
         from vlmcp.hf.tiny import MROPE_ARCHS, TINY_ARCHS, tiny_config
-        from vlmcp.hf.verify import HFParityCase, hf_parity
+        from vlmcp.hf.verify import (
+            DEFAULT_SAMPLES,
+            VIDEO_ONLY_SAMPLES,
+            VIDEO_SAMPLES,
+            HFParityCase,
+            hf_parity,
+        )
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
@@ -126,8 +137,18 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.attention == "ulysses" and heads and heads % args.cp:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
+    samples = DEFAULT_SAMPLES
+    if args.video:
+        import types
+
+        adapter = adapter_for(types.SimpleNamespace(config=config, model=None))
+        if not adapter.takes_videos:
+            raise ValueError(f"--video: {args.model} (model_type={config.model_type!r}) takes no videos "
+                             "under vlmcp; Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V do")
+        samples = VIDEO_SAMPLES if adapter.mixes_images_and_videos else VIDEO_ONLY_SAMPLES
     case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
-                        dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement)
+                        dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement,
+                        image_strategy=args.image_strategy, samples=samples)
     try:
         result = spawn_ranks(hf_parity, args.cp, case, timeout=args.timeout)[0]
     except RankFailure as err:
@@ -138,7 +159,8 @@ def _run_hf(args: argparse.Namespace) -> int:
     else:
         print(f"vlmcp verify: {args.model} P={result['cp']} vision_mode={case.vision_mode} "
               f"attention={case.attention} dtype={case.dtype} sample_placement={case.sample_placement} "
-              f"(whole: {result['whole']}): loss {result['loss']:.6f} (relative error "
+              f"(whole: {result['whole']}) image_strategy={case.image_strategy} ({result['strategy']})"
+              f"{' with videos' if args.video else ''}: loss {result['loss']:.6f} (relative error "
               f"{result['loss_rel_error']:.2e}), max relative gradient error "
               f"{result['max_rel_grad_error']:.2e} "
               f"over {result['params_checked']} parameters, worst {result['worst_param']} (tolerance "

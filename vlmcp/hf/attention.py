@@ -64,6 +64,9 @@ class CPContext:
     """``cp_attention``'s backend, fixed by ``parallelize``."""
     dummy_vision: bool = False
     """The row has no image and the pixel inputs are one blank image (Note [vlmcp HF vision placement])."""
+    token_types: torch.Tensor | None = None
+    """``Int8Tensor[L]`` of the global row: 0 text, 1 image, 2 video (the vision wrapper's selection of
+    the feature rows this rank merges)."""
 
     def __repr__(self) -> str:
         return f"CPContext({self.shard!r}, backend={self.backend!r})"

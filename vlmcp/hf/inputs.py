@@ -10,24 +10,33 @@ sharded (PITFALLS, Hugging Face section):
 * positions: the model's own rope index (Qwen M-RoPE ``get_rope_index``) per sample, as
   if the sample ran alone, then sharded; padding gets position 0, never -1 (HF's
   packed-sequence detection uses ``min()``; vlmcp's attention ignores it anyway);
-* image tokens stay whole (``image_strategy="replicate"``): a split sample's on every
-  rank, a whole sample's (``sample_placement="whole"``/``"auto"``) on its owner only.
-  The local ``input_ids`` hold the placeholders of exactly those images, and the vision
-  wrapper hands HF's merge their features in order (Note [vlmcp HF vision placement]);
-  padding slots get the pad token, never the image token. A whole sample's slots are
-  not replicated, so its targets stay on its owner and count once.
+* visual tokens (image and video placeholders) follow ``image_strategy``. Under
+  ``"replicate"`` they stay whole: a split sample's on every rank, a whole sample's
+  (``sample_placement="whole"``/``"auto"``) on its owner only. Under ``"shard"`` a split
+  sample's visual and text tokens are zigzagged together (``"auto"``: the cost model picks
+  one of the two per row). Either way the local ``input_ids`` hold the placeholders of
+  exactly the visual tokens this rank holds, and the vision wrapper hands HF's image and
+  video merges the feature rows of those tokens, in order (Note [vlmcp HF vision
+  placement]); padding slots get the pad token, never a placeholder. Non-replicated
+  slots' targets stay on their owner and count once;
+* videos (Note [vlmcp HF videos: frame groups are visual units] in :mod:`vlmcp.hf.visuals`):
+  the unit of visual identity is an image or one temporal patch group (frame group) of a
+  video, numbered in row order and passed to the plan as ``image_ids``; each sample's
+  videos (and Qwen2.5-VL's ``second_per_grid_ts``) go to its rope index, so Qwen3-VL's and
+  GLM-4.1V's timestamps between frame groups keep their positions.
 
 No ``attention_mask`` is passed: the plan is the mask. Every key of ``inputs`` is
 classified by the adapter (:class:`~vlmcp.hf.adapters.InputKind`): per-token and sharded,
-per-token and consumed here, per-image and passed on whole, per-video (refused for now);
-a key the adapter does not handle is refused, named, never dropped (``None`` values are
-ignored). Every check runs on metadata every rank holds, before any collective.
+per-token and consumed here, per-image and per-video and passed on whole (videos refused
+where the adapter takes none); a key the adapter does not handle is refused, named, never
+dropped (``None`` values are ignored). Every check runs on metadata every rank holds,
+before any collective.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -36,8 +45,10 @@ from torch import nn
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
+from vlmcp.hf.visuals import row_visuals
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
 from vlmcp.layout.placement import SamplePlacement
+from vlmcp.layout.plan import ImageStrategy
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = ["HFBatch", "shard_inputs", "shift_hf_labels"]
@@ -52,6 +63,8 @@ _UNHANDLED_WHY = {
     "token_type_ids": "per-token types the model reads (Gemma 3: bidirectional attention within each image)",
     "mm_token_type_ids": "multimodal token types the model reads (M-RoPE positions, bidirectional image "
                          "masks)",
+    "second_per_grid_ts": "seconds per temporal patch group of each video (Qwen2.5-VL's temporal "
+                          "positions), which this model does not read",
     "position_ids": "vlmcp computes the position ids on the global row itself",
     "labels": "pass labels=... to shard_inputs instead",
     "inputs_embeds": "vlmcp shards input_ids, and HF's merge runs on the local row",
@@ -92,7 +105,8 @@ def _row(name: str, x, length: int | None = None) -> torch.Tensor:
 
 
 def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKind, list[str]]:
-    """The keys of ``inputs`` by kind (``None`` values skipped); raises on any other key, and on videos."""
+    """The keys of ``inputs`` by kind (``None`` values skipped); raises on any other key, and on videos
+    for an adapter that takes none."""
     out: dict[InputKind, list[str]] = {kind: [] for kind in InputKind}
     for key in inputs.keys():
         if inputs[key] is None:
@@ -100,7 +114,8 @@ def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKi
         kind = adapter.input_kind(key)
         if kind is None:
             why = _UNHANDLED_WHY.get(key, "a key vlmcp does not know")
-            takes = ", ".join(adapter.token_keys + adapter.consumed_keys + adapter.pixel_keys)
+            takes = ", ".join(adapter.token_keys + adapter.consumed_keys + adapter.pixel_keys
+                              + (adapter.video_keys if adapter.takes_videos else ()))
             model_type = getattr(model.config, "model_type", None)
             raise ValueError(
                 f"inputs[{key!r}] is not handled for {type(model).__name__} (model_type={model_type!r}, "
@@ -108,49 +123,13 @@ def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKi
                 "than the model expects; remove it only if the model does not read it, or register an "
                 f"adapter that handles it (vlmcp.hf.register_adapter). This adapter takes {takes}")
         out[kind].append(key)
-    if out[InputKind.VIDEO]:
-        raise NotImplementedError(f"videos are not supported under vlmcp CP yet (inputs "
-                                  f"{out[InputKind.VIDEO]})")
-    return out
-
-
-def _token_types(token_type: torch.Tensor, is_image: torch.Tensor) -> torch.Tensor:
-    """``mm_token_type_ids`` of the row, checked: 0 text, 1 exactly at the image tokens."""
-    if bool((token_type == 2).any()):
-        raise NotImplementedError("mm_token_type_ids marks video tokens (2): videos are not supported under "
-                                  "vlmcp CP yet")
-    bad = (token_type != is_image.to(token_type.dtype)).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        what = "an image" if is_image[i] else "a text"
-        raise ValueError(f"mm_token_type_ids must be 1 exactly at the image tokens and 0 elsewhere; "
-                         f"position {i} has {int(token_type[i])} but is {what} token")
-    return token_type
-
-
-def _images_per_sample(tokens: list[int] | None, is_image: torch.Tensor, cu: torch.Tensor,
-                       n_images: int) -> list[list[int]]:
-    """Which images (in order) each sample's image tokens take; raises on any mismatch."""
-    counts = torch.zeros(cu.numel() - 1, dtype=torch.long).index_add_(
-        0, torch.repeat_interleave(torch.arange(cu.numel() - 1), cu[1:] - cu[:-1]), is_image.long().cpu())
-    total = int(counts.sum())
-    if tokens is None:  # the adapter cannot tell: HF's own merge check raises on a mismatch
-        if n_images and cu.numel() > 2:
-            raise ValueError("packing samples with images needs an adapter that knows each "
-                             "image's token count")
-        return [list(range(n_images))]
-    if sum(tokens) != total:
-        raise ValueError(f"image features and image tokens do not match: the row has {total} image tokens "
-                         f"but the {len(tokens)} images give {sum(tokens)} ({tokens})")
-    out, i = [], 0
-    for s, n in enumerate(counts.tolist()):
-        first, got = i, 0
-        while got < n and i < len(tokens):
-            got, i = got + tokens[i], i + 1
-        if got != n:
-            raise ValueError(f"image features and image tokens do not match: sample {s} has {n} image tokens "
-                             f"but images {first}..{i - 1} give {got} ({tokens[first:i]})")
-        out.append(list(range(first, i)))
+    if out[InputKind.VIDEO] and not adapter.takes_videos:
+        raise NotImplementedError(f"videos are not supported under vlmcp CP for {type(model).__name__} "
+                                  f"(vlmcp adapter {adapter.name!r}; inputs {out[InputKind.VIDEO]}): "
+                                  "Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V take them")
+    if out[InputKind.VIDEO] and adapter.video_pixel_keys[0] not in out[InputKind.VIDEO]:
+        raise ValueError(f"video inputs {out[InputKind.VIDEO]} without {adapter.video_pixel_keys[0]}: pass "
+                         "the videos' pixels with their grids, or none of the video keys")
     return out
 
 
@@ -176,6 +155,7 @@ def shard_inputs(
     labels: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     sample_placement: SamplePlacement = "split",
+    image_strategy: ImageStrategy | Literal["auto"] = "replicate",
 ) -> HFBatch:
     """This rank's inputs, targets and shard for one (packed) processor row.
 
@@ -183,13 +163,14 @@ def shard_inputs(
         model: a model passed to :func:`vlmcp.hf.parallelize` (with this ``cp_group``).
         inputs: the processor's output for one row, batch dimension 1: ``input_ids (1, L)``,
             optional ``attention_mask`` of ones, ``pixel_values`` (+ ``image_grid_thw`` and
-            ``mm_token_type_ids`` for Qwen-VL); no pixel keys for a row without images.
-            A packed row concatenates its samples' inputs in order. Every other key is
-            refused unless the adapter handles it (``HFAdapter.input_kind``); ``None``
-            values are ignored.
+            ``mm_token_type_ids`` for Qwen-VL), ``pixel_values_videos`` + ``video_grid_thw``
+            (+ ``second_per_grid_ts``, Qwen2.5-VL) for videos; no pixel keys for a row
+            without images or videos. A packed row concatenates its samples' inputs in
+            order (images and videos each in row order). Every other key is refused unless
+            the adapter handles it (``HFAdapter.input_kind``); ``None`` values are ignored.
         cp_group: the CP group (the one the model was parallelized for).
         labels: HF-convention ``(1, L)``, unshifted, -100 where there is no loss; default
-            ``input_ids`` with image tokens at -100.
+            ``input_ids`` with image and video tokens at -100.
         cu_seqlens: ``IntTensor[S+1]`` sample boundaries, or None for one sample. Samples
             are independent (no attention across them, positions restart).
         sample_placement: ``"split"`` (every sample zigzagged over the group), ``"whole"``
@@ -197,6 +178,13 @@ def shard_inputs(
             whole, long ones split, chosen per row by the default cost model); see Note
             [vlmcp whole-sample placement]. Every vision mode works with each: all ranks
             still compute (or gather) all images' features, and each merges its own.
+        image_strategy: where a split sample's visual (image and video) tokens live:
+            ``"replicate"`` (every rank holds all of them; only text is zigzagged),
+            ``"shard"`` (the whole merged sample is zigzagged: visual K/V travel in ring
+            and Ulysses like text, and each rank merges only the feature rows of the
+            visual tokens it holds) or ``"auto"`` (the default :class:`~vlmcp.CostModel`
+            prices both layouts of the row and keeps the cheaper: one decision per row,
+            not per image), as :func:`vlmcp.plan_cp`.
 
     Returns:
         :class:`HFBatch` with ``model_inputs``, ``labels`` and ``shard``.
@@ -206,11 +194,13 @@ def shard_inputs(
             the architecture: e.g. ``image_sizes``, ``pixel_attention_mask``,
             ``spatial_shapes``, ``token_type_ids`` or ``mm_token_type_ids`` without an
             adapter that reads them), bad shapes, labels not matching ``input_ids``,
-            ``cu_seqlens`` not covering the row, image tokens not matching the images
-            (or ``mm_token_type_ids``), a group other than the model's, or whole
-            placement of a row with images on a model without a vlmcp adapter (all
-            before any communication).
-        NotImplementedError: videos (the adapter's video keys, or video token types).
+            ``cu_seqlens`` not covering the row, image or video tokens not matching the
+            images or videos (or ``mm_token_type_ids``), a frame group or image cut by
+            other tokens, images and videos in one row of a model whose forward cannot
+            merge both (GLM-4.1V), a group other than the model's, or whole placement or
+            sharded visual tokens of a row with images on a model without a vlmcp adapter
+            (all before any communication).
+        NotImplementedError: videos for an architecture whose adapter takes none.
     """
     state = parallel_state(model)
     if cp_group is not state.group:
@@ -219,6 +209,9 @@ def shard_inputs(
         raise TypeError(f"inputs must be the processor's dict, got {type(inputs).__name__}")
     if inputs.get("input_ids") is None:
         raise ValueError("inputs must hold input_ids (1, L)")
+    strategies = (*get_args(ImageStrategy), "auto")
+    if image_strategy not in strategies:
+        raise ValueError(f"image_strategy must be one of {strategies}, got {image_strategy!r}")
     adapter, config = state.adapter, model.config
     keys = _classify_keys(model, adapter, inputs)
     ids = _row("input_ids", inputs["input_ids"])
@@ -234,17 +227,14 @@ def shard_inputs(
         _row("labels", labels, L)
     cu = check_cu_seqlens(cu_seqlens, L)
     image_id = adapter.image_token_id(config)
-    is_image = (ids == image_id).cpu()
+    ids_cpu = ids.cpu()
     pixels = {k: inputs[k] for k in keys[InputKind.IMAGE]}
+    videos = {k: inputs[k] for k in keys[InputKind.VIDEO]}
     has_pixels = bool(pixels) and (adapter.pixel_keys[0] in pixels)
-    if not has_pixels and bool(is_image.any()):
-        raise ValueError(f"image features and image tokens do not match: the row has {int(is_image.sum())} "
-                         "image tokens but no pixel_values")
-    tokens = adapter.image_tokens(model, pixels) if has_pixels else []
-    n_images = len(tokens) if tokens is not None else 1
-    groups = _images_per_sample(tokens, is_image, cu, n_images if has_pixels else 0)
-    token_type = per_token.get("mm_token_type_ids")
-    token_type = is_image.int() if token_type is None else _token_types(token_type.cpu(), is_image)
+    has_videos = bool(videos)
+    given = per_token.get("mm_token_type_ids")
+    rv = row_visuals(model, adapter, ids_cpu, None if given is None else given.cpu(), pixels, videos, cu)
+    types, visual = rv.types, rv.visual
 
     fsdp = _is_fsdp(model)
     if fsdp and state.vision_mode in ("broadcast", "scatter"):
@@ -264,24 +254,31 @@ def shard_inputs(
         raise ValueError(f"sample_placement={sample_placement!r} with images needs a vlmcp adapter (the "
                          "vision wrapper gives each rank its own images' features); this model has none: "
                          "use sample_placement='split' or register one (vlmcp.hf.register_adapter)")
+    if image_strategy != "replicate" and has_pixels and not adapter.vision_modules:
+        raise ValueError(f"image_strategy={image_strategy!r} with images needs a vlmcp adapter (the vision "
+                         "wrapper gives each rank the features of the image tokens it holds); this model has "
+                         "none: use image_strategy='replicate' or register one (vlmcp.hf.register_adapter)")
     cp_size = state.cp_size
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
-    plan = plan_cp(is_image, cp_size, cu, image_strategy="replicate", sample_placement=sample_placement)
+    plan = plan_cp(visual, cp_size, cu, image_strategy=image_strategy, image_ids=rv.unit_ids,
+                   sample_placement=sample_placement)
     shard = plan.for_rank(rank)
 
-    ids_cpu = ids.cpu()
     parts = []
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
-        sub = adapter.select_images(pixels, groups[s]) if has_pixels and tokens is not None else pixels
-        parts.append(adapter.position_ids(model, ids_cpu[a:b], token_type[a:b], sub).cpu())
+        imgs, vids = rv.images_per_sample[s], rv.videos_per_sample[s]
+        sub = adapter.select_images(pixels, imgs) if has_pixels and rv.image_tokens is not None else pixels
+        extra = {"videos": adapter.select_videos(videos, vids)} if vids else {}
+        parts.append(adapter.position_ids(model, ids_cpu[a:b], types[a:b], sub, **extra).cpu())
     positions = torch.cat(parts, dim=-1)  # (R, L)
 
-    targets = labels[0] if labels is not None else torch.where(is_image.to(ids.device), IGNORE_INDEX, ids)
+    targets = labels[0] if labels is not None else torch.where(visual.to(ids.device), IGNORE_INDEX, ids)
     targets = shift_hf_labels(targets.long(), cu.to(targets.device))
     pad_id = getattr(config.text_config, "pad_token_id", None)
-    if pad_id is None or pad_id == image_id:  # a padding slot must never look like an image token
-        pad_id = 1 if image_id == 0 else 0
+    placeholders = {image_id, adapter.video_token_id(config)} if has_videos else {image_id}
+    if pad_id is None or pad_id in placeholders:  # a padding slot must never look like a visual token
+        pad_id = min({0, 1, 2} - placeholders)
     device = ids.device
     model_inputs: dict[str, Any] = {  # padding slots: the pad token in input_ids, 0 in other token keys
         k: shard.shard(per_token[k], fill=pad_id if k == "input_ids" else 0).unsqueeze(0)
@@ -292,10 +289,14 @@ def shard_inputs(
     dummy = False
     if has_pixels:
         model_inputs.update(pixels)
-    elif adapter.vision_modules and (state.dummy_vision or (state.dummy_vision is None and fsdp)):
+    if has_videos:
+        model_inputs.update(videos)
+    if not (has_pixels or has_videos) and adapter.vision_modules and (
+            state.dummy_vision or (state.dummy_vision is None and fsdp)):
         model_inputs.update(adapter.dummy_images(model))
         dummy = True
-    ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy)
+    ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy,
+                    token_types=types.to(torch.int8))
     model_inputs[CONTEXT_KEY] = ctx
     local_targets = shard.shard_labels(targets)
     if rank > 0:  # a replicated slot's target (the last image token predicts the text after it) counts once

@@ -29,13 +29,15 @@ from torch.nn import functional as F
 import vlmcp
 from vlmcp.grads import local_part
 from vlmcp.hf.adapters import adapter_for
-from vlmcp.hf.inputs import _images_per_sample, shard_inputs, shift_hf_labels
+from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
+from vlmcp.hf.visuals import row_visuals
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = [
-    "DEFAULT_SAMPLES", "HFParityCase", "Reference", "compare_gradients", "cp_step",
-    "float64_exact", "float64_islands", "float64_norms", "hf_parity", "load_model",
+    "DEFAULT_SAMPLES", "VIDEO_ONLY_SAMPLES", "VIDEO_SAMPLES", "HFParityCase", "Reference",
+    "compare_gradients",
+    "cp_step", "float64_exact", "float64_islands", "float64_norms", "hf_parity", "load_model",
     "reference_for", "reference_step",
 ]
 
@@ -48,22 +50,33 @@ DEFAULT_SAMPLES = (
     (3, (1, 4, 8), 4, (1, 4, 4), 7),   # two images in one sample, text between
 )
 """The verification row: 3 packed samples (Qwen grids; LLaVA images are fixed-size)."""
+
+VIDEO_SAMPLES = (
+    (5, ("video", 3, 4, 4), 9),                                    # a video of 3 frame groups
+    (12,),                                                         # text only
+    (3, (1, 4, 8), 4, ("video", 2, 4, 8, 0.5), 2, (1, 4, 4), 7),   # image, video, image
+)
+"""``vlmcp verify --model --video``'s row (Qwen2.5-VL: the second video at 0.5 s per frame group)."""
+VIDEO_ONLY_SAMPLES = ((5, ("video", 3, 4, 4), 9), (12,), (3, ("video", 2, 4, 8), 7))
+"""The same for a model whose forward cannot take images and videos in one row (GLM-4.1V)."""
 def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     adapter = adapter_for(model)
-    ids = inputs["input_ids"][0]
-    is_image = (ids == adapter.image_token_id(model.config)).cpu()
     pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
-    tokens = adapter.image_tokens(model, pixels) if pixels else []
-    n_images = len(tokens) if tokens is not None else pixels[adapter.pixel_keys[0]].shape[0]
-    groups = _images_per_sample(tokens, is_image, cu, n_images)
+    videos = {k: inputs[k] for k in adapter.video_keys if inputs.get(k) is not None} if adapter.takes_videos \
+        else {}
+    given = inputs.get("mm_token_type_ids")
+    rv = row_visuals(model, adapter, inputs["input_ids"][0].cpu(), None if given is None else given[0].cpu(),
+                     pixels, videos, cu)
     out = []
+    one = cu.numel() == 2  # a single sample takes every image and video, as is
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
         sample = {k: v[:, a:b] for k, v in inputs.items()
                   if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
-        if groups[s]:
-            one = cu.numel() == 2  # a single sample takes every image, as is
-            sample.update(pixels if one else adapter.select_images(pixels, groups[s]))
+        if rv.images_per_sample[s] and pixels:
+            sample.update(pixels if one else adapter.select_images(pixels, rv.images_per_sample[s]))
+        if rv.videos_per_sample[s]:
+            sample.update(videos if one else adapter.select_videos(videos, rv.videos_per_sample[s]))
         out.append(sample)
     return out
 
@@ -89,14 +102,16 @@ def reference_step(model: nn.Module, inputs: dict, labels: torch.Tensor,
 
 def cp_step(model: nn.Module, inputs: dict, labels: torch.Tensor, cu_seqlens: torch.Tensor | None,
             group: dist.ProcessGroup | None, loss_scale: float = 1.0, reduce: bool = True,
-            sample_placement: str = "split") -> torch.Tensor:
+            sample_placement: str = "split", image_strategy: str = "replicate") -> torch.Tensor:
     """One CP forward + backward (+ ``reduce_gradients``); returns the group's mean loss."""
-    return _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale, reduce, sample_placement)[0]
+    return _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale, reduce, sample_placement,
+                    image_strategy)[0]
 
 
-def _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale=1.0, reduce=True, sample_placement="split"):
+def _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale=1.0, reduce=True, sample_placement="split",
+             image_strategy="replicate"):
     batch = shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu_seqlens,
-                         sample_placement=sample_placement)
+                         sample_placement=sample_placement, image_strategy=image_strategy)
     out = model(**batch.model_inputs)
     loss, mean = vlmcp.cp_cross_entropy(out.logits[0], batch.labels, group)
     (loss * loss_scale).backward()
@@ -147,6 +162,8 @@ class HFParityCase:
     """Qwen-VL: wrap images in vision start/end tokens (text before every image)."""
     sample_placement: str = "split"
     """``shard_inputs``' ``sample_placement``: ``"split"``, ``"whole"`` or ``"auto"``."""
+    image_strategy: str = "replicate"
+    """``shard_inputs``' ``image_strategy``: ``"replicate"``, ``"shard"`` or ``"auto"``."""
 
 
 def _rms_norm_in_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -312,7 +329,8 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
         model.gradient_checkpointing_enable()
     parallelize(model, group, attention=case.attention, vision_mode=case.vision_mode)
     with float64_exact(DTYPES[case.dtype]):
-        loss, batch = _cp_step(model, inputs, labels, cu, group, sample_placement=case.sample_placement)
+        loss, batch = _cp_step(model, inputs, labels, cu, group, sample_placement=case.sample_placement,
+                               image_strategy=case.image_strategy)
     err, worst = compare_gradients(model, ref, group)
     ref_loss = float(reference.loss)
     loss_err = abs(float(loss) - ref_loss) / max(abs(ref_loss), 1e-300)
@@ -322,6 +340,7 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
             "cp": 1 if group is None else dist.get_world_size(group), "loss": float(loss),
             "ref_loss": ref_loss, "loss_rel_error": loss_err, "max_rel_grad_error": err,
             "worst_param": worst, "whole": batch.shard.plan.whole.tolist(),
+            "strategy": batch.shard.plan.image_strategy,
             "image_tokens_per_rank": [int(s.is_image.sum()) for s in batch.shard.plan.shards()],
             "params_checked": sum(1 for _ in model.parameters()),
             "vision_params_with_grad": sum(p.grad is not None for p in vision),

@@ -1,32 +1,42 @@
-"""The complete image features on every CP rank of a Hugging Face VLM, in five modes.
+"""The complete image and video features on every CP rank of a Hugging Face VLM, in five modes.
 
 Note [vlmcp HF vision placement]
 --------------------------------
-HF's forward calls the base model's ``get_image_features`` and merges the result at
-the image placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``). With every
-image token on every rank, that merge works unchanged on the local row; only *who
-computes* the features changes with the mode. :func:`place_hf_vision` replaces
-``get_image_features`` on the base model (an instance attribute bound to it, so copies
-rebind) by :func:`_placed_image_features`, which runs the original ViT call as the
-mode says and returns the features of all images, in order, on every rank::
+HF's forward calls the base model's ``get_image_features`` (and ``get_video_features``) and
+merges the result at the image (video) placeholder tokens (``get_placeholder_mask`` +
+``masked_scatter``). With every visual token on every rank, that merge works unchanged on
+the local row; only *who computes* the features changes with the mode. :func:`place_hf_vision`
+replaces both calls on the base model (instance attributes bound to it, so copies rebind)
+by one code path, :func:`_placed_features`, which runs the original ViT call as the mode
+says and returns the features of all images (videos), in order, on every rank::
 
     replicate       original call on every rank                          (SHARE)
     allreduce_hook  original call; hook all-reduces the feature gradient (FULL)
     broadcast       original call on src; vlmcp.comm.broadcast            (SHARE)
-    scatter         original call on this rank's images (assign_images, patches^2);
-                    vlmcp.comm.all_gather of rows, back to image order    (SHARE)
+    scatter         original call on this rank's ViT units (assign_images, patches^2);
+                    vlmcp.comm.all_gather of rows, back to unit order     (SHARE)
     hidden_shard    original call with the projector's last Linear cut to this rank's
                     1/P output columns; all_gather on the hidden dim       (ViT SHARE, slice PARTITIONED)
+
+A ViT unit is what the ViT attends over: an image, or one temporal patch group (frame
+group) of a video (Note [vlmcp HF videos: frame groups are visual units]). ``scatter``
+balances the units of one call by cost (largest first), so one long video's frame groups
+spread over the group and its ViT work falls by about P per rank, while an image is never
+cut. Images and videos are two calls (HF makes them), each balanced on its own.
 
 The duals are :mod:`vlmcp.comm`'s (reduce-sum, reduce-scatter), and the parameters
 carry the same rules as under :func:`vlmcp.place_vision` (Note [vlmcp gradient rules]),
 recorded per vision module so :func:`vlmcp.reduce_gradients` re-applies them. Every
-decision reads metadata the CP group shares (image count and grids).
+decision reads metadata the CP group shares (image and video counts and grids).
+
+Qwen3-VL's class ``get_video_features`` calls ``self.get_image_features``, which is the
+stand-in: while the original call runs, a nested stand-in call passes straight through to
+the class's function (``_BUSY``), so the video's features are placed once, as a video.
 
 Deepstack (Qwen3-VL; the adapter's ``deepstack_output``): the call also returns one
-feature list per level (``deepstack_features``), which HF adds at the image tokens of
-early LLM layers (``visual_pos_masks``: the same tokens, in the same order, as the
-merge). Every level is a second set of features of the same images, so it follows the
+feature list per level (``deepstack_features``), which HF adds at the visual tokens of
+early LLM layers (``visual_pos_masks``: the same tokens, in the same order, as the image
+and video merges). Every level is a second set of features of the same units, so it follows the
 same mode: the wrapper stacks the levels, ``(tokens, levels, D)``, and every step above
 (the hook, the broadcast, the row gather, the hidden-dim gather of each level's
 ``hidden_shard`` slice, the whole-sample selection below) runs once on the stack; the
@@ -37,20 +47,23 @@ merger's last Linear (``adapter.deepstack_projectors``) like the projector's::
     run(images) -> [ main | level 1 | ... ]  (tokens, 1 + K, D or D/P)
                    ── the mode's collective and dual, once ──> unbind(1), split per image
 
-Whole samples (``shard_inputs(..., sample_placement="whole"|"auto")``, Note [vlmcp
-whole-sample placement]): a rank's ``input_ids`` then hold only the placeholders of its
-own samples' images (and of the split samples' replicated ones), so after the mode has
-given every rank all images' features, :func:`_local_features` keeps the rows of the
-image tokens this rank holds, in row order (an ``index_select``). Every rank still runs
-the mode's collectives on all images, so they match across ranks; the selection's
-backward scatters the local rows' gradient into zeros of the full features, so a rank
-holding no image token still joins every dual (with a zero gradient)::
+Whole samples and sharded visual tokens (``shard_inputs(..., sample_placement="whole"|"auto")``,
+Note [vlmcp whole-sample placement]; ``image_strategy="shard"``): a rank's ``input_ids`` then
+hold only some visual tokens (its own samples' images; under ``shard`` its zigzag chunks of
+every split sample, which may cut an image or a frame group anywhere), so after the mode
+has given every rank all features, :func:`_local_features` keeps the rows of the tokens of
+this kind (image or video, from the row's ``CPContext.token_types``) this rank holds, in row
+order (an ``index_select``). Every rank still runs the mode's collectives on all units, so
+they match across ranks; the selection's backward scatters the local rows' gradient into
+zeros of the full features, so a rank holding no visual token still joins every dual (with
+a zero gradient)::
 
-    features (all images, every rank) ──index_select(local image slots)──> HF's merge
-    whole:  rank 0 [ a a a a | d d ]  takes the rows of a's and d's images
-            rank 1 [ b b | c c c ]    takes b's and c's
+    features (all units, every rank) ──index_select(local slots of this kind)──> HF's merge
+    whole:  rank 0 [ a a a a | d d ]        takes the rows of a's and d's images
+            rank 1 [ b b | c c c ]          takes b's and c's
+    shard:  rank 0 [ t V V | V t ]  rank 1 [ V V t | t ]   each takes its own V rows, in order
 
-Text-only rows: HF skips the ViT when there is no ``pixel_values``. Under FSDP or DDP
+Text-only rows: HF skips the ViT when there is no ``pixel_values`` (nor videos). Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
 ``dummy_vision`` ``shard_inputs`` passes one blank image and the call returns zero
@@ -76,13 +89,13 @@ from vlmcp.comm import all_gather, broadcast
 from vlmcp.grads import GradRule, grad_tag, set_grad_rule
 from vlmcp.hf.adapters import HFAdapter, submodule
 from vlmcp.hf.attention import CONTEXT_KEY
-from vlmcp.models.merge import image_rows
 from vlmcp.vision.assign import assign_images, vit_cost
 from vlmcp.vision.placement import VisionMode, _column_slice
 
 __all__ = ["HFVisionPlacement", "VisionTags", "place_hf_vision"]
 
 _ATTR = "_vlmcp_vision"
+_BUSY = "_vlmcp_in_vit"  # set while the original call runs: a nested get_*_features call is passed through
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,8 +117,9 @@ class HFVisionPlacement:
     group: dist.ProcessGroup | None
     src: int
     adapter: HFAdapter
-    original: Any
-    """The class's ``get_image_features`` (unbound), called with the base model."""
+    originals: Mapping[str, Any]
+    """The class's ``get_image_features`` (``"image"``) and ``get_video_features`` (``"video"``, where
+    the adapter takes videos), unbound, called with the base model."""
     out_dim: int
     """Width of the features (the LLM hidden size)."""
     levels: int
@@ -121,33 +135,60 @@ def _needs_grad(module: nn.Module) -> bool:
 
 def _placed_image_features(self: nn.Module, *args, **kwargs):
     """Stand-in for ``base_model.get_image_features``: the complete features on every rank."""
+    return _placed_features(self, "image", *args, **kwargs)
+
+
+def _placed_video_features(self: nn.Module, *args, **kwargs):
+    """Stand-in for ``base_model.get_video_features``: the complete features on every rank."""
+    return _placed_features(self, "video", *args, **kwargs)
+
+
+def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
+    """One code path for images and videos (``modality``); see Note [vlmcp HF vision placement]."""
     pl: HFVisionPlacement = getattr(self, _ATTR)
+    original = pl.originals[modality]
+    if getattr(self, _BUSY, False):  # the model's own video call runs its image call (Qwen3-VL): as is
+        kwargs.pop(CONTEXT_KEY, None)
+        return original(self, *args, **kwargs)
     ctx = kwargs.pop(CONTEXT_KEY, None)  # the text layout must not reach the ViT
-    bound = inspect.signature(pl.original).bind(self, *args, **kwargs)
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
     call = {}
     for name, value in list(bound.arguments.items())[1:]:
         if bound.signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
             call.update(value)
         else:
             call[name] = value
-    pixels = {k: call[k] for k in pl.adapter.pixel_keys if call.get(k) is not None}
+    adapter = pl.adapter
+    keys = adapter.pixel_keys if modality == "image" else adapter.video_pixel_keys
+    pixels = {k: call[k] for k in keys if call.get(k) is not None}
 
     def run(sub: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The original call on ``sub``: every level's features stacked, ``(tokens, levels, width)``."""
-        out = pl.original(self, **{**call, **sub})
+        setattr(self, _BUSY, True)
+        try:
+            out = original(self, **{**call, **sub})
+        finally:
+            setattr(self, _BUSY, False)
         levels = [out.pooler_output]
-        if pl.adapter.deepstack_output is not None:
-            levels += list(getattr(out, pl.adapter.deepstack_output))
+        if adapter.deepstack_output is not None:
+            levels += list(getattr(out, adapter.deepstack_output))
         if len(levels) != pl.levels:
-            raise RuntimeError(f"vlmcp: {type(self).__name__}.get_image_features returned {len(levels)} "
+            raise RuntimeError(f"vlmcp: {type(self).__name__}.get_{modality}_features returned {len(levels)} "
                                f"feature levels, the adapter expects {pl.levels}")
         flat = [torch.cat(list(f), 0) if isinstance(f, (list, tuple)) else f.flatten(0, -2) for f in levels]
         return flat[0].unsqueeze(1) if len(flat) == 1 else torch.stack(flat, 1)
 
-    if ctx is not None and getattr(ctx, "dummy_vision", False):
+    if ctx is not None and getattr(ctx, "dummy_vision", False) and modality == "image":
         f = run(pixels)  # (hidden_shard: this rank's columns only; the empty rows are full width)
         return _output(pl, f.new_zeros(0, pl.levels, pl.out_dim) + 0 * f.sum(), [0])
-    tokens = pl.adapter.image_tokens(self, pixels)
+    if modality == "image":
+        tokens = adapter.image_tokens(self, pixels)
+        units, select = tokens, (lambda index: adapter.select_images(pixels, index))
+    else:  # a video's ViT units are its frame groups (Note [vlmcp HF videos: frame groups are visual units])
+        tokens = adapter.video_tokens(self, pixels)
+        groups = [(v, g, n) for v, (t, n) in enumerate(adapter.frame_groups(self, pixels)) for g in range(t)]
+        units = [n for _, _, n in groups]
+        select = lambda index: adapter.select_frames(pixels, [groups[i][:2] for i in index])  # noqa: E731
     group = pl.group
     world = 1 if group is None else dist.get_world_size(group)
     if pl.mode == "replicate" or world == 1:
@@ -164,18 +205,20 @@ def _placed_image_features(self: nn.Module, *args, **kwargs):
             emb = w.new_empty(sum(tokens), pl.levels, pl.out_dim).requires_grad_(_needs_grad(self))
         emb = broadcast(emb, pl.src, group)
     elif pl.mode == "scatter":
-        emb = _scatter(self, pl, run, pixels, tokens, world)
+        emb = _scatter(self, pl, run, select, units, world)
     else:  # hidden_shard: this rank's columns of every image and level, gathered on the hidden dim
         emb = run(pixels)
         if world > 1:
             emb = all_gather(emb, group, dim=2)
-    if ctx is not None and ctx.shard.plan.sample_placement != "split":
-        emb, tokens = _local_features(emb, tokens, ctx.shard)
+    partial = ctx is not None and (ctx.shard.plan.sample_placement != "split"
+                                   or ctx.shard.image_strategy == "shard")
+    if partial:  # this rank's input_ids hold only some visual tokens: their rows, in order
+        emb, tokens = _local_features(emb, tokens, ctx, 1 if modality == "image" else 2)
     return _output(pl, emb, tokens)
 
 
 def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int]):
-    """``get_image_features``' output: ``emb (tokens, levels, D)`` unstacked, each level split per image."""
+    """``get_*_features``' output: ``emb (tokens, levels, D)`` unstacked, each level split per image/video."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     levels = [tuple(f.split(tokens, 0)) for f in emb.unbind(1)]
@@ -185,24 +228,27 @@ def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int]):
     return out
 
 
-def _local_features(emb: torch.Tensor, tokens: list[int], shard) -> tuple[torch.Tensor, list[int]]:
-    """The feature rows of the image tokens ``shard`` holds, in local (= row) order, and the per-image counts.
+def _local_features(emb: torch.Tensor, tokens: list[int], ctx, kind: int) -> tuple[torch.Tensor, list[int]]:
+    """The feature rows of the ``kind`` (1 image, 2 video) tokens this rank holds, in local (= row) order,
+    and how many each image / video gives.
 
-    Row i of ``emb (tokens, levels, D)`` fills the row's i-th image token (HF's merge
-    order), at every level, so the local image slots' ranks among the row's image
-    tokens index it. Differentiable. The counts have at least one (possibly zero)
-    entry, so HF's ``torch.cat`` never gets an empty tuple.
+    Row i of ``emb (tokens, levels, D)`` fills the row's i-th token of that kind (HF's merge
+    order), at every level, so the local slots' ranks among the row's tokens of that kind
+    index it: whole images (whole samples), or any part of one (``image_strategy="shard"``).
+    Differentiable. The counts have at least one (possibly zero) entry, so HF's
+    ``torch.cat`` never gets an empty tuple.
     """
-    rows = image_rows(shard)[shard.is_image]  # each local image token's row in emb
-    ends = torch.cumsum(torch.as_tensor(tokens, dtype=torch.long), 0)
-    image = torch.bucketize(rows, ends, right=True)
-    counts = torch.bincount(image, minlength=len(tokens))
-    held = counts > 0
-    if not bool((counts[held] == torch.as_tensor(tokens, dtype=torch.long)[held]).all()):
-        raise RuntimeError("vlmcp: a rank holds part of an image's tokens; whole-sample placement keeps "
-                           "every image whole on the ranks that hold it")
+    shard = ctx.shard
+    types = ctx.token_types
+    is_kind = shard.plan.is_image if types is None else (types == kind)
+    before = torch.cumsum(is_kind.long(), 0) - 1
+    pos = shard.positions
+    held = (pos >= 0) & is_kind[pos.clamp(min=0)]
+    rows = before[pos[held]]
     local = emb.index_select(0, rows.to(emb.device))
-    return local, (counts[held].tolist() or [0])
+    item = torch.bucketize(rows, torch.cumsum(torch.as_tensor(tokens, dtype=torch.long), 0), right=True)
+    counts = torch.bincount(item, minlength=len(tokens))
+    return local, (counts[counts > 0].tolist() or [0])
 
 
 def _projector_last(base: nn.Module, pl: HFVisionPlacement) -> nn.Module:
@@ -215,23 +261,25 @@ def _all_reduce(grad: torch.Tensor, group) -> torch.Tensor:
     return grad
 
 
-def _scatter(base, pl, run, pixels, tokens, world):
+def _scatter(base, pl, run, select, units, world):
+    """``scatter``: this rank runs its ViT units (``assign_images`` by cost), then the rows of all
+    units are all-gathered and put back in unit (= feature) order."""
     rank = dist.get_rank(pl.group)
-    owner = assign_images([vit_cost(t) for t in tokens], world)
+    owner = assign_images([vit_cost(t) for t in units], world)
     mine = [i for i, o in enumerate(owner) if o == rank]
-    rows = [sum(t for t, o in zip(tokens, owner, strict=True) if o == r) for r in range(world)]
+    rows = [sum(t for t, o in zip(units, owner, strict=True) if o == r) for r in range(world)]
     if mine:
-        local = run(pl.adapter.select_images(pixels, mine))
+        local = run(select(mine))
     else:  # still joins the gather (and its reduce-scatter in backward)
         w = _projector_last(base, pl).weight
         local = w.new_zeros(0, pl.levels, pl.out_dim)
     if _needs_grad(base) and not local.requires_grad:
         local = local.detach().requires_grad_()
     gathered = all_gather(local, pl.group, dim=0, sizes=rows)  # rank-major
-    start, seen = [0] * len(tokens), [sum(rows[:r]) for r in range(world)]
+    start, seen = [0] * len(units), [sum(rows[:r]) for r in range(world)]
     for i, o in enumerate(owner):
-        start[i], seen[o] = seen[o], seen[o] + tokens[i]
-    order = torch.cat([torch.arange(s, s + t) for s, t in zip(start, tokens, strict=True)])
+        start[i], seen[o] = seen[o], seen[o] + units[i]
+    order = torch.cat([torch.arange(s, s + t) for s, t in zip(start, units, strict=True)])
     return gathered.index_select(0, order.to(gathered.device))
 
 
@@ -265,7 +313,12 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
         m.placement = VisionTags(mode, MappingProxyType({n: grad_tag(p) for n, p in m.named_parameters()}))
     if not adapter.vision_modules:
         return  # placeholder adapter: replicate, HF's own call
-    original = type(base).get_image_features
+    originals = {"image": type(base).get_image_features}
+    if adapter.takes_videos:
+        originals["video"] = type(base).get_video_features
     setattr(base, _ATTR, HFVisionPlacement(mode=mode, group=group, src=src, adapter=adapter,
-                                           original=original, out_dim=out_dim, levels=1 + len(deepstack)))
+                                           originals=MappingProxyType(originals), out_dim=out_dim,
+                                           levels=1 + len(deepstack)))
     base.get_image_features = types.MethodType(_placed_image_features, base)
+    if adapter.takes_videos:
+        base.get_video_features = types.MethodType(_placed_video_features, base)

@@ -4,17 +4,21 @@ The pipeline, one module per step:
 
 * :mod:`~vlmcp.data.hf.conversations`: read and check ``--data`` files into
   :class:`~vlmcp.data.hf.conversation.Conversation` objects (the data model), one
-  format per file in :mod:`~vlmcp.data.hf.formats`, images by :mod:`~vlmcp.data.hf.media`;
+  format per file in :mod:`~vlmcp.data.hf.formats`, images and videos by
+  :mod:`~vlmcp.data.hf.media`;
 * :mod:`~vlmcp.data.hf.template`: one conversation through the model's chat template,
   with the tokens of its trained messages (and a template that drops a message refused);
+* :mod:`~vlmcp.data.hf.video`: which frames of a video, at what size, from its header
+  (qwen-vl-utils' rules), and their decoding with PyAV;
+  :mod:`~vlmcp.data.hf.video_processor`: Qwen2-VL's video inputs without torchvision;
 * :mod:`~vlmcp.data.hf.encode`: one conversation -> processor inputs with labels on the
-  trained turns; a bad image is a ``MediaError`` naming ``file:line``;
+  trained turns; a bad image or video is a ``MediaError`` naming ``file:line``;
 * :mod:`~vlmcp.data.hf.rows`: plan and pack rows, decode them ahead of training (a
-  conversation whose image fails is skipped, never trained wrongly);
+  conversation whose image or video fails is skipped, never trained wrongly);
 * :mod:`~vlmcp.data.hf.show`: what one conversation trains (``vlmcp data show``);
 * :mod:`~vlmcp.data.hf.processor`: load and save a model directory's processor;
-* :mod:`~vlmcp.data.hf.export`: the built-in data written as such a file
-  (``vlmcp data shapes``).
+* :mod:`~vlmcp.data.hf.export`: the built-in data written as such a file, with
+  moving-shapes videos (``vlmcp data shapes [--videos N]``).
 
 Nothing here imports transformers at import time.
 """

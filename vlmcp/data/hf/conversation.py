@@ -8,7 +8,7 @@ never dropped.
 
 * :class:`Message`: a role, a string content with one placeholder per image
   (``<image>``) or video (``<video>``) where it goes, and whether it carries loss.
-* :class:`Media`: one image (or video) file: a local path or inline bytes.
+* :class:`Media`: one image or video: a local path, inline bytes, or a video's frames.
 * :class:`Conversation`: messages, images and videos in placeholder order, and where
   the line came from (``file:line``) for every message that names it.
 * :class:`Skipped` / :class:`ConversationSet`: what a read kept, and what it skipped and why.
@@ -81,26 +81,37 @@ class Message:
 
 @dataclass(frozen=True)
 class Media:
-    """One image or video: a local file, or the file's bytes given inline.
+    """One image or video: a local file, the file's bytes given inline, or (a video) its frames.
 
     Attributes:
         kind: ``"image"`` or ``"video"``.
-        path: the resolved local file, or None for inline bytes.
+        path: the resolved local file; for a video given as a directory of frames, the
+            directory (``frames`` then lists its images); None for inline bytes or a list of frames.
         data: the inline bytes (LLaMA-Factory / ms-swift ``{"bytes": ...}``), or None.
+        frames: a video's frames as image files, in order (a directory's images, or a list
+            given in the line), or None for a video file.
     """
 
     kind: Literal["image", "video"]
     path: Path | None = None
     data: bytes | None = field(default=None, repr=False)
+    frames: tuple[Path, ...] | None = None
 
     def __post_init__(self):
-        if (self.path is None) == (self.data is None):
+        if self.frames is not None:
+            if self.kind != "video" or self.data is not None or not self.frames:
+                raise ValueError("frames are a video's, a non-empty list, without inline bytes")
+        elif (self.path is None) == (self.data is None):
             raise ValueError("a Media is a path or inline bytes, exactly one of them")
 
     @property
     def name(self) -> str:
-        """How messages name it: the path, or ``<N bytes>``."""
-        return str(self.path) if self.path is not None else f"<{len(self.data)} inline bytes>"
+        """How messages name it: the path, ``<N inline bytes>`` or ``<N frames: first, ...>``."""
+        if self.path is not None:
+            return str(self.path)
+        if self.frames is not None:
+            return f"<{len(self.frames)} frames: {self.frames[0]}, ...>"
+        return f"<{len(self.data)} inline bytes>"
 
     def open_image(self):
         """The image as a PIL image (lazy: only the header is read until pixels are used)."""

@@ -6,6 +6,8 @@ format                             one line
 ms-swift / LLaMA-Factory messages  ``{"messages": [{"role": "system", "content": "Be brief."},
                                    {"role": "user", "content": "<image>Who?"}, {"role": "assistant",
                                    "content": "Kane.", "loss": true}], "images": ["1.jpg"]}``
+... with a video                   ``{"messages": [{"role": "user", "content": "<video>What happens?"},
+                                   {"role": "assistant", "content": "A goal."}], "videos": ["1.mp4"]}``
 LLaMA-Factory sharegpt             ``{"conversations": [{"from": "human", "value": "Weather in Paris?"},
                                    {"from": "function_call", "value": "{\\"name\\": \\"weather\\",
                                    \\"arguments\\": {\\"city\\": \\"Paris\\"}}"}, {"from": "observation",
@@ -29,7 +31,7 @@ a syntax error in a ``.json`` file names its text line. JSON Lines in a ``.json`
 refused (rename it ``.jsonl``) rather than guessed.
 
 Each line becomes a :class:`~vlmcp.data.hf.conversation.Conversation` (the format's rules
-are in :mod:`vlmcp.data.hf.formats`, images in :mod:`vlmcp.data.hf.media`) or, by a
+are in :mod:`vlmcp.data.hf.formats`, images and videos in :mod:`vlmcp.data.hf.media`) or, by a
 documented rule (LLaVA: nothing to train), a recorded skip. Everything else is a
 ``ValueError`` naming the file and line, raised while reading, so ``vlmcp train``
 reports it before any rank starts: a key, role or part no format reads is refused, never

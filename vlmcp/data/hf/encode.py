@@ -1,13 +1,16 @@
 """One conversation -> a Hugging Face processor's inputs, with labels on the trained messages only.
 
 The text and its trained tokens come from :func:`vlmcp.data.hf.template.render` (Note
-[vlmcp data: trained tokens from the chat template]); this module adds the images: their
-token counts from the file headers (planning), their pixels through the processor
-(training), and :class:`MediaError` naming ``file:line`` and the image when either fails.
+[vlmcp data: trained tokens from the chat template]); this module adds the images and
+videos: their token counts from the file headers (planning), their pixels through the
+processor (training), and :class:`MediaError` naming ``file:line`` and the file when either
+fails.
 
-Token counts are known before any image is decoded (an image's count needs only its
-size, read from the file header), so packing is planned up front; the pixels are
-decoded later, by the row loader (:mod:`vlmcp.data.hf.rows`).
+Token counts are known before any image or video is decoded (an image's count needs only
+its size, a video's its frame count, frame rate and size: Note [vlmcp data: video frames,
+sizes and tokens]), so packing is planned up front; the pixels are decoded later, by the
+row loader (:mod:`vlmcp.data.hf.rows`). Video pixels are vlmcp's, made without torchvision
+(Note [vlmcp data: video pixels from the image processor]).
 """
 
 from __future__ import annotations
@@ -18,21 +21,23 @@ import torch
 
 from vlmcp.data.hf.conversation import Conversation
 from vlmcp.data.hf.template import Rendered, render
+from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, plan_video, read_header, require_av
+from vlmcp.data.hf.video_processor import patching, process
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["EncodedSample", "MediaError", "check_pixels", "encode_conversation", "image_sizes",
-           "image_token_counts", "planned_tokens", "sample_length"]
+           "image_token_counts", "planned_tokens", "sample_length", "video_plans"]
 
 
 class MediaError(ValueError):
-    """An image of a conversation cannot be used: its header, its pixels or the processor.
+    """An image or video of a conversation cannot be used: its header, its pixels or the processor.
 
-    The message names ``file:line`` and the image. Planning skips such a conversation (an
+    The message names ``file:line`` and the file. Planning skips such a conversation (an
     error with ``--strict``); training skips it on every rank of the CP group.
 
     Attributes:
         where: ``file:line``.
-        name: the image (its path, or ``<N inline bytes>``).
+        name: the image or video (its path, ``<N inline bytes>`` or ``<N frames: ...>``).
         reason: the message without ``file:line``: ``cannot decode image a.jpg: OSError: ...``.
     """
 
@@ -73,55 +78,118 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
     return counts
 
 
-def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int]
+def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = None) -> list[VideoPlan]:
+    """Each video's frames, size and token count, from its header (no frame decoded).
+
+    Raises:
+        MediaError: a video whose header cannot be read, or that cannot be sampled (fewer
+            frames than the model's temporal patch, an aspect ratio the model refuses).
+        ValueError: naming ``file:line`` when the model's processor takes no videos vlmcp encodes.
+        ModuleNotFoundError: PyAV is missing (a video file needs it; the message names the extra).
+    """
+    if not conv.videos:
+        return []
+    try:
+        patches = patching(processor)
+    except ValueError as err:
+        raise ValueError(f"{conv.where}: {len(conv.videos)} video(s): {err}") from None
+    sampling = sampling or VideoSampling()
+    plans = []
+    for media in conv.videos:
+        if media.frames is None:
+            require_av()  # a missing decoder is the install's fault, not the video's: never a skip
+        try:
+            header = read_header(media)
+        except Exception as err:  # PyAV's and PIL's errors on a bad header
+            raise MediaError(conv.where, media.name, "cannot read video", err) from None
+        try:
+            plans.append(plan_video(header, sampling, patches))
+        except Exception as err:
+            raise MediaError(conv.where, media.name, "cannot sample video", err) from None
+    return plans
+
+
+def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], video_counts: list[int]
             ) -> tuple[list[int], list[bool]]:
-    """Each image token -> the image's count of them; their labels off: ``(ids, trained)``."""
-    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    ids, mask, k = [], [], 0
+    """Each image (video) token -> the image's (video's) count of them; their labels off:
+    ``(ids, trained)``."""
+    tokenizer = processor.tokenizer
+    runs = {tokenizer.convert_tokens_to_ids(processor.image_token): ("image", counts)}
+    if video_counts:
+        runs[tokenizer.convert_tokens_to_ids(processor.video_token)] = ("video", video_counts)
+    ids, mask, seen = [], [], dict.fromkeys(runs, 0)
     for token, trained in zip(rendered.ids, rendered.trained, strict=True):
-        if token == image_id:
-            if k == len(counts):
-                raise ValueError(f"{conv.where}: the chat template wrote more image placeholders "
-                                 f"than the {len(counts)} image(s)")
-            ids += [token] * counts[k]
-            mask += [False] * counts[k]
-            k += 1
+        if token in runs:
+            what, n = runs[token]
+            if seen[token] == len(n):
+                raise ValueError(f"{conv.where}: the chat template wrote more {what} placeholders "
+                                 f"than the {len(n)} {what}(s)")
+            ids += [token] * n[seen[token]]
+            mask += [False] * n[seen[token]]
+            seen[token] += 1
         else:
             ids.append(token)
             mask.append(trained)
-    if k != len(counts):
-        raise ValueError(f"{conv.where}: the chat template wrote {k} image placeholder(s) for "
-                         f"{len(counts)} image(s)")
+    for token, (what, n) in runs.items():
+        if seen[token] != len(n):
+            hint = ("; this model's chat template does not render video parts (the hub's Qwen2-VL template "
+                    "writes <|vision_start|><|video_pad|><|vision_end|> for each)") if what == "video" else ""
+            raise ValueError(f"{conv.where}: the chat template wrote {seen[token]} {what} placeholder(s) for "
+                             f"{len(n)} {what}(s){hint}")
     return ids, mask
 
 
-def planned_tokens(processor, conv: Conversation) -> tuple[Rendered, list[int], list[bool]]:
-    """``(rendered, ids, trained)``: ``conv``'s tokens as the model will see them, each image
-    expanded to its token count, and which carry loss; only image headers are read.
+def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = None
+                   ) -> tuple[Rendered, list[int], list[bool]]:
+    """``(rendered, ids, trained)``: ``conv``'s tokens as the model will see them, each image and
+    video expanded to its token count, and which carry loss; only headers are read.
+
+    Args:
+        processor: the model's processor.
+        conv: the conversation.
+        video: how videos are sampled (default :class:`VideoSampling`'s).
 
     Raises:
-        MediaError: an image's header cannot be read, or the processor refuses its size.
-        ValueError: naming ``file:line`` for a conversation the template cannot render.
+        MediaError: an image's or video's header cannot be read, or the processor refuses its size.
+        ValueError: naming ``file:line`` for a conversation the template cannot render, or
+            videos for a model whose videos vlmcp does not encode.
     """
     counts = image_token_counts(processor, conv, image_sizes(conv))
+    plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    return (rendered, *_expand(processor, conv, rendered, counts))
+    return (rendered, *_expand(processor, conv, rendered, counts, [p.tokens for p in plans]))
 
 
-def sample_length(processor, conv: Conversation) -> int:
-    """Tokens of ``conv`` after the processor expands its images (only image headers are read).
+def sample_length(processor, conv: Conversation, video: VideoSampling | None = None) -> int:
+    """Tokens of ``conv`` after the processor expands its images and videos (headers only).
 
     Raises:
         MediaError, ValueError: as :func:`planned_tokens`.
     """
-    return len(planned_tokens(processor, conv)[1])
+    return len(planned_tokens(processor, conv, video)[1])
 
 
-def check_pixels(conv: Conversation) -> None:
-    """Decode every image of ``conv`` (``--strict`` does this before training).
+def _decode_videos(processor, conv: Conversation, plans: list[VideoPlan]) -> list:
+    resample = int(processor.image_processor.resample) if plans else 0
+    out = []
+    for media, plan in zip(conv.videos, plans, strict=True):
+        try:
+            out.append((decode_frames(media, plan, resample), plan))
+        except Exception as err:  # a truncated file: header fine, frames not
+            raise MediaError(conv.where, media.name, "cannot decode video", err) from None
+    return out
+
+
+def check_pixels(conv: Conversation, processor=None, video: VideoSampling | None = None) -> None:
+    """Decode every image and video of ``conv`` (``--strict`` does this before training).
+
+    Args:
+        conv: the conversation.
+        processor: the model's processor (needed when ``conv`` has videos: it sizes the frames).
+        video: how videos are sampled.
 
     Raises:
-        MediaError: for the first image whose pixels cannot be decoded.
+        MediaError: for the first image or video whose pixels cannot be decoded.
     """
     for media in conv.images:
         try:
@@ -129,6 +197,10 @@ def check_pixels(conv: Conversation) -> None:
                 im.load()
         except Exception as err:
             raise MediaError(conv.where, media.name, "cannot decode image", err) from None
+    if conv.videos:
+        if processor is None:
+            raise ValueError("check_pixels: a conversation with videos needs the processor")
+        _decode_videos(processor, conv, video_plans(processor, conv, video))
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,10 +211,11 @@ class EncodedSample:
         input_ids: ``LongTensor[n]``.
         labels: ``LongTensor[n]``, unshifted (HF convention): the token itself on trained
             tokens, ``-100`` elsewhere.
-        pixels: the processor's image outputs (``pixel_values``, ``image_grid_thw``, ...);
-            empty without images.
-        mm_token_type_ids: ``LongTensor[n]`` (1 on image tokens) when the processor makes
-            them (Qwen2-VL), else None.
+        pixels: the processor's image and video outputs (``pixel_values``, ``image_grid_thw``,
+            ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``, ...); empty
+            without images or videos.
+        mm_token_type_ids: ``LongTensor[n]`` (1 on image tokens, 2 on video tokens) when the
+            processor makes them (Qwen2-VL), else None.
     """
 
     input_ids: torch.Tensor
@@ -154,12 +227,17 @@ class EncodedSample:
         return self.input_ids.numel()
 
 
-def encode_conversation(processor, conv: Conversation) -> EncodedSample:
-    """Decode ``conv``'s images and run the processor; labels on the trained messages only.
+def encode_conversation(processor, conv: Conversation, video: VideoSampling | None = None) -> EncodedSample:
+    """Decode ``conv``'s images and videos and run the processor; labels on the trained messages only.
+
+    Args:
+        processor: the model's processor.
+        conv: the conversation.
+        video: how videos are sampled (as planning sampled them; default :class:`VideoSampling`'s).
 
     Raises:
-        MediaError: naming ``file:line`` and the image when it cannot be decoded or the
-            processor fails on it.
+        MediaError: naming ``file:line`` and the image or video when it cannot be decoded or
+            the processor fails on it.
         ValueError: naming the line when the processor's tokens differ from the tokenizer's
             (see Note [vlmcp data: trained tokens from the chat template]).
     """
@@ -171,15 +249,18 @@ def encode_conversation(processor, conv: Conversation) -> EncodedSample:
         except Exception as err:  # a truncated file: header fine, pixels not
             raise MediaError(conv.where, media.name, "cannot decode image", err) from None
     counts = image_token_counts(processor, conv, [(im.height, im.width) for im in images])
+    plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    ids, mask = _expand(processor, conv, rendered, counts)
+    ids, mask = _expand(processor, conv, rendered, counts, [p.tokens for p in plans])
+    videos = _decode_videos(processor, conv, plans)
     try:
-        out = processor(text=[rendered.text], images=images or None, return_tensors="pt")
+        out = process(processor, rendered.text, images, videos)
     except Exception as err:
-        if not conv.images:
+        if not conv.images and not conv.videos:
             raise ValueError(f"{conv.where}: the processor failed: {type(err).__name__}: {err}") from None
-        names = ", ".join(m.name for m in conv.images)
-        raise MediaError(conv.where, names, "the processor fails on image(s)", err) from None
+        names = ", ".join(m.name for m in conv.images + conv.videos)
+        what = " and ".join(w for w, media in (("image(s)", conv.images), ("video(s)", conv.videos)) if media)
+        raise MediaError(conv.where, names, f"the processor fails on {what}", err) from None
     if out["input_ids"][0].tolist() != ids:
         raise ValueError(f"{conv.where}: the processor's tokens differ from the tokenizer's on the "
                          "same text; cannot place the labels")

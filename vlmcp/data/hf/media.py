@@ -1,7 +1,7 @@
-"""Image specs of a ``--data`` line -> :class:`~vlmcp.data.hf.conversation.Media`.
+"""Image and video specs of a ``--data`` line -> :class:`~vlmcp.data.hf.conversation.Media`.
 
-Every format names its images the way LLaMA-Factory, ms-swift, LLaVA and transformers do;
-this module turns each into a local file or inline bytes, or refuses it:
+Every format names its images and videos the way LLaMA-Factory, ms-swift, LLaVA and
+transformers do; this module turns each into a local file or inline bytes, or refuses it:
 
 =====================================  ======================================================
 spec                                   becomes
@@ -19,8 +19,11 @@ spec                                   becomes
 ``"http://..."``, ``"s3://..."``, ...  refused: vlmcp reads local files only
 =====================================  ======================================================
 
-Videos are refused for now by :func:`resolve_videos`, the one place a later issue
-replaces. A missing file is named here; whether it decodes is checked while planning
+A video (:func:`resolve_video`) is any of the same specs naming a video file (mp4, avi,
+webm, mov, mkv, ...: whatever PyAV decodes), or a **directory of frames** (its image files,
+in natural order: ``2.jpg`` before ``10.jpg``; any other file in it is refused), or a
+**list of frame paths** (LLaMA-Factory's and qwen-vl-utils' form: ``"videos": [["f1.jpg",
+"f2.jpg"]]``). A missing file is named here; whether it decodes is checked while planning
 (``build_index``), which names the line too.
 """
 
@@ -37,7 +40,10 @@ from urllib.parse import unquote, urlparse
 
 from vlmcp.data.hf.conversation import Media
 
-__all__ = ["resolve_image", "resolve_images", "resolve_videos"]
+__all__ = ["FRAME_SUFFIXES", "resolve_image", "resolve_images", "resolve_video", "resolve_videos"]
+
+FRAME_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+"""Image files that are a video's frames (in a directory of frames); also what a video file is not."""
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _DATA_URL = re.compile(r"^data:[^,;]*(?:;[^,;]*)*;base64,(.*)$", re.DOTALL)
@@ -56,27 +62,80 @@ def _decode(text: Any, where: str, what: str) -> bytes:
     return data
 
 
-def _from_string(spec: str, root: Path, where: str) -> Media:
+def _local_path(spec: str, root: Path, where: str, kind: str) -> Path:
+    """A path or ``file://`` URL string as an existing local path."""
+    if _URL.match(spec):
+        url = urlparse(spec)
+        if url.scheme.lower() != "file" or url.netloc not in ("", "localhost"):
+            raise ValueError(f"{where}: {kind}s must be local files (URL given: {spec})")
+        spec = unquote(url.path)
+    if not spec.strip():
+        raise ValueError(f"{where}: an {kind} path is empty" if kind == "image" else
+                         f"{where}: a {kind} path is empty")
+    name = os.path.expanduser(spec)
+    path = Path(name) if os.path.isabs(name) else root / name
+    if not path.exists():
+        raise ValueError(f"{where}: {kind} file {path} does not exist")
+    return path
+
+
+def _from_string(spec: str, root: Path, where: str, kind: str = "image") -> Media:
     if spec.startswith("data:"):
         match = _DATA_URL.match(spec)
         if match is None:
             raise ValueError(f"{where}: only base64 data URLs are read (data:<type>;base64,...), got "
                              f"{spec[:40]!r}")
-        return Media("image", data=_decode(match.group(1), where, "the data URL"))
-    if _URL.match(spec):
-        url = urlparse(spec)
-        if url.scheme.lower() != "file" or url.netloc not in ("", "localhost"):
-            raise ValueError(f"{where}: images must be local files (URL given: {spec})")
-        spec = unquote(url.path)
-    if not spec.strip():
-        raise ValueError(f"{where}: an image path is empty")
-    name = os.path.expanduser(spec)
-    path = Path(name) if os.path.isabs(name) else root / name
-    if not path.exists():
-        raise ValueError(f"{where}: image file {path} does not exist")
+        return Media(kind, data=_decode(match.group(1), where, "the data URL"))
+    path = _local_path(spec, root, where, kind)
+    if kind == "video":
+        if path.is_dir():
+            return Media("video", path=path, frames=_frames_of(path, where))
+        if path.suffix.lower() in FRAME_SUFFIXES:
+            raise ValueError(f"{where}: video {path} is an image; a video is a video file, a directory of "
+                             "frames, or a list of frame paths")
     if not path.is_file():
-        raise ValueError(f"{where}: image {path} is not a file")
-    return Media("image", path=path)
+        raise ValueError(f"{where}: {kind} {path} is not a file")
+    return Media(kind, path=path)
+
+
+def _natural(name: str) -> list:
+    """``frame_10`` after ``frame_2``: digit runs compare as numbers."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
+
+
+def _frames_of(directory: Path, where: str) -> tuple[Path, ...]:
+    """A directory's frames: its image files in natural order (hidden files aside; any other
+    file is refused rather than skipped, so nothing a user put there is dropped unseen)."""
+    files = [p for p in directory.iterdir() if not p.name.startswith(".")]
+    others = sorted(p.name for p in files if p.suffix.lower() not in FRAME_SUFFIXES or not p.is_file())
+    if others:
+        raise ValueError(f"{where}: video directory {directory} holds {others[0]!r}, which is not a frame "
+                         f"(frames are {', '.join(FRAME_SUFFIXES)} files); remove it")
+    if not files:
+        raise ValueError(f"{where}: video directory {directory} holds no frame")
+    return tuple(sorted(files, key=lambda p: _natural(p.name)))
+
+
+def _resolve(spec: Any, root: Path, where: str, kind: str) -> Media:
+    article = "an" if kind == "image" else "a"
+    if isinstance(spec, str):
+        return _from_string(spec, root, where, kind)
+    if isinstance(spec, Mapping):
+        unknown = sorted(set(spec) - {"path", "bytes"})
+        if unknown:
+            raise ValueError(f"{where}: {article} {kind} given as an object has keys \"path\" and/or "
+                             f"\"bytes\"; unknown key(s) {unknown}")
+        if spec.get("bytes") is not None:
+            return Media(kind, data=_decode(spec["bytes"], where, f'{article} {kind}\'s "bytes"'))
+        if spec.get("path") is not None:
+            if not isinstance(spec["path"], str):
+                raise ValueError(f"{where}: {article} {kind}'s \"path\" must be a string, got "
+                                 f"{spec['path']!r}")
+            return _from_string(spec["path"], root, where, kind)
+        raise ValueError(f"{where}: {article} {kind} object has neither \"path\" nor \"bytes\": "
+                         f"{dict(spec)!r}")
+    raise ValueError(f"{where}: {article} {kind} must be a path or an object with \"path\" or \"bytes\""
+                     f"{', or a list of frame paths' if kind == 'video' else ''}, got {type(spec).__name__}")
 
 
 def resolve_image(spec: Any, root: Path, where: str) -> Media:
@@ -90,22 +149,36 @@ def resolve_image(spec: Any, root: Path, where: str) -> Media:
     Raises:
         ValueError: a URL, a missing file, bad base64, or a spec of another shape.
     """
-    if isinstance(spec, str):
-        return _from_string(spec, root, where)
-    if isinstance(spec, Mapping):
-        unknown = sorted(set(spec) - {"path", "bytes"})
-        if unknown:
-            raise ValueError(f"{where}: an image given as an object has keys \"path\" and/or \"bytes\"; "
-                             f"unknown key(s) {unknown}")
-        if spec.get("bytes") is not None:
-            return Media("image", data=_decode(spec["bytes"], where, 'an image\'s "bytes"'))
-        if spec.get("path") is not None:
-            if not isinstance(spec["path"], str):
-                raise ValueError(f"{where}: an image's \"path\" must be a string, got {spec['path']!r}")
-            return _from_string(spec["path"], root, where)
-        raise ValueError(f"{where}: an image object has neither \"path\" nor \"bytes\": {dict(spec)!r}")
-    raise ValueError(f"{where}: an image must be a path or an object with \"path\" or \"bytes\", got "
-                     f"{type(spec).__name__}")
+    return _resolve(spec, root, where, "image")
+
+
+def resolve_video(spec: Any, root: Path, where: str) -> Media:
+    """One video spec (see the module docstring) as a :class:`Media` of kind ``"video"``.
+
+    Args:
+        spec: as :func:`resolve_image` takes, naming a video file or a directory of frames; or
+            a list of frame specs (path strings), the frames in order.
+        root: where relative paths start.
+        where: ``file:line``.
+
+    Raises:
+        ValueError: a URL, a missing file or frame, an image given as a video, a directory
+            holding something other than frames, bad base64, or a spec of another shape.
+    """
+    if isinstance(spec, list):
+        if not spec:
+            raise ValueError(f"{where}: a video given as a list of frames has no frame")
+        frames = []
+        for frame in spec:
+            if not isinstance(frame, str):
+                raise ValueError(f"{where}: a video's frames must be path strings, got "
+                                 f"{type(frame).__name__}")
+            path = _local_path(frame, root, where, "frame")
+            if not path.is_file():
+                raise ValueError(f"{where}: frame {path} is not a file")
+            frames.append(path)
+        return Media("video", frames=tuple(frames))
+    return _resolve(spec, root, where, "video")
 
 
 def resolve_images(specs: Any, root: Path, where: str, key: str = "images") -> tuple[Media, ...]:
@@ -120,13 +193,17 @@ def resolve_images(specs: Any, root: Path, where: str, key: str = "images") -> t
     return tuple(resolve_image(s, root, where) for s in specs)
 
 
-def resolve_videos(specs: Any, where: str, what: str = "videos") -> tuple[Media, ...]:
-    """A line's videos: none yet. Null or ``[]`` is no video; anything else is refused.
+def resolve_videos(specs: Any, root: Path, where: str, key: str = "videos") -> tuple[Media, ...]:
+    """A line's video column: one spec, a list of specs, or null / ``[]`` for none.
 
-    The one place video support replaces: every format sends its video column, video
-    parts and ``<video>`` placeholders here.
+    A list of strings is that many videos; a video given as its frames is a list inside
+    the list (``[["f1.jpg", "f2.jpg"]]``), as LLaMA-Factory writes it.
     """
-    if specs is None or specs == []:
+    if specs is None:
         return ()
-    raise ValueError(f"{where}: videos are not trained by vlmcp yet ({what}); remove the video(s) "
-                     "or the line, rather than train on a <video> placeholder as text")
+    if isinstance(specs, (str, Mapping)):
+        specs = [specs]
+    if not isinstance(specs, list):
+        raise ValueError(f"{where}: \"{key}\" must be a video or a list of videos, got "
+                         f"{type(specs).__name__}")
+    return tuple(resolve_video(s, root, where) for s in specs)

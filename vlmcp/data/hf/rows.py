@@ -3,10 +3,11 @@
 Note [vlmcp data: HF rows, epochs and who decodes the images]
 -------------------------------------------------------------
 *Planning* (:func:`build_index`, once, before any rank starts): every line is read and
-checked, and each conversation's token count is computed from its text and its
-images' sizes (file headers only). Conversations longer than ``seq_len`` and
-conversations with an image whose header cannot be read (or whose size the processor
-refuses) are skipped, counted and named (with ``strict``, an error). The rest are
+checked, and each conversation's token count is computed from its text, its images'
+sizes and its videos' frame counts, frame rates and sizes (file headers only; Note
+[vlmcp data: video frames, sizes and tokens]). Conversations longer than ``seq_len`` and
+conversations with an image or video whose header cannot be read (or whose size the
+processor refuses) are skipped, counted and named (with ``strict``, an error). The rest are
 packed first-fit by length, longest first, into rows; an image is never cut because a
 conversation is never cut::
 
@@ -21,17 +22,19 @@ A step of D data-parallel replicas takes the next D rows (replica d the d-th), s
 resumed at another DP size continues the same sequence. The row is a pure function of
 ``(seed, g)``: every rank of a CP group computes the same one.
 
-*Decoding*: each rank builds its own row (PIL decode + the processor's image
-transform) in a background thread of :class:`RowLoader`, ``prefetch`` steps ahead of the
-training step, so the next rows are ready when a step ends. The ranks of a CP group
-decode the same images (cheap against the model's step, and no broadcast of pixels).
+*Decoding*: each rank builds its own row (PIL and PyAV decode + the processor's image
+transform, the same for video frames) in a background thread of :class:`RowLoader`,
+``prefetch`` steps ahead of the training step, so the next rows are ready when a step
+ends. The ranks of a CP group decode the same images and videos (cheap against the
+model's step for images; for long videos it is the price of no broadcast of pixels).
 
-*A bad image at training* (header fine, pixels not: a truncated JPEG): the row is built
-without that conversation (more padding), never with a hole. :func:`build_row` is a pure
-function of ``(row, exclude)`` and of which images decode, so ranks that see the same
-bytes build the same row; the training step still agrees on the skips over the CP group
-before sharding (:func:`vlmcp.train.hf.agree.agree_on_skips`), so that one rank's flaky
-read cannot leave the group training on different rows.
+*A bad image or video at training* (header fine, pixels not: a truncated JPEG or MP4):
+the row is built without that conversation (more padding), never with a hole.
+:func:`build_row` is a pure function of ``(row, exclude)`` and of which images and videos
+decode, so ranks that see the same bytes build the same row; the training step still
+agrees on the skips over the CP group before sharding
+(:func:`vlmcp.train.hf.agree.agree_on_skips`), so that one rank's flaky read cannot leave
+the group training on different rows.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import torch
 
 from vlmcp.data.hf.conversation import Conversation, ConversationSet, Skipped
 from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, sample_length
+from vlmcp.data.hf.video import VideoSampling
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]
@@ -81,10 +85,11 @@ class DataIndex:
         rows: indices into ``conversations`` per row.
         seq_len: tokens per row.
         too_long: conversations longer than ``seq_len``, skipped.
-        unreadable: conversations skipped at planning for an image (header unreadable, or
-            a size the processor refuses); the reason names the image.
+        unreadable: conversations skipped at planning for an image or video (header
+            unreadable, a size the processor refuses, too few frames); the reason names it.
         format_skipped: lines a format's documented rule leaves out (the readers').
         dropped_turns: turns a format's rule dropped from kept conversations.
+        video: how videos were sampled (their token counts depend on it; decoding uses it too).
     """
 
     conversations: list[Conversation]
@@ -95,6 +100,7 @@ class DataIndex:
     unreadable: tuple[Skipped, ...] = ()
     format_skipped: tuple[Skipped, ...] = ()
     dropped_turns: int = 0
+    video: VideoSampling = VideoSampling()
 
     @property
     def tokens(self) -> int:
@@ -103,19 +109,29 @@ class DataIndex:
 
 
 def build_index(processor, data: ConversationSet | list[Conversation], seq_len: int, *,
-                strict: bool = False, source: str = "--data") -> DataIndex:
+                strict: bool = False, source: str = "--data",
+                video: VideoSampling | None = None) -> DataIndex:
     """Token counts, skips and the packing of ``data``'s conversations into rows of ``seq_len``.
+
+    Args:
+        processor: the model's processor.
+        data: the conversations read.
+        seq_len: tokens per row.
+        strict: raise on a conversation that would be skipped.
+        source: how errors name the data.
+        video: how videos are sampled (``--video-*``; default :class:`VideoSampling`'s).
 
     Raises:
         ValueError: with ``strict``, for the first conversation longer than ``seq_len`` or
-            with an unusable image; without, when no conversation is left to train on.
+            with an unusable image or video; without, when no conversation is left to train on.
     """
+    video = video or VideoSampling()
     if not isinstance(data, ConversationSet):
         data = ConversationSet(conversations=list(data))
     kept, lengths, too_long, unreadable = [], [], [], []
     for conv in data.conversations:
         try:
-            n = sample_length(processor, conv)
+            n = sample_length(processor, conv, video)
         except MediaError as err:
             if strict:
                 raise ValueError(f"{err} (drop --strict to skip such conversations)") from None
@@ -133,11 +149,12 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
         first = (unreadable or too_long or [None])[0]
         raise ValueError(f"{source}: none of the {len(data.conversations)} conversations can be trained on: "
                          f"{len(too_long)} longer than --seq-len {seq_len}, {len(unreadable)} with an "
-                         "unusable image" + (f" (the first, {first.where}: {first.reason})" if first else ""))
+                         "unusable image or video"
+                         + (f" (the first, {first.where}: {first.reason})" if first else ""))
     return DataIndex(conversations=kept, lengths=lengths, rows=pack_first_fit(lengths, seq_len),
                      seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
                      format_skipped=tuple(data.skipped),
-                     dropped_turns=sum(c.dropped_turns for c in kept))
+                     dropped_turns=sum(c.dropped_turns for c in kept), video=video)
 
 
 def row_at(index: DataIndex, seed: int, position: int) -> int:
@@ -151,15 +168,16 @@ class HFRow:
     """One packed row, in the form ``vlmcp.hf.shard_inputs`` takes.
 
     Attributes:
-        inputs: ``input_ids (1, L)``, ``attention_mask (1, L)``, the images' processor
-            outputs concatenated in row order, ``mm_token_type_ids (1, L)`` where the
-            processor makes them.
+        inputs: ``input_ids (1, L)``, ``attention_mask (1, L)``, the images' and videos'
+            processor outputs concatenated in row order (``pixel_values``, ``image_grid_thw``,
+            ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``),
+            ``mm_token_type_ids (1, L)`` where the processor makes them.
         labels: ``LongTensor[1, L]``, unshifted, ``-100`` off the trained tokens.
         cu_seqlens: ``IntTensor[S+1]``; the padding sample is the last.
         tokens: tokens of real conversations (the padding excluded).
         index: the row's index in :attr:`DataIndex.rows`.
         skipped: the row's conversations (indices into :attr:`DataIndex.conversations`)
-            left out: asked to (``exclude``) or an image failed to decode.
+            left out: asked to (``exclude``) or an image or video failed to decode.
         failures: why, for those that failed here: ``Skipped(file:line, reason)``.
     """
 
@@ -175,9 +193,9 @@ class HFRow:
 def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = frozenset()) -> HFRow:
     """Decode and process row ``row``'s conversations and pack them (padding to ``seq_len``).
 
-    A conversation in ``exclude``, or whose image fails to decode, is left out (the row
-    gets more padding); the result is a pure function of the arguments and of which
-    images decode.
+    A conversation in ``exclude``, or whose image or video fails to decode, is left out (the
+    row gets more padding); the result is a pure function of the arguments and of which
+    images and videos decode.
     """
     samples: list[EncodedSample] = []
     skipped, failures = [], []
@@ -187,14 +205,14 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
             skipped.append(i)
             continue
         try:
-            sample = encode_conversation(processor, conv)
+            sample = encode_conversation(processor, conv, index.video)
         except MediaError as err:
             skipped.append(i)
             failures.append(Skipped(conv.where, err.reason))
             continue
         if len(sample) != index.lengths[i]:
-            raise ValueError(f"{conv.where}: {len(sample)} tokens after decoding its images, "
-                             f"{index.lengths[i]} planned from their sizes")
+            raise ValueError(f"{conv.where}: {len(sample)} tokens after decoding its images and videos, "
+                             f"{index.lengths[i]} planned from their headers")
         samples.append(sample)
     used = sum(len(s) for s in samples)
     pad = index.seq_len - used

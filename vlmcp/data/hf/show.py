@@ -6,11 +6,12 @@ The view is the chat template's text with two kinds of marker:
 =================  ===========================================================
 ``[[`` ... ``]]``  the tokens inside carry loss (maximal runs of them)
 ``<image>``        one image, wherever the template puts it (its tokens, however many)
+``<video>``        one video, likewise
 =================  ===========================================================
 
-(text that itself contains ``[[``, ``]]`` or ``<image>`` is printed as it is; the
-``--json`` form keeps the trained runs apart). Counts come from the image headers, as
-planning does (:func:`vlmcp.data.hf.encode.planned_tokens`): no pixel is decoded.
+(text that itself contains ``[[``, ``]]``, ``<image>`` or ``<video>`` is printed as it is;
+the ``--json`` form keeps the trained runs apart). Counts come from the image and video
+headers, as planning does (:func:`vlmcp.data.hf.encode.planned_tokens`): no pixel is decoded.
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, ConversationSet, line_name
+from vlmcp.data.hf.conversation import (
+    IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
+    Conversation,
+    ConversationSet,
+    line_name,
+)
 from vlmcp.data.hf.encode import planned_tokens
+from vlmcp.data.hf.video import VideoSampling
 
 __all__ = ["ConversationView", "select_line", "view_conversation"]
 
@@ -33,13 +41,14 @@ class ConversationView:
 
     Attributes:
         where: ``file:line``.
-        text: the rendered text, each image's placeholder token(s) written ``<image>``.
+        text: the rendered text, each image's (video's) placeholder token written ``<image>``
+            (``<video>``).
         marked: ``text`` with each trained run between ``[[`` and ``]]``.
         trained: the decoded maximal runs of tokens that carry loss, in order.
         tokens: tokens after the images are expanded.
         trained_tokens: tokens that carry loss.
         images: images; ``image_tokens`` the tokens they take.
-        videos: videos.
+        videos: videos; ``video_tokens`` the tokens they take.
     """
 
     where: str
@@ -51,6 +60,7 @@ class ConversationView:
     images: int
     image_tokens: int
     videos: int
+    video_tokens: int = 0
 
     def to_json(self) -> dict:
         """``{"text", "trained", "tokens", "images", "videos"}`` (``vlmcp data show --json``)."""
@@ -61,7 +71,8 @@ class ConversationView:
         """A header line and the marked text, cut after ``max_lines`` lines or ``max_chars``
         characters with a note that ends with ``more``."""
         head = (f"{self.where}: {self.tokens} tokens ({self.trained_tokens} trained, in {OPEN} {CLOSE}), "
-                f"{self.images} image(s) ({self.image_tokens} tokens), {self.videos} video(s)")
+                f"{self.images} image(s) ({self.image_tokens} tokens), {self.videos} video(s)"
+                + (f" ({self.video_tokens} tokens)" if self.videos else ""))
         body = self.marked
         cut = len(body)
         if max_lines is not None and body.count("\n") >= max_lines:
@@ -73,21 +84,28 @@ class ConversationView:
         return f"{head}\n{body.rstrip()}"
 
 
-def view_conversation(processor, conv: Conversation) -> ConversationView:
-    """The view of ``conv`` (image headers read, no pixel decoded).
+def view_conversation(processor, conv: Conversation, video: VideoSampling | None = None) -> ConversationView:
+    """The view of ``conv`` (image and video headers read, no pixel decoded).
+
+    Args:
+        processor: the model's processor.
+        conv: the conversation.
+        video: how videos are sampled (``--video-*``), which sets their token counts.
 
     Raises:
         ValueError: naming ``file:line``, as planning would (:func:`planned_tokens`).
     """
-    rendered, ids, trained = planned_tokens(processor, conv)
+    rendered, ids, trained = planned_tokens(processor, conv, video)
     tokenizer = processor.tokenizer
     image_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+    video_id = tokenizer.convert_tokens_to_ids(processor.video_token) if conv.videos else None
+    markers = {image_id: IMAGE_PLACEHOLDER, video_id: VIDEO_PLACEHOLDER}
     edits = []  # (start, end, replacement) on rendered.text
     run_start = None
-    flags = [t and token != image_id for token, t in zip(rendered.ids, rendered.trained, strict=True)]
+    flags = [t and token not in markers for token, t in zip(rendered.ids, rendered.trained, strict=True)]
     for k, ((start, end), token) in enumerate(zip(rendered.offsets, rendered.ids, strict=True)):
-        if token == image_id:
-            edits.append((start, end, IMAGE_PLACEHOLDER))
+        if token in markers:
+            edits.append((start, end, markers[token]))
         if flags[k] and run_start is None:
             run_start = start
         if flags[k] and (k + 1 == len(flags) or not flags[k + 1]):
@@ -116,7 +134,7 @@ def view_conversation(processor, conv: Conversation) -> ConversationView:
     return ConversationView(where=conv.where, text=apply(False), marked=apply(True),
                             trained=[decode(r) for r in runs], tokens=len(ids), trained_tokens=sum(trained),
                             images=len(conv.images), image_tokens=ids.count(image_id),
-                            videos=len(conv.videos))
+                            videos=len(conv.videos), video_tokens=ids.count(video_id) if conv.videos else 0)
 
 
 def select_line(data: ConversationSet, line: int | None, files: list[str]) -> Conversation:

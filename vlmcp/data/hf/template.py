@@ -176,7 +176,7 @@ class Rendered:
 
     Attributes:
         text: the chat template's output.
-        ids: the tokenizer's ids of ``text``; one image token per image.
+        ids: the tokenizer's ids of ``text``; one image (video) token per image (video).
         offsets: each token's ``(start, end)`` characters in ``text``.
         trained: per token, whether it carries loss.
     """
@@ -191,13 +191,11 @@ def render(processor, conv: Conversation) -> Rendered:
     """Render ``conv`` with the model's chat template and find its trained tokens (see the Note).
 
     Raises:
-        ValueError: naming ``file:line`` when the conversation has videos (not encoded yet),
-            no trained message, a malformed tool call, or the template drops a message or
-            does not render left to right.
+        ValueError: naming ``file:line`` when the conversation has no trained message, a
+            malformed tool call, or the template drops a message or does not render left to
+            right. (A template that drops an image or video part is caught where the
+            placeholders are expanded, :mod:`vlmcp.data.hf.encode`.)
     """
-    if conv.videos:
-        raise ValueError(f"{conv.where}: {len(conv.videos)} video(s): vlmcp train --model does not encode "
-                         "videos yet; drop the line or give the frames as images")
     if not any(m.trained for m in conv.messages):
         raise ValueError(f"{conv.where}: no message carries loss, so nothing to learn")
     own_newline = bool(conv.images or conv.videos) and newline_after_image(processor)

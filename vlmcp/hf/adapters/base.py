@@ -3,15 +3,22 @@
 An :class:`HFAdapter` names, for one family of ``config.model_type`` values:
 
 * the language model (whose attention runs under CP) and the image placeholder token;
-* the ViT call: the base model's ``get_image_features`` and which of its arguments
-  are per-image inputs, how many LLM tokens each image gives, and how to select a
-  subset of images (``scatter``) or build a one-image dummy (text-only rows);
+* the ViT calls: the base model's ``get_image_features`` (and ``get_video_features``)
+  and which of their arguments are per-image (per-video) inputs, how many LLM tokens
+  each image, video and frame group gives, and how to select a subset of them (per
+  sample; ``scatter``'s ViT units) or build a one-image dummy (text-only rows);
 * the vision modules (ViT + projector) and the projector's last ``nn.Linear``
   (``hidden_shard`` splits its output columns);
 * the position ids of one sample, computed by the model's own code on the global row;
+* which visual kind each placeholder token is (:meth:`HFAdapter.token_types`: 1 image,
+  2 video, as ``mm_token_type_ids`` says);
 * what each key of the processor's output is (:class:`InputKind`): per-token and sharded,
   per-token and consumed on the global row, per-image, per-video. ``shard_inputs``
   refuses any other key, naming it, rather than dropping it.
+
+Videos (Note [vlmcp HF videos: frame groups are visual units]): an adapter that sets
+``video_pixel_keys`` takes them; its ViT units are the video's temporal patch groups
+(``frame_groups``, ``select_frames``), the granularity its ViT attends over.
 
 :class:`PlaceholderAdapter` is the default for a model that merges image features at
 its placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``) and uses 1-D
@@ -50,12 +57,14 @@ class InputKind(enum.Enum):
     ``input_ids``, 0 otherwise) and passed to the model."""
     CONSUMED = "consumed"
     """Per-token ``(1, L)``, read on the global row and not passed on: ``attention_mask``
-    (must be all ones: the plan is the mask), ``mm_token_type_ids`` (0 text, 1 image: the
-    position ids' token types; must be 1 exactly at the image tokens)."""
+    (must be all ones: the plan is the mask), ``mm_token_type_ids`` (0 text, 1 image, 2 video:
+    the position ids' token types; must agree with :meth:`HFAdapter.token_types`)."""
     IMAGE = "image"
     """Per-image: passed whole to every rank (the ViT call's inputs, :attr:`HFAdapter.pixel_keys`)."""
     VIDEO = "video"
-    """Per-video: not supported under CP yet (``NotImplementedError``)."""
+    """Per-video: passed whole to every rank (``get_video_features``' inputs and Qwen2.5-VL's
+    ``second_per_grid_ts``) where the adapter takes videos (:attr:`HFAdapter.video_pixel_keys`);
+    refused (``NotImplementedError``) where it does not."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +84,14 @@ class HFAdapter:
     """Per-token inputs read on the global row and not passed on (:attr:`InputKind.CONSUMED`):
     ``attention_mask``, and ``mm_token_type_ids`` where ``position_ids`` reads it."""
     video_keys: tuple[str, ...] = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-    """Per-video inputs (:attr:`InputKind.VIDEO`): refused as not supported yet."""
+    """Per-video inputs (:attr:`InputKind.VIDEO`): passed whole to the model where the adapter
+    takes videos (``video_pixel_keys``), refused otherwise."""
+    video_pixel_keys: tuple[str, ...] = ()
+    """Per-video inputs of ``get_video_features``, in order (a subset of ``video_keys``; the
+    first one is present whenever the row has videos). Empty: videos are refused."""
+    mixes_images_and_videos: bool = True
+    """False where the model's own forward cannot merge images and videos in one row (GLM-4.1V
+    fills both at the image placeholder): ``shard_inputs`` refuses such a row."""
     base_model: str = "model"
     """The base model: it owns ``get_image_features`` (the ViT call) and the merge."""
     language_model: str = "model.language_model"
@@ -98,6 +114,9 @@ class HFAdapter:
         if not self.pixel_keys:
             raise ValueError(f"adapter {self.name!r}: pixel_keys is empty")
         keys = self.token_keys + self.consumed_keys + self.pixel_keys + self.video_keys
+        if not set(self.video_pixel_keys) <= set(self.video_keys):
+            raise ValueError(f"adapter {self.name!r}: video_pixel_keys {self.video_pixel_keys} must be "
+                             f"among video_keys {self.video_keys}")
         twice = sorted({k for k in keys if keys.count(k) > 1})
         if twice:
             raise ValueError(f"adapter {self.name!r}: input keys {twice} are in more than one of token_keys, "
@@ -120,6 +139,11 @@ class HFAdapter:
             return ("replicate", "allreduce_hook")
         return ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
 
+    @property
+    def takes_videos(self) -> bool:
+        """Whether ``shard_inputs`` accepts videos for this architecture."""
+        return bool(self.video_pixel_keys) and bool(self.vision_modules)
+
     def image_token_id(self, config) -> int:
         """The placeholder token the merge fills with image features."""
         tid = getattr(config, "image_token_id", None)
@@ -129,6 +153,31 @@ class HFAdapter:
             raise ValueError(f"{type(config).__name__} has no image_token_id: not a placeholder-merge VLM")
         return int(tid)
 
+    def video_token_id(self, config) -> int:
+        """The placeholder token the video merge fills (Qwen-VL: ``video_token_id``)."""
+        tid = getattr(config, "video_token_id", None)
+        if tid is None:
+            raise ValueError(f"{type(config).__name__} has no video_token_id")
+        return int(tid)
+
+    def token_types(self, config, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor | None,
+                    videos: bool) -> torch.Tensor:
+        """``IntTensor[L]``: 0 text, 1 image, 2 video placeholder for each token of the row.
+
+        The default reads the placeholders (image and video tokens differ); an adapter whose
+        video frames reuse the image placeholder reads ``mm_token_type_ids`` instead.
+
+        Args:
+            config: the model's config.
+            input_ids: ``LongTensor[L]`` on the CPU.
+            mm_token_type_ids: the processor's ``IntTensor[L]`` (CPU) or None; checked by the caller.
+            videos: whether the row has video inputs.
+        """
+        types = (input_ids == self.image_token_id(config)).int()
+        if self.takes_videos:
+            types = types.masked_fill(input_ids == self.video_token_id(config), 2)
+        return types
+
     def image_tokens(self, model: nn.Module, pixels: Mapping[str, torch.Tensor]) -> list[int] | None:
         """LLM tokens of each image, from metadata only; None when the adapter cannot tell."""
         return None
@@ -136,6 +185,23 @@ class HFAdapter:
     def select_images(self, pixels: Mapping[str, torch.Tensor], index: list[int]) -> dict:
         """The per-image inputs of images ``index`` (in that order)."""
         raise NotImplementedError(f"the {self.name} adapter cannot split images")
+
+    def video_tokens(self, model: nn.Module, videos: Mapping[str, torch.Tensor]) -> list[int]:
+        """LLM tokens of each video, from metadata only."""
+        raise NotImplementedError(f"the {self.name} adapter takes no videos")
+
+    def select_videos(self, videos: Mapping[str, torch.Tensor], index: list[int]) -> dict:
+        """The per-video inputs (every ``video_keys`` entry present) of videos ``index``, in that order."""
+        raise NotImplementedError(f"the {self.name} adapter takes no videos")
+
+    def frame_groups(self, model: nn.Module, videos: Mapping[str, torch.Tensor]) -> list[tuple[int, int]]:
+        """Per video, ``(groups, tokens per group)``: its temporal patch groups, the ViT's units."""
+        raise NotImplementedError(f"the {self.name} adapter takes no videos")
+
+    def select_frames(self, videos: Mapping[str, torch.Tensor], units: list[tuple[int, int]]) -> dict:
+        """``get_video_features``' inputs of the frame groups ``units`` (``(video, group)`` pairs),
+        whose features are theirs in that order."""
+        raise NotImplementedError(f"the {self.name} adapter takes no videos")
 
     def dummy_images(self, model: nn.Module) -> dict:
         """Per-image inputs of one small blank image (for the dummy ViT pass of text-only rows)."""
@@ -147,14 +213,16 @@ class HFAdapter:
         return ()
 
     def position_ids(self, model: nn.Module, input_ids: torch.Tensor, token_type: torch.Tensor,
-                     pixels: Mapping[str, torch.Tensor]) -> torch.Tensor:
+                     pixels: Mapping[str, torch.Tensor],
+                     videos: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Position ids ``(R, Ls)`` of one sample ``input_ids (Ls,)`` on its own (R = 1, or 3 for M-RoPE).
 
         Args:
             model: the top-level model.
             input_ids: the sample's tokens.
-            token_type: ``IntTensor[Ls]``, 0 text and 1 image (``mm_token_type_ids``).
+            token_type: ``IntTensor[Ls]``, 0 text, 1 image, 2 video (``mm_token_type_ids``).
             pixels: the per-image inputs of the sample's images only.
+            videos: the per-video inputs of the sample's videos only (None: no video).
         """
         return torch.arange(input_ids.numel(), device=input_ids.device).unsqueeze(0)
 

@@ -10,6 +10,14 @@ level follows the main features' vision mode and placement (Note [vlmcp HF visio
 placement]). Positions: interleaved M-RoPE ``(3, L)`` from the model's own
 ``get_rope_index`` per sample; ``(3, 1, N)`` into the text model, without the text row
 (no HF mask: the mask is the plan's).
+
+Videos: Qwen2-VL's inputs, but the processor writes every frame group as its own run,
+``<t seconds>`` (text) + vision start + video placeholders + vision end, and
+``get_rope_index`` splits ``video_grid_thw`` into ``(1, h, w)`` grids to match: positions from
+the model's own rope index on the global row keep the timestamps where they are.
+``get_video_features`` is ``get_image_features`` on the video inputs (deepstack included);
+the ViT attends within each frame group (per-``t`` ``cu_seqlens``, position interpolation
+repeated per ``t``), so frame groups are ``scatter``'s ViT units.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ __all__ = ["QWEN3_VL", "Qwen3VLAdapter"]
 
 @dataclass(frozen=True, kw_only=True)
 class Qwen3VLAdapter(QwenVLAdapter):
-    """Qwen3-VL / Qwen3-VL-MoE (images; videos, with their timestamps, are not supported under CP yet)."""
+    """Qwen3-VL / Qwen3-VL-MoE: images and videos (timestamps between frame groups)."""
 
     projector_last: str | None = "model.visual.merger.linear_fc2"
     deepstack_output: str | None = "deepstack_features"

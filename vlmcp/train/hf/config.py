@@ -12,7 +12,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import get_args
 
-from vlmcp.train.reference.config import AttentionBackend, DType, SamplePlacement, VisionMode
+from vlmcp.data.hf.video import VideoSampling
+from vlmcp.train.reference.config import (
+    AttentionBackend,
+    DType,
+    ImageStrategyChoice,
+    SamplePlacement,
+    VisionMode,
+)
 
 __all__ = ["HFTrainConfig"]
 
@@ -31,8 +38,10 @@ class HFTrainConfig:
     image_root: str | None = None
     """Directory relative image paths start from (default: the JSONL file's)."""
     strict: bool = False
-    """Stop before training on a conversation longer than ``seq_len`` or an image that cannot
-    be read or decoded (every image is decoded up front), instead of skipping it."""
+    """Stop before training on a conversation longer than ``seq_len`` or an image or video that
+    cannot be read or decoded (every image and video is decoded up front), instead of skipping it."""
+    video: VideoSampling = VideoSampling()
+    """How videos become frames (``--video-*``): frames per second, frame counts, pixels."""
     cp: int = 2
     """CP group size P."""
     dp: int = 1
@@ -44,6 +53,9 @@ class HFTrainConfig:
     sample_placement: SamplePlacement = "split"
     """Split every conversation over the CP group, place each whole on one rank, or ``auto``
     (short ones whole, long ones split, by the cost model): ``vlmcp.hf.shard_inputs``."""
+    image_strategy: ImageStrategyChoice = "replicate"
+    """Where a split conversation's image and video tokens live: on every rank, zigzagged with the
+    text, or ``auto`` (the cost model, per row): ``vlmcp.hf.shard_inputs``."""
     steps: int = 100
     """Total optimizer steps (a resumed run with the same value finishes it)."""
     seq_len: int = 2048
@@ -81,12 +93,15 @@ class HFTrainConfig:
                 not all(isinstance(p, (str, os.PathLike)) for p in data):
             raise ValueError(f"--data must be one or more file paths, got {self.data!r}")
         object.__setattr__(self, "data", tuple(str(p) for p in data))
+        if not isinstance(self.video, VideoSampling):
+            raise ValueError(f"video must be a VideoSampling, got {type(self.video).__name__}")
         for name in ("cp", "dp", "steps", "seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend), ("dtype", DType),
-                              ("sample_placement", SamplePlacement)):
+                              ("sample_placement", SamplePlacement),
+                              ("image_strategy", ImageStrategyChoice)):
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")

@@ -163,7 +163,8 @@ class _Run:
             g["lr"] = lr_at(cfg, step)
         self.optimizer.zero_grad(set_to_none=True)
         batch = vlmcp.hf.shard_inputs(model, inputs, self.cp_group, labels=row.labels.to(self.device),
-                                      cu_seqlens=row.cu_seqlens, sample_placement=cfg.sample_placement)
+                                      cu_seqlens=row.cu_seqlens, sample_placement=cfg.sample_placement,
+                                      image_strategy=cfg.image_strategy)
         res = cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, self.cp_group)
         loss = res.loss
         if cfg.nan_at_step == step + 1 and self.rank == min(1, self.world - 1):

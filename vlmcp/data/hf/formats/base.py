@@ -24,7 +24,6 @@ from vlmcp.data.hf.conversation import (
     Skipped,
     line_name,
 )
-from vlmcp.data.hf.media import resolve_videos
 
 __all__ = ["METADATA_KEYS", "DataFormat", "Detection", "Line", "build_conversation", "check_keys", "string"]
 
@@ -111,21 +110,18 @@ def build_conversation(line: Line, messages: Sequence[Message], images: Sequence
     """The :class:`Conversation`, after the checks every format shares.
 
     Raises:
-        ValueError: no message; ``<video>`` placeholders (no video support yet); a number of
-            ``<image>`` placeholders other than the number of images; a conversation that
-            opens (after any system message) with an assistant turn; no message with loss.
+        ValueError: no message; a number of ``<image>`` (``<video>``) placeholders other than
+            the number of images (videos); a conversation that opens (after any system
+            message) with an assistant turn; no message with loss.
     """
     if not messages:
         raise line.error("the conversation has no message")
-    videos_in_text = sum(m.content.count(VIDEO_PLACEHOLDER) for m in messages)
-    if videos_in_text or videos:
-        # Refused for now; with video support this becomes the images' count check.
-        resolve_videos(list(videos) or [VIDEO_PLACEHOLDER], line.where,
-                       f"{videos_in_text} {VIDEO_PLACEHOLDER} placeholder(s), {len(videos)} video(s)")
-    placeholders = sum(m.content.count(IMAGE_PLACEHOLDER) for m in messages)
-    if placeholders != len(images):
-        raise line.error(f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s); "
-                         f"each image needs one {IMAGE_PLACEHOLDER} where it goes")
+    for placeholder, media, what in ((IMAGE_PLACEHOLDER, images, "image"),
+                                     (VIDEO_PLACEHOLDER, videos, "video")):
+        placeholders = sum(m.content.count(placeholder) for m in messages)
+        if placeholders != len(media):
+            raise line.error(f"{placeholders} {placeholder} placeholder(s) but {len(media)} {what}(s); "
+                             f"each {what} needs one {placeholder} where it goes")
     first = next((m for m in messages if m.role != "system"), None)
     if first is not None and first.role in ("assistant", "tool_call"):
         raise line.error(f"the conversation opens with an {first.role} message; it needs a user (or "

@@ -9,12 +9,13 @@ A line::
 Read as LLaVA's ``train.py`` reads it:
 
 * ``image``: one path, or a list (LLaVA-NeXT / OneVision multi-image lines); absent for a
-  text-only line. ``video`` is refused (no video support yet).
-* A turn holding one ``<image>``: LLaVA 1.5's ``preprocess_multimodal`` rule, the
-  placeholder removed, the rest stripped, then ``<image>\\n`` + rest, so
-  ``"<image>\\nQ"``, ``"Q\\n<image>"`` and ``"<image>\\n\\nQ "`` all become ``"<image>\\nQ"``
-  (one newline, whatever the chat template adds). A turn holding several keeps them
-  where they are (LLaVA-NeXT's rule for interleaved images).
+  text-only line. ``video`` (LLaVA-Video / LLaVA-NeXT-Video lines): a video file or a
+  directory of frames, or a list of them (:mod:`vlmcp.data.hf.media`), one per ``<video>``.
+* A turn holding one ``<image>`` (or one ``<video>``, and no image): LLaVA 1.5's
+  ``preprocess_multimodal`` rule, the placeholder removed, the rest stripped, then
+  ``<image>\\n`` + rest, so ``"<image>\\nQ"``, ``"Q\\n<image>"`` and ``"<image>\\n\\nQ "`` all
+  become ``"<image>\\nQ"`` (one newline, whatever the chat template adds). A turn holding
+  several keeps them where they are (LLaVA-NeXT's rule for interleaved images).
 * A leading ``gpt`` turn is dropped (``preprocess_v1`` does) and counted in
   :attr:`Conversation.dropped_turns`.
 * A line with no ``gpt`` turn left trains nothing in LLaVA: it is skipped, with its
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, Message, Skipped
+from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message, Skipped
 from vlmcp.data.hf.formats.base import DataFormat, Detection, Line, build_conversation, check_keys, string
 from vlmcp.data.hf.media import resolve_images, resolve_videos
 
@@ -36,17 +37,19 @@ _ROLES = {"human": "user", "gpt": "assistant"}
 
 
 def place_image(text: str) -> str:
-    """LLaVA's placement of a turn's single ``<image>``: first, then exactly one newline."""
-    if text.count(IMAGE_PLACEHOLDER) != 1:
+    """LLaVA's placement of a turn's single ``<image>`` (or ``<video>``): first, then exactly one newline."""
+    counts = {p: text.count(p) for p in (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER)}
+    if sorted(counts.values()) != [0, 1]:
         return text
-    return f"{IMAGE_PLACEHOLDER}\n{text.replace(IMAGE_PLACEHOLDER, '').strip()}".strip()
+    placeholder = max(counts, key=counts.get)
+    return f"{placeholder}\n{text.replace(placeholder, '').strip()}".strip()
 
 
 class LlavaFormat(DataFormat):
     """LLaVA's ``conversations`` + ``image`` (see the module docstring)."""
 
     name = "llava"
-    signature = '"conversations" of {"from": "human"|"gpt", "value"} turns, with optional "image"'
+    signature = '"conversations" of {"from": "human"|"gpt", "value"} turns, with optional "image", "video"'
 
     def detect(self, record: Mapping[str, Any]) -> Detection | None:
         if "conversations" not in record or "messages" in record:
@@ -58,7 +61,7 @@ class LlavaFormat(DataFormat):
 
     def read(self, record: Mapping[str, Any], line: Line) -> Conversation | Skipped:
         check_keys(line, record, ("conversations", "image", "video"))
-        videos = resolve_videos(record.get("video"), line.where, '"video"')
+        videos = resolve_videos(record.get("video"), line.media_root, line.where, key="video")
         images = resolve_images(record.get("image"), line.media_root, line.where, key="image")
         turns = record["conversations"]
         if not isinstance(turns, list) or not turns:

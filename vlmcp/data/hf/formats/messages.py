@@ -16,7 +16,8 @@ Top-level keys:
 * ``images``: a spec or a list of specs (:mod:`vlmcp.data.hf.media`), one per ``<image>``;
 * ``tools``: the tool schemas, a JSON list (as text or as a list), carried as
   :attr:`Conversation.tools`;
-* ``videos``: refused (no video support yet); null or ``[]`` is none.
+* ``videos``: a spec or a list of specs (a video file, a directory of frames, or a list of
+  frame paths: :mod:`vlmcp.data.hf.media`), one per ``<video>``; null or ``[]`` is none.
 
 Roles (LLaMA-Factory's sharegpt tags, ms-swift's and OpenAI's names): ``user``/``human``,
 ``assistant``/``gpt``, ``system``, ``tool_call``/``function_call``,
@@ -25,10 +26,11 @@ the call by it, OpenAI the result.
 
 Per message: ms-swift's ``loss`` (true / false / null) and LLaMA-Factory v1's
 ``loss_weight`` (0 or 1; a fractional weight is refused) set :attr:`Message.loss`.
-``content`` is a string with ``<image>`` placeholders, or a list of parts
-(:mod:`~vlmcp.data.hf.formats.parts`) whose image parts are the line's images (then the
-line has no ``images``). A ``tool_call`` content is the call: a JSON object with a
-``name`` (or a list of them, parallel calls), as text or structured (then serialised).
+``content`` is a string with ``<image>`` / ``<video>`` placeholders, or a list of parts
+(:mod:`~vlmcp.data.hf.formats.parts`) whose image and video parts are the line's images
+and videos (then the line has no ``images`` / ``videos``). A ``tool_call`` content is the
+call: a JSON object with a ``name`` (or a list of them, parallel calls), as text or
+structured (then serialised).
 A ``tool_response`` content may also be a JSON object (serialised).
 """
 
@@ -41,7 +43,7 @@ from typing import Any
 from vlmcp.data.hf.conversation import Conversation, Message
 from vlmcp.data.hf.formats.base import DataFormat, Detection, Line, build_conversation, check_keys, string
 from vlmcp.data.hf.formats.parts import read_parts
-from vlmcp.data.hf.media import resolve_image, resolve_images, resolve_videos
+from vlmcp.data.hf.media import resolve_image, resolve_images, resolve_video, resolve_videos
 
 __all__ = ["MESSAGES", "ROLE_NAMES", "MessagesFormat"]
 
@@ -117,8 +119,8 @@ def _tools(line: Line, tools: Any) -> str | None:
     return json.dumps(parsed, ensure_ascii=False) if parsed else None
 
 
-def _message(line: Line, turn: Any, i: int) -> tuple[Message, list]:
-    """One turn as a :class:`Message`, and the image specs of its parts."""
+def _message(line: Line, turn: Any, i: int) -> tuple[Message, list, list]:
+    """One turn as a :class:`Message`, and the image and video specs of its parts."""
     what = f"message {i}"
     if not isinstance(turn, Mapping):
         raise line.error(f"{what} must be an object, got {type(turn).__name__}")
@@ -132,17 +134,25 @@ def _message(line: Line, turn: Any, i: int) -> tuple[Message, list]:
     role = ROLE_NAMES.get(tag) if isinstance(tag, str) else None
     if role is None:
         raise line.error(f"{what} has role {tag!r}; vlmcp reads the roles {', '.join(ROLE_NAMES)}")
-    content, images = turn[text_key], []
+    content, images, videos = turn[text_key], [], []
     if role == "tool_call":
         content = _tool_call(line, content, what)
     elif isinstance(content, list):
-        content, images = read_parts(line, content, what)
+        content, images, videos = read_parts(line, content, what)
     elif isinstance(content, Mapping) and role == "tool_response":
         content = json.dumps(content, ensure_ascii=False)
     elif not isinstance(content, str):
         raise line.error(f"{what}'s \"{text_key}\" must be a string or a list of parts, got "
                          f"{type(content).__name__}")
-    return Message(role=role, content=content, loss=_loss(line, turn, what)), images
+    return Message(role=role, content=content, loss=_loss(line, turn, what)), images, videos
+
+
+def _media(line: Line, column: tuple, parts: list, resolve, key: str, what: str) -> tuple:
+    """The line's images (videos): from its column or from its messages' parts, not both."""
+    if parts and column:
+        raise line.error(f"the line gives {what}s twice: as {what} parts of its messages and in \"{key}\"; "
+                         "keep one")
+    return tuple(resolve(spec, line.media_root, line.where) for spec in parts) if parts else column
 
 
 class MessagesFormat(DataFormat):
@@ -150,7 +160,7 @@ class MessagesFormat(DataFormat):
 
     name = "messages"
     signature = ('"messages" or "conversations": a list of {"role", "content"} or {"from", "value"}, '
-                 'with optional "system", "images", "tools"')
+                 'with optional "system", "images", "videos", "tools"')
 
     def detect(self, record: Mapping[str, Any]) -> Detection | None:
         if "messages" in record:
@@ -176,18 +186,16 @@ class MessagesFormat(DataFormat):
         turns = record[key]
         if not isinstance(turns, list) or not turns:
             raise line.error(f"\"{key}\" must be a non-empty list of messages")
-        videos = resolve_videos(record.get("videos"), line.where, '"videos"')
-        messages, part_images = [], []
+        messages, part_images, part_videos = [], [], []
         for i, turn in enumerate(turns):
-            message, images = _message(line, turn, i)
+            message, images, videos = _message(line, turn, i)
             messages.append(message)
             part_images += images
-        images = resolve_images(record.get("images"), line.media_root, line.where)
-        if part_images and images:
-            raise line.error("the line gives images twice: as image parts of its messages and in \"images\"; "
-                             "keep one")
-        if part_images:
-            images = tuple(resolve_image(spec, line.media_root, line.where) for spec in part_images)
+            part_videos += videos
+        images = _media(line, resolve_images(record.get("images"), line.media_root, line.where), part_images,
+                        resolve_image, "images", "image")
+        videos = _media(line, resolve_videos(record.get("videos"), line.media_root, line.where), part_videos,
+                        resolve_video, "videos", "video")
         system = record.get("system")
         if system is not None and string(line, system, '"system"'):
             if messages[0].role == "system":

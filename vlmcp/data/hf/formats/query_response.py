@@ -8,7 +8,7 @@ A line::
 becomes ``system``, then one user / assistant pair per ``history`` entry
 (``[query, response]``), then ``query`` / ``response``: every response trains, as
 ms-swift and LLaMA-Factory do by default. ``system`` null or ``""`` is none; ``images``
-as in :mod:`vlmcp.data.hf.media`; ``videos`` refused (no video support yet). ms-swift's
+and ``videos`` as in :mod:`vlmcp.data.hf.media`, one per ``<image>`` / ``<video>``. ms-swift's
 column aliases (``prompt``, ``answer``, ...) are not read: rename them, or use the
 ``messages`` format.
 """
@@ -32,7 +32,7 @@ class QueryResponseFormat(DataFormat):
 
     name = "query_response"
     signature = ('"query" and "response", with optional "history" ([query, response] pairs), "system", '
-                 '"images"')
+                 '"images", "videos"')
 
     def detect(self, record: Mapping[str, Any]) -> Detection | None:
         key = next((k for k in ("query", "response", "history") if k in record), None)
@@ -58,7 +58,7 @@ class QueryResponseFormat(DataFormat):
             messages.append(Message(role="assistant", content=string(line, pair[1], f'"history"[{i}][1]')))
         messages.append(Message(role="user", content=string(line, record["query"], '"query"')))
         messages.append(Message(role="assistant", content=string(line, record["response"], '"response"')))
-        videos = resolve_videos(record.get("videos"), line.where, '"videos"')
+        videos = resolve_videos(record.get("videos"), line.media_root, line.where)
         images = resolve_images(record.get("images"), line.media_root, line.where)
         return build_conversation(line, messages, images, videos)
 

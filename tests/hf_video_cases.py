@@ -1,0 +1,70 @@
+"""Rank functions for the video / sharded-visual-token HF tests (importable by name from spawned ranks).
+
+Each function runs a whole grid inside one spawned group (spawning costs seconds).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from vlmcp.hf.verify import HFParityCase, hf_parity, reference_for
+
+# A packed row with a video sample, a text-only sample and a sample mixing an image, a video
+# (Qwen2.5-VL: 0.5 s per temporal patch group) and another image, text between; Qwen-VL grids.
+VIDEO_PACKED = ((5, ("video", 3, 4, 4), 9), (12,),
+                (3, (1, 4, 8), 4, ("video", 2, 4, 8, 0.5), 2, (1, 4, 4), 7))
+# GLM-4.1V's forward cannot take images and videos in one row: videos and text only.
+VIDEO_ONLY = ((5, ("video", 3, 4, 4), 9), (12,), (3, ("video", 2, 4, 8), 7))
+# Whole-sample placement: short samples (video, image, text-only) and one long sample with a
+# video, as hf_cases.MIXED.
+VIDEO_MIXED = ((3, ("video", 2, 4, 4), 5), (4, (1, 4, 4), 3), (6,), (2, ("video", 1, 4, 4), 6),
+               (40, ("video", 3, 4, 4), 80))
+# One long video and little text: the row `auto` shards.
+LONG_VIDEO = ((4, ("video", 8, 8, 8), 12),)
+ROWS = {"video_packed": VIDEO_PACKED, "video_only": VIDEO_ONLY, "video_mixed": VIDEO_MIXED,
+        "long_video": LONG_VIDEO}
+
+
+def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
+    """``hf_parity`` of every case, in order, one single-process step per (model, dtype, row)."""
+    refs, out = {}, []
+    for c in cases:
+        key = (c.model, c.dtype, c.seed, c.samples, c.markers)
+        if key not in refs:
+            refs[key] = reference_for(c)
+        out.append(hf_parity(group, c, refs[key]))
+    return out
+
+
+def vit_units(group: dist.ProcessGroup) -> dict:
+    """Under ``scatter``, the patch rows each rank's ViT runs (a pre-hook on ``model.visual``) for one
+    long video and for two images; under ``shard``, whether the visual slots travel."""
+    import torch
+
+    import vlmcp.hf
+    from vlmcp.hf.rows import synthetic_row
+    from vlmcp.hf.tiny import tiny_model
+
+    out = {}
+    for name, samples in (("long_video", LONG_VIDEO), ("two_images", ((3, (1, 4, 8), 4, (1, 4, 4), 7),))):
+        model = vlmcp.hf.parallelize(tiny_model("qwen2_vl", torch.float64), group, vision_mode="scatter")
+        rows: list[int] = []
+        model.model.visual.register_forward_pre_hook(
+            lambda m, args, rows=rows: rows.append(int(args[0].shape[0])))
+        inputs, labels, cu = synthetic_row(model, samples)
+        for strategy in ("replicate", "shard"):
+            batch = vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu,
+                                          image_strategy=strategy)
+            model(**batch.model_inputs).logits.sum().backward()
+            shard = batch.shard
+            out[(name, strategy)] = {
+                "vit_rows": sum(rows), "visual_slots": int(shard.is_image.sum()),
+                "visual_travel": bool(shard.travels[shard.is_image].all()),
+                "visual_replicated": bool(shard.replicated[shard.is_image].all())}
+            rows.clear()
+    return out
+
+
+def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> dict:
+    """The P=2 group's whole job: the parity grid and the ViT-unit counts."""
+    return {"parity": parity_grid(group, cases), "vit": vit_units(group)}
