@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
                    help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
-                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v "
+                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:qwen3_5 "
                         "(a tiny random model) or a local model directory, against the unmodified model "
                         "(float64 or float32; --image-attention causal)")
     p.add_argument("--video", action="store_true",
@@ -110,7 +110,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
         from vlmcp.hf.adapters import adapter_for
-        from vlmcp.hf.tiny import MROPE_ARCHS, TINY_ARCHS, tiny_config
+        from vlmcp.hf.tiny import HYBRID_ARCHS, MROPE_ARCHS, TINY_ARCHS, tiny_config
         from vlmcp.hf.verify import (
             DEFAULT_SAMPLES,
             VIDEO_ONLY_SAMPLES,
@@ -121,8 +121,9 @@ def _run_hf(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        if args.model[3:] not in TINY_ARCHS + MROPE_ARCHS:
-            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(TINY_ARCHS + MROPE_ARCHS)} "
+        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS
+        if args.model[3:] not in archs:
+            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(archs)} "
                              "or a directory")
         config = tiny_config(args.model[3:])
     else:

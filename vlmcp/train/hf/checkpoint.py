@@ -22,6 +22,7 @@ The final ``save_pretrained`` directory is a checkpoint too: :mod:`vlmcp.train.h
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -52,7 +53,7 @@ _DIR = re.compile(r"^step_(\d{8,})$")
 _TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
 KEEP_LAST = 3
-_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root")
+_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video")
 _PATH_FIELDS = ("model", "data", "image_root")
 
 
@@ -123,6 +124,8 @@ def _same(field: str, a, b) -> bool:
         # --data is a list of files since it may be repeated; older checkpoints hold one string
         resolve = lambda v: [os.path.realpath(x) for x in ([v] if isinstance(v, str) else v)]
         return resolve(a) == resolve(b)
+    if dataclasses.is_dataclass(b) and not isinstance(b, type):  # saved as to_dict() made it
+        b = dataclasses.asdict(b)
     return a == b
 
 
