@@ -31,16 +31,3 @@ TOOL_TEMPLATE = (
     "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
-
-
-def _with_video(template: str) -> str:
-    """A Qwen template with the hub's video branch: ``<|vision_start|><|video_pad|><|vision_end|>``
-    for each video part (``vlmcp init-model``'s templates render images only)."""
-    video = ("{% elif content['type'] == 'video' or 'video' in content %}"
-             "{% set video_count.value = video_count.value + 1 %}"
-             "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-             "<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}")
-    out = template.replace("{% elif 'text' in content %}", video, 1)
-    out = "{% set video_count = namespace(value=0) %}" + out
-    assert out.count("<|video_pad|>") == 1
-    return out
