@@ -2,7 +2,8 @@
 
 A sample is a list of segments: an int ``n`` is n random text tokens, a tuple is one
 image (Qwen-VL: its patch grid ``(t, h, w)``; LLaVA: any tuple, images have a fixed
-size). :func:`synthetic_row` returns what a processor would, for the samples packed
+size; an adapter with its own ``synthetic_images`` says what its tuples hold, e.g.
+InternVL ``(tiles,)``). :func:`synthetic_row` returns what a processor would, for the samples packed
 into one row, plus HF-convention labels and ``cu_seqlens``::
 
     synthetic_row(model, [[5, (1, 4, 4), 9], [12], [(1, 4, 8), 3, (1, 4, 4), 6]])
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.adapters import adapter_for
+from vlmcp.hf.adapters import HFAdapter, adapter_for
 from vlmcp.hf.adapters.llava import LLAVA
 
 __all__ = ["synthetic_row"]
@@ -52,15 +53,25 @@ def synthetic_row(
     image_id = adapter.image_token_id(config)
     dtype = dtype or next(model.parameters()).dtype
     qwen = "image_grid_thw" in adapter.pixel_keys  # Qwen-VL-style patch rows (Qwen2/2.5/3-VL, GLM-4.1V)
+    own = type(adapter).synthetic_images is not HFAdapter.synthetic_images  # the adapter builds its images
     g = torch.Generator().manual_seed(seed)
     vocab = min(int(config.text_config.vocab_size), 100)
-    ids, no_loss, grids, pixels, lens = [], [], [], [], []
+    ids, no_loss, grids, pixels, lens, parts = [], [], [], [], [], []
     for sample in samples:
         n0 = len(ids)
+        images = [s for s in sample if not isinstance(s, int)]
+        if own and images:
+            part, image_ids = adapter.synthetic_images(model, images, g)
+            parts.append(part)
         for seg in sample:
             if isinstance(seg, int):
                 ids += torch.randint(3, vocab, (seg,), generator=g).tolist()
                 no_loss += [False] * seg
+                continue
+            if own:
+                one = image_ids.pop(0)
+                ids += one
+                no_loss += [True] * len(one)
                 continue
             if qwen:
                 t, h, w = (int(x) for x in seg)
@@ -87,6 +98,9 @@ def synthetic_row(
         lens.append(len(ids) - n0)
     input_ids = torch.tensor([ids], dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if parts:
+        inputs.update({k: v.to(dtype) if v.is_floating_point() else v
+                       for k, v in adapter.concat_images(parts).items()})
     if pixels:
         inputs["pixel_values"] = torch.cat(pixels).to(dtype)
         if qwen:

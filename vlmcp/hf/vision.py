@@ -50,6 +50,11 @@ holding no image token still joins every dual (with a zero gradient)::
     whole:  rank 0 [ a a a a | d d ]  takes the rows of a's and d's images
             rank 1 [ b b | c c c ]    takes b's and c's
 
+The CP context (:class:`~vlmcp.hf.attention.CPContext`: the shard, the dummy flag) reaches
+the wrapper in the call's keywords where HF passes ``**kwargs`` on (Qwen-VL, LLaVA); where
+it does not (InternVL, LLaVA-OneVision, SmolVLM, Mistral3), a forward pre-hook of the base
+model keeps it for the duration of the call.
+
 Text-only rows: HF skips the ViT when there is no ``pixel_values``. Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
@@ -83,6 +88,16 @@ from vlmcp.vision.placement import VisionMode, _column_slice
 __all__ = ["HFVisionPlacement", "VisionTags", "place_hf_vision"]
 
 _ATTR = "_vlmcp_vision"
+_CALL = "_vlmcp_vision_context"
+
+
+def _remember_context(module: nn.Module, args, kwargs) -> None:
+    """Forward pre-hook of the base model: this call's :class:`CPContext` for the vision wrapper."""
+    setattr(module, _CALL, kwargs.get(CONTEXT_KEY))
+
+
+def _forget_context(module: nn.Module, args, kwargs, output) -> None:
+    setattr(module, _CALL, None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +138,8 @@ def _placed_image_features(self: nn.Module, *args, **kwargs):
     """Stand-in for ``base_model.get_image_features``: the complete features on every rank."""
     pl: HFVisionPlacement = getattr(self, _ATTR)
     ctx = kwargs.pop(CONTEXT_KEY, None)  # the text layout must not reach the ViT
+    if ctx is None:  # a forward that calls get_image_features without **kwargs (InternVL, Mistral3...)
+        ctx = getattr(self, _CALL, None)
     bound = inspect.signature(pl.original).bind(self, *args, **kwargs)
     call = {}
     for name, value in list(bound.arguments.items())[1:]:
@@ -179,7 +196,7 @@ def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int]):
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     levels = [tuple(f.split(tokens, 0)) for f in emb.unbind(1)]
-    out = BaseModelOutputWithPooling(pooler_output=levels[0])
+    out = BaseModelOutputWithPooling(pooler_output=levels[0] if pl.adapter.features_per_image else emb[:, 0])
     if pl.adapter.deepstack_output is not None:
         setattr(out, pl.adapter.deepstack_output, levels[1:])
     return out
@@ -269,3 +286,5 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
     setattr(base, _ATTR, HFVisionPlacement(mode=mode, group=group, src=src, adapter=adapter,
                                            original=original, out_dim=out_dim, levels=1 + len(deepstack)))
     base.get_image_features = types.MethodType(_placed_image_features, base)
+    base.register_forward_pre_hook(_remember_context, with_kwargs=True)
+    base.register_forward_hook(_forget_context, with_kwargs=True, always_call=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.glm4v import GLM4V
+from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
@@ -26,7 +27,7 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA, INTERNVL):
     register_adapter(_a)
 
 
