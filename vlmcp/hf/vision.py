@@ -106,6 +106,8 @@ class VisionTags:
 
     mode: VisionMode
     grad_tags: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    own_params_only: bool = False
+    """The record covers only the named parameters of the module itself (``adapter.vision_params``)."""
 
     def __deepcopy__(self, memo):
         return self
@@ -252,6 +254,28 @@ def _scatter(base, pl, run, pixels, tokens, world):
     return gathered.index_select(0, order.to(gathered.device))
 
 
+def _place_vision_params(model: nn.Module, adapter: HFAdapter, mode: VisionMode, group,
+                         rule: GradRule) -> None:
+    """Tag ``adapter.vision_params`` with ``rule``; under ``hidden_shard`` keep this rank's columns
+    (last dim), PARTITIONED like the projector's slice. Recorded on the owning module."""
+    world = 1 if group is None else dist.get_world_size(group)
+    owners: dict[nn.Module, dict] = {}
+    for path in adapter.vision_params:
+        parent_path, _, leaf = path.rpartition(".")
+        parent = submodule(model, parent_path)
+        p = getattr(parent, leaf)
+        if mode == "hidden_shard" and world > 1:
+            n, rank = p.shape[-1] // world, dist.get_rank(group)
+            p = nn.Parameter(p.detach()[..., rank * n:(rank + 1) * n].clone(), requires_grad=p.requires_grad)
+            setattr(parent, leaf, p)
+            set_grad_rule(p, GradRule.PARTITIONED, world, shard_dim=p.dim() - 1, shard_index=rank)
+        else:
+            set_grad_rule(p, rule, world)
+        owners.setdefault(parent, {})[leaf] = grad_tag(p)
+    for parent, tags in owners.items():
+        parent.placement = VisionTags(mode, MappingProxyType(tags), own_params_only=True)
+
+
 def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
                     group: dist.ProcessGroup | None, src: int = 0) -> None:
     """Install ``mode`` on ``model`` (in place) and tag the vision parameters.
@@ -280,6 +304,8 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
             setattr(parent, leaf, _column_slice(getattr(parent, leaf), rank, world))
     for m in modules:
         m.placement = VisionTags(mode, MappingProxyType({n: grad_tag(p) for n, p in m.named_parameters()}))
+    if adapter.vision_params:
+        _place_vision_params(model, adapter, mode, group, rule)
     if not adapter.vision_modules:
         return  # placeholder adapter: replicate, HF's own call
     original = type(base).get_image_features

@@ -10,6 +10,7 @@ from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, sub
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.llava import LLAVA
+from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
 
@@ -27,7 +28,7 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA, INTERNVL):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION):
     register_adapter(_a)
 
 

@@ -82,6 +82,11 @@ class HFAdapter:
     """The decoder whose attention runs under CP."""
     vision_modules: tuple[str, ...] = ()
     """ViT + projector submodules (their parameters get the vision mode's gradient rule)."""
+    vision_params: tuple[str, ...] = ()
+    """Parameters of the base model itself that belong to the vision side, each of the features'
+    width in its last dimension (LLaVA-NeXT's ``model.image_newline``, appended after the
+    projector): they take the vision mode's gradient rule, and ``hidden_shard`` keeps this
+    rank's columns of them as of the projector's output."""
     projector_last: str | None = None
     """The projector's last ``nn.Linear`` (``hidden_shard`` keeps 1/P of its output columns;
     ``broadcast`` and ``scatter`` need it too, for the features' dtype and device)."""
