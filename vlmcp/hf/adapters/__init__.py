@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.glm4v import GLM4V
+from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
 from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
@@ -28,7 +29,8 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION, SMOLVLM,
+           IDEFICS3):
     register_adapter(_a)
 
 
