@@ -12,6 +12,7 @@ from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
 from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
+from vlmcp.hf.adapters.mistral3 import MISTRAL3
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
 
@@ -30,7 +31,7 @@ def register_adapter(adapter: HFAdapter) -> None:
 
 
 for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION, SMOLVLM,
-           IDEFICS3):
+           IDEFICS3, MISTRAL3):
     register_adapter(_a)
 
 
