@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
                    help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
-                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v "
+                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:internvl, hf:llava_onevision, "
+                        "hf:llava_next, hf:smolvlm, hf:idefics3, hf:mistral3 "
                         "(a tiny random model) or a local model directory, against the unmodified model "
                         "(float64 or float32; --image-strategy replicate, --image-attention causal)")
 
@@ -105,14 +106,15 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps every image token on every rank (--image-strategy replicate) and "
                          "the model's own causal attention (--image-attention causal)")
     try:
-        from vlmcp.hf.tiny import MROPE_ARCHS, TINY_ARCHS, tiny_config
-        from vlmcp.hf.verify import HFParityCase, hf_parity
+        from vlmcp.hf.tiny import ANYRES_ARCHS, MROPE_ARCHS, TINY_ARCHS, tiny_config
+        from vlmcp.hf.tiny_anyres import ANYRES_SAMPLES
+        from vlmcp.hf.verify import DEFAULT_SAMPLES, HFParityCase, hf_parity
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        if args.model[3:] not in TINY_ARCHS + MROPE_ARCHS:
-            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(TINY_ARCHS + MROPE_ARCHS)} "
-                             "or a directory")
+        archs = TINY_ARCHS + MROPE_ARCHS + ANYRES_ARCHS
+        if args.model[3:] not in archs:
+            raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(archs)} or a directory")
         config = tiny_config(args.model[3:])
     else:
         import os
@@ -126,8 +128,11 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.attention == "ulysses" and heads and heads % args.cp:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
+    # the row's images in the adapter's terms (any-resolution models: tiles, sizes), else Qwen grids
+    samples = ANYRES_SAMPLES.get(getattr(config, "model_type", None), DEFAULT_SAMPLES)
     case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
-                        dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement)
+                        dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement,
+                        samples=samples)
     try:
         result = spawn_ranks(hf_parity, args.cp, case, timeout=args.timeout)[0]
     except RankFailure as err:

@@ -26,10 +26,25 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ANYRES_ARCHS", "anyres_config"]
+__all__ = ["ANYRES_ARCHS", "ANYRES_SAMPLES", "anyres_config"]
 
 ANYRES_ARCHS = ("internvl", "llava_onevision", "llava_next", "smolvlm", "idefics3", "mistral3")
 """Any-resolution architectures :func:`vlmcp.hf.tiny.tiny_config` builds (``tests/test_hf_more_archs.py``)."""
+
+ANYRES_SAMPLES = {
+    "internvl": ((5, (2,), 9), (12,), (3, (1,), 4, (3,), 7)),
+    "llava_onevision": ((5, (6, 20), 9), (12,), (3, (16, 5), 4, (8, 8), 7)),
+    "smolvlm": ((5, (2, 1), 9), (12,), (3, (1, 1), 4, (1, 3), 7)),
+    "mistral3": ((5, (2, 3), 9), (12,), (3, (4, 1), 4, (1, 2), 7)),
+}
+"""The verification row of each family (``vlmcp verify --model``; :func:`vlmcp.hf.rows.synthetic_row`
+samples in the adapter's image tuples): an image after a prompt, a text-only sample, two images
+with text between. InternVL ``(tiles,)``; LLaVA-OneVision/NeXT ``(height, width)`` in eighths
+of a tile (a wide image shrunk by ``anyres_max``; a two-image sample, untiled in OneVision);
+SmolVLM/Idefics3 ``(rows, cols)`` of crops (``(1, 1)``: the global image alone); Mistral3
+``(rows, cols)`` of tokens. Keyed by ``config.model_type``."""
+ANYRES_SAMPLES["llava_next"] = ANYRES_SAMPLES["llava_onevision"]
+ANYRES_SAMPLES["idefics3"] = ANYRES_SAMPLES["smolvlm"]
 
 IMAGE_TOKEN = 120
 SIDE = 8

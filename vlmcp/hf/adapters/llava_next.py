@@ -174,10 +174,13 @@ class LlavaNextAdapter(HFAdapter):
         return pixels
 
     def synthetic_images(self, model, images, generator):
-        """Each image ``(height, width)``: its original size; random tiles as many as the model takes.
-        A OneVision sample with several images sends them untiled (``batch_num_images``)."""
+        """Each image ``(height, width)``: its original size in eighths of a tile (pixels for an
+        8-pixel tile); random tiles, as many as the model takes. A OneVision sample with several
+        images sends them untiled (``batch_num_images``)."""
         config, vc = model.config, model.config.vision_config
-        sizes = torch.tensor([[int(x) for x in seg] for seg in images], dtype=torch.long)
+        eighth = vc.image_size / 8
+        sizes = torch.tensor([[max(1, round(int(x) * eighth)) for x in seg] for seg in images],
+                             dtype=torch.long)
         pixels = {"image_sizes": sizes}
         if self.onevision:
             pixels["batch_num_images"] = torch.tensor([len(images)], dtype=torch.long)

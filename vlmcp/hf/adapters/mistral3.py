@@ -78,15 +78,12 @@ class Mistral3Adapter(HFAdapter):
                 "image_sizes": torch.tensor([[u, 2 * u]], device=w.device)}
 
     def synthetic_images(self, model, images, generator):
-        """Each image ``(height, width)`` in pixels (multiples of patch x merge): random pixels, padded
-        to the sample's largest; tokens row by row, ``[IMG_BREAK]`` (121) after each row but the
-        last, ``[IMG_END]`` (122) after it."""
+        """Each image ``(rows, cols)`` in LLM tokens (``rows * patch * merge`` pixels high): random
+        pixels, padded to the sample's largest; tokens row by row, ``[IMG_BREAK]`` (121) after each
+        row but the last, ``[IMG_END]`` (122) after it."""
         config, vc = model.config, model.config.vision_config
         u = self._unit(config)
-        sizes = torch.tensor([[int(h), int(w)] for h, w in images], dtype=torch.long)
-        if bool((sizes % u).any()):
-            raise ValueError(f"synthetic Mistral3 image sizes must be multiples of {u} pixels, got "
-                             f"{sizes.tolist()}")
+        sizes = torch.tensor([[int(r) * u, int(c) * u] for r, c in images], dtype=torch.long)
         pv = torch.zeros(len(images), vc.num_channels, int(sizes[:, 0].max()), int(sizes[:, 1].max()),
                          dtype=torch.float64)
         image_id = self.image_token_id(config)
