@@ -16,7 +16,9 @@ An :class:`HFAdapter` names, for one family of ``config.model_type`` values:
 :class:`PlaceholderAdapter` is the default for a model that merges image features at
 its placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``) and uses 1-D
 positions: ``replicate`` works with it and nothing else is needed. The other vision
-modes need the names above; see ``qwen2_vl.py`` and ``llava.py``. Whatever the adapter,
+modes need the names above; see ``qwen2_vl.py`` and ``llava.py``, and for images whose
+token count depends on their metadata (tiles, sizes) ``internvl.py``, ``llava_next.py``,
+``idefics3.py`` and ``mistral3.py``. Whatever the adapter,
 :func:`vlmcp.hf.parallelize` also audits the language model's token mixers (Note [vlmcp
 HF token mixers]).
 """
@@ -86,7 +88,7 @@ class HFAdapter:
     """Parameters of the base model itself that belong to the vision side, each of the features'
     width in its last dimension (LLaVA-NeXT's ``model.image_newline``, appended after the
     projector): they take the vision mode's gradient rule, and ``hidden_shard`` keeps this
-    rank's columns of them as of the projector's output."""
+    rank's columns of them, the columns its slice of the projector computes."""
     projector_last: str | None = None
     """The projector's last ``nn.Linear`` (``hidden_shard`` keeps 1/P of its output columns;
     ``broadcast`` and ``scatter`` need it too, for the features' dtype and device)."""
