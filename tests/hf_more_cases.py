@@ -80,7 +80,8 @@ def dummy_vision(group: dist.ProcessGroup, cases: list[tuple[str, str]]) -> list
 
 def newline(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
     """LLaVA-OneVision's ``image_newline`` per vision mode: its gradient rule and width after
-    ``parallelize``, and its gradient against one process after a step on the packed row."""
+    ``parallelize``, whether DDP/FSDP must leave it alone (``ddp_ignored_params``), and its
+    gradient against one process after a step on the packed row."""
     ref = tiny_model("llava_onevision", torch.float64)
     float64_norms(ref)
     inputs, labels, cu = synthetic_row(ref, ROWS["llava_onevision"]["packed"])
@@ -96,6 +97,7 @@ def newline(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
         vlmcp.hf.parallelize(model, group, vision_mode=mode)
         p = model.model.image_newline
         rule, width = grad_rule(p).value, p.shape[-1]
+        kept_from_ddp = "model.image_newline" in vlmcp.ddp_ignored_params(model)
         with float64_exact(torch.float64):
             batch = vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu)
             loss, _ = vlmcp.cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, group)
@@ -104,7 +106,7 @@ def newline(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
         g = model.model.image_newline.grad
         n, r = width, dist.get_rank(group)
         want = truth if width == truth.numel() else truth[r * n:(r + 1) * n]
-        out.append({"mode": mode, "rule": rule, "width": width,
+        out.append({"mode": mode, "rule": rule, "width": width, "kept_from_ddp": kept_from_ddp,
                     "err": float((g - want).norm() / want.norm()), "norm": float(want.norm())})
     return out
 

@@ -105,6 +105,7 @@ def test_image_newline_is_a_vision_parameter_in_every_mode(p2):
             "hidden_shard": "partitioned"}
     for mode, r in by_mode.items():
         assert r["rule"] == want[mode] and r["width"] == (24 if mode == "hidden_shard" else 48), r
+        assert r["kept_from_ddp"] == (mode == "hidden_shard"), r  # its slice differs per CP rank
         assert r["err"] <= 1e-12 and r["norm"] > 0, r
 
 
