@@ -104,14 +104,20 @@ def restore_grad_tags(model: nn.Module) -> None:
     ``overwrite_module_params_on_conversion``) would silently fall back to SHARE, which turns
     ``allreduce_hook``'s FULL gradients into P-times gradients. The placement keeps
     them by name: the reducers and the checkpoint state (:mod:`vlmcp.train.reference.state`)
-    put them back first. Call it yourself before using :func:`grad_rule`,
+    put them back first. A record with ``own_params_only`` covers the listed parameters of the
+    module itself (an HF base model's LLaVA-NeXT ``image_newline``), not its submodules'.
+    Call it yourself before using :func:`grad_rule`,
     :func:`partition_of` or :func:`local_part` on a copied model.
     """
     for module in model.modules():
-        tags = getattr(getattr(module, "placement", None), "grad_tags", None)
+        placement = getattr(module, "placement", None)
+        tags = getattr(placement, "grad_tags", None)
         if not tags:
             continue
-        for name, p in module.named_parameters():
+        own = getattr(placement, "own_params_only", False)  # a record of some of the module's own parameters
+        for name, p in module.named_parameters(recurse=not own):
+            if own and name not in tags:
+                continue
             if name not in tags:
                 raise ValueError(f"parameter {name!r} of a placed {type(module).__name__} has no "
                                  "recorded gradient rule (was the module changed after placement?)")

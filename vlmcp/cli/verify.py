@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
                    help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
-                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:qwen3_5 "
+                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:qwen3_5, hf:internvl, "
+                        "hf:llava_onevision, hf:llava_next, hf:smolvlm, hf:idefics3, hf:mistral3 "
                         "(a tiny random model) or a local model directory, against the unmodified model "
                         "(float64 or float32; --image-attention causal)")
     p.add_argument("--video", action="store_true",
@@ -110,7 +111,8 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
         from vlmcp.hf.adapters import adapter_for
-        from vlmcp.hf.tiny import HYBRID_ARCHS, MROPE_ARCHS, TINY_ARCHS, tiny_config
+        from vlmcp.hf.tiny import ANYRES_ARCHS, HYBRID_ARCHS, MROPE_ARCHS, TINY_ARCHS, tiny_config
+        from vlmcp.hf.tiny_anyres import ANYRES_SAMPLES
         from vlmcp.hf.verify import (
             DEFAULT_SAMPLES,
             VIDEO_ONLY_SAMPLES,
@@ -121,7 +123,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS
+        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS
         if args.model[3:] not in archs:
             raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(archs)} "
                              "or a directory")
@@ -138,7 +140,8 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.attention == "ulysses" and heads and heads % args.cp:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
-    samples = DEFAULT_SAMPLES
+    # the row's images in the adapter's terms (any-resolution models: tiles, sizes), else Qwen grids
+    samples = ANYRES_SAMPLES.get(getattr(config, "model_type", None), DEFAULT_SAMPLES)
     if args.video:
         import types
 

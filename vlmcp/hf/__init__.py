@@ -1,6 +1,7 @@
 """Hugging Face transformers VLMs under vlmcp context parallelism (``pip install vlmcp[hf]``).
 
-Two calls put a Qwen2-VL, Qwen2.5-VL or LLaVA model on a CP group::
+Two calls put a Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, LLaVA, LLaVA-NeXT/OneVision,
+InternVL, SmolVLM/Idefics3 or Mistral3 model on a CP group::
 
     vlmcp.hf.parallelize(model, cp_group, attention="ring", vision_mode="replicate")
     batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=None)
@@ -18,7 +19,8 @@ Two calls put a Qwen2-VL, Qwen2.5-VL or LLaVA model on a CP group::
 * :mod:`vlmcp.hf.mixers`: the token-mixer audit ``parallelize`` runs (anything but softmax
   attention mixing tokens is refused, named); :func:`register_mixer` declares a CP
   implementation of a mixer class.
-* :mod:`vlmcp.hf.tiny`: tiny random configs for tests; :mod:`vlmcp.hf.rows`: synthetic rows.
+* :mod:`vlmcp.hf.tiny` (and :mod:`vlmcp.hf.tiny_anyres`): tiny random configs for tests;
+  :mod:`vlmcp.hf.rows`: synthetic rows.
 """
 
 from vlmcp.hf.adapters import (

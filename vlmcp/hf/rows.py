@@ -2,11 +2,12 @@
 
 A sample is a list of segments: an int ``n`` is n random text tokens, a tuple of ints is
 one image (Qwen-VL: its patch grid ``(t, h, w)``; LLaVA: any tuple, images have a fixed
-size), and ``("video", t, h, w)`` (or ``("video", t, h, w, seconds)``: Qwen2.5-VL's
-``second_per_grid_ts``, default 1.0) is one video of ``t`` temporal patch groups, laid out
-as the model's processor writes it (:data:`VIDEO_LAYOUTS`). :func:`synthetic_row` returns
-what a processor would, for the samples packed into one row, plus HF-convention labels and
-``cu_seqlens``::
+size; an adapter with its own ``synthetic_images`` says what its tuples hold, e.g.
+InternVL ``(tiles,)``), and ``("video", t, h, w)`` (or ``("video", t, h, w, seconds)``:
+Qwen2.5-VL's ``second_per_grid_ts``, default 1.0) is one video of ``t`` temporal patch
+groups, laid out as the model's processor writes it (:data:`VIDEO_LAYOUTS`).
+:func:`synthetic_row` returns what a processor would, for the samples packed into one row,
+plus HF-convention labels and ``cu_seqlens``::
 
     synthetic_row(model, [[5, (1, 4, 4), 9], [12], [("video", 3, 4, 4), 3, (1, 4, 4), 6]])
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.adapters import adapter_for
+from vlmcp.hf.adapters import HFAdapter, adapter_for
 from vlmcp.hf.adapters.llava import LLAVA
 
 __all__ = ["VIDEO_LAYOUTS", "synthetic_row"]
@@ -73,10 +74,11 @@ def synthetic_row(
     image_id = adapter.image_token_id(config)
     dtype = dtype or next(model.parameters()).dtype
     qwen = "image_grid_thw" in adapter.pixel_keys  # Qwen-VL-style patch rows (Qwen2/2.5/3-VL, GLM-4.1V)
+    own = type(adapter).synthetic_images is not HFAdapter.synthetic_images  # the adapter builds its images
     g = torch.Generator().manual_seed(seed)
     vocab = min(int(config.text_config.vocab_size), 100)
     text = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
-    ids, types, no_loss, grids, pixels, lens = [], [], [], [], [], []
+    ids, types, no_loss, grids, pixels, lens, parts = [], [], [], [], [], [], []
     vgrids, vpixels, seconds = [], [], []
 
     def put(tokens: list[int], kind: int, loss: bool = False) -> None:
@@ -86,6 +88,10 @@ def synthetic_row(
 
     for sample in samples:
         n0 = len(ids)
+        images = [s for s in sample if not isinstance(s, int)]
+        if own and images:
+            part, image_ids = adapter.synthetic_images(model, images, g)
+            parts.append(part)
         for seg in sample:
             if isinstance(seg, int):
                 put(text(seg), 0, loss=True)
@@ -122,6 +128,10 @@ def synthetic_row(
                         put(text(_TIMESTAMP_TOKENS[layout]), 0)
                     put([config.video_end_token_id], 0)
                 continue
+            if own:  # the adapter's tokens for this image: its placeholders and any markers
+                for token in image_ids.pop(0):
+                    put([token], int(token == image_id))
+                continue
             if qwen:
                 t, h, w = (int(x) for x in seg)
                 k = t * h * w // vc.spatial_merge_size ** 2
@@ -141,6 +151,9 @@ def synthetic_row(
         lens.append(len(ids) - n0)
     input_ids = torch.tensor([ids], dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if parts:
+        inputs.update({k: v.to(dtype) if v.is_floating_point() else v
+                       for k, v in adapter.concat_images(parts).items()})
     if pixels:
         inputs["pixel_values"] = torch.cat(pixels).to(dtype)
         if qwen:

@@ -6,7 +6,9 @@ and a small ViT, so a float64 training step runs in milliseconds on a CPU.
 :data:`TINY_ARCHS` are the architectures of the generic tests (``tests/test_hf.py``);
 :data:`MROPE_ARCHS` (Qwen3-VL with deepstack, its MoE variant, GLM-4.1V) are built the
 same way and tested in ``tests/test_hf_qwen3.py``; :data:`HYBRID_ARCHS` (Qwen3.5: Gated DeltaNet
-layers between gated attention layers) in ``tests/test_hf_qwen3_5.py``.
+layers between gated attention layers) in ``tests/test_hf_qwen3_5.py``;
+:data:`~vlmcp.hf.tiny_anyres.ANYRES_ARCHS` (InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3,
+Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
 -> a seeded ``LlavaForConditionalGeneration`` in eval mode (no dropout anywhere).
@@ -18,7 +20,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "tiny_config", "tiny_model"]
+from vlmcp.hf.tiny_anyres import ANYRES_ARCHS, anyres_config
+
+__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
@@ -149,21 +153,24 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
     """A tiny random-weight transformers config of ``arch``.
 
     Args:
-        arch: one of :data:`TINY_ARCHS`, :data:`MROPE_ARCHS` or :data:`HYBRID_ARCHS`.
+        arch: one of :data:`TINY_ARCHS`, :data:`MROPE_ARCHS`, :data:`HYBRID_ARCHS` or
+            :data:`ANYRES_ARCHS`.
         **overrides: top-level config fields; ``text_config={...}`` and
             ``vision_config={...}`` update the sub-configs field by field.
 
     Returns:
         ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
-        ``Qwen3VLMoeConfig``, ``Glm4vConfig`` or ``Qwen3_5Config``. Token ids: vocabulary 128,
-        image token 120
+        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config`` or an any-resolution config
+        (:mod:`vlmcp.hf.tiny_anyres`). Token ids: vocabulary 128, image token 120
         (Qwen: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
         122/123, video start/end 124/125), pad 0.
     """
-    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS
+    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS
     if arch not in known:
         raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {known}")
     overrides = dict(overrides)
+    if arch in ANYRES_ARCHS:
+        return anyres_config(arch, _text(), overrides)
     if arch == "llava":
         return _llava(overrides)
     if arch in HYBRID_ARCHS:

@@ -63,6 +63,11 @@ a zero gradient)::
             rank 1 [ b b | c c c ]          takes b's and c's
     shard:  rank 0 [ t V V | V t ]  rank 1 [ V V t | t ]   each takes its own V rows, in order
 
+The CP context (:class:`~vlmcp.hf.attention.CPContext`: the shard, the dummy flag) reaches
+the wrapper in the call's keywords where HF passes ``**kwargs`` on (Qwen-VL, LLaVA); where
+it does not (InternVL, LLaVA-OneVision, SmolVLM, Mistral3), a forward pre-hook of the base
+model keeps it for the duration of the call.
+
 Text-only rows: HF skips the ViT when there is no ``pixel_values`` (nor videos). Under FSDP or DDP
 over DP x CP a replica whose ViT got no gradient while another's did mismatches the
 gradient collectives (tested: gloo reports a size mismatch or hangs), so with
@@ -96,6 +101,16 @@ __all__ = ["HFVisionPlacement", "VisionTags", "place_hf_vision"]
 
 _ATTR = "_vlmcp_vision"
 _BUSY = "_vlmcp_in_vit"  # set while the original call runs: a nested get_*_features call is passed through
+_CALL = "_vlmcp_vision_context"
+
+
+def _remember_context(module: nn.Module, args, kwargs) -> None:
+    """Forward pre-hook of the base model: this call's :class:`CPContext` for the vision wrapper."""
+    setattr(module, _CALL, kwargs.get(CONTEXT_KEY))
+
+
+def _forget_context(module: nn.Module, args, kwargs, output) -> None:
+    setattr(module, _CALL, None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,6 +119,8 @@ class VisionTags:
 
     mode: VisionMode
     grad_tags: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    own_params_only: bool = False
+    """The record covers only the named parameters of the module itself (``adapter.vision_params``)."""
 
     def __deepcopy__(self, memo):
         return self
@@ -151,6 +168,8 @@ def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
         kwargs.pop(CONTEXT_KEY, None)
         return original(self, *args, **kwargs)
     ctx = kwargs.pop(CONTEXT_KEY, None)  # the text layout must not reach the ViT
+    if ctx is None:  # a forward that calls get_image_features without **kwargs (InternVL, Mistral3...)
+        ctx = getattr(self, _CALL, None)
     bound = inspect.signature(original).bind(self, *args, **kwargs)
     call = {}
     for name, value in list(bound.arguments.items())[1:]:
@@ -222,7 +241,7 @@ def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int]):
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     levels = [tuple(f.split(tokens, 0)) for f in emb.unbind(1)]
-    out = BaseModelOutputWithPooling(pooler_output=levels[0])
+    out = BaseModelOutputWithPooling(pooler_output=levels[0] if pl.adapter.features_per_image else emb[:, 0])
     if pl.adapter.deepstack_output is not None:
         setattr(out, pl.adapter.deepstack_output, levels[1:])
     return out
@@ -283,6 +302,28 @@ def _scatter(base, pl, run, select, units, world):
     return gathered.index_select(0, order.to(gathered.device))
 
 
+def _place_vision_params(model: nn.Module, adapter: HFAdapter, mode: VisionMode, group,
+                         rule: GradRule) -> None:
+    """Tag ``adapter.vision_params`` with ``rule``; under ``hidden_shard`` keep this rank's columns
+    (last dim), PARTITIONED like the projector's slice. Recorded on the owning module."""
+    world = 1 if group is None else dist.get_world_size(group)
+    owners: dict[nn.Module, dict] = {}
+    for path in adapter.vision_params:
+        parent_path, _, leaf = path.rpartition(".")
+        parent = submodule(model, parent_path)
+        p = getattr(parent, leaf)
+        if mode == "hidden_shard" and world > 1:
+            n, rank = p.shape[-1] // world, dist.get_rank(group)
+            p = nn.Parameter(p.detach()[..., rank * n:(rank + 1) * n].clone(), requires_grad=p.requires_grad)
+            setattr(parent, leaf, p)
+            set_grad_rule(p, GradRule.PARTITIONED, world, shard_dim=p.dim() - 1, shard_index=rank)
+        else:
+            set_grad_rule(p, rule, world)
+        owners.setdefault(parent, {})[leaf] = grad_tag(p)
+    for parent, tags in owners.items():
+        parent.placement = VisionTags(mode, MappingProxyType(tags), own_params_only=True)
+
+
 def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
                     group: dist.ProcessGroup | None, src: int = 0) -> None:
     """Install ``mode`` on ``model`` (in place) and tag the vision parameters.
@@ -311,6 +352,8 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
             setattr(parent, leaf, _column_slice(getattr(parent, leaf), rank, world))
     for m in modules:
         m.placement = VisionTags(mode, MappingProxyType({n: grad_tag(p) for n, p in m.named_parameters()}))
+    if adapter.vision_params:
+        _place_vision_params(model, adapter, mode, group, rule)
     if not adapter.vision_modules:
         return  # placeholder adapter: replicate, HF's own call
     originals = {"image": type(base).get_image_features}
@@ -322,3 +365,5 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
     base.get_image_features = types.MethodType(_placed_image_features, base)
     if adapter.takes_videos:
         base.get_video_features = types.MethodType(_placed_video_features, base)
+    base.register_forward_pre_hook(_remember_context, with_kwargs=True)
+    base.register_forward_hook(_forget_context, with_kwargs=True, always_call=True)

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.glm4v import GLM4V
+from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
+from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.llava import LLAVA
+from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
+from vlmcp.hf.adapters.mistral3 import MISTRAL3
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from vlmcp.hf.adapters.qwen3_5 import QWEN3_5
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
@@ -27,7 +31,8 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, GLM4V, LLAVA):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION,
+           SMOLVLM, IDEFICS3, MISTRAL3):
     register_adapter(_a)
 
 

@@ -23,7 +23,9 @@ Videos (Note [vlmcp HF videos: frame groups are visual units]): an adapter that 
 :class:`PlaceholderAdapter` is the default for a model that merges image features at
 its placeholder tokens (``get_placeholder_mask`` + ``masked_scatter``) and uses 1-D
 positions: ``replicate`` works with it and nothing else is needed. The other vision
-modes need the names above; see ``qwen2_vl.py`` and ``llava.py``. Whatever the adapter,
+modes need the names above; see ``qwen2_vl.py`` and ``llava.py``, and for images whose
+token count depends on their metadata (tiles, sizes) ``internvl.py``, ``llava_next.py``,
+``idefics3.py`` and ``mistral3.py``. Whatever the adapter,
 :func:`vlmcp.hf.parallelize` also audits the language model's token mixers (Note [vlmcp
 HF token mixers]).
 """
@@ -31,7 +33,7 @@ HF token mixers]).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,9 +100,17 @@ class HFAdapter:
     """The decoder whose attention runs under CP."""
     vision_modules: tuple[str, ...] = ()
     """ViT + projector submodules (their parameters get the vision mode's gradient rule)."""
+    vision_params: tuple[str, ...] = ()
+    """Parameters of the base model itself that belong to the vision side, each of the features'
+    width in its last dimension (LLaVA-NeXT's ``model.image_newline``, appended after the
+    projector): they take the vision mode's gradient rule, and ``hidden_shard`` keeps this
+    rank's columns of them, the columns its slice of the projector computes."""
     projector_last: str | None = None
     """The projector's last ``nn.Linear`` (``hidden_shard`` keeps 1/P of its output columns;
     ``broadcast`` and ``scatter`` need it too, for the features' dtype and device)."""
+    features_per_image: bool = True
+    """``get_image_features``' ``pooler_output`` is a tuple of per-image tensors (HF's usual
+    form); False: one tensor of every image token (InternVL's forward calls ``.to`` on it)."""
     deepstack_output: str | None = None
     """Field of ``get_image_features``' output holding extra feature levels besides
     ``pooler_output`` (Qwen3-VL's ``deepstack_features``: one entry per level, split per
@@ -206,6 +216,29 @@ class HFAdapter:
     def dummy_images(self, model: nn.Module) -> dict:
         """Per-image inputs of one small blank image (for the dummy ViT pass of text-only rows)."""
         raise NotImplementedError(f"the {self.name} adapter has no dummy image")
+
+    def synthetic_images(self, model: nn.Module, images: Sequence[tuple],
+                         generator: torch.Generator) -> tuple[dict, list[list[int]]]:
+        """Random per-image inputs of one sample's ``images``, as the processor gives them (tests and
+        ``vlmcp verify``; :func:`vlmcp.hf.rows.synthetic_row`).
+
+        Args:
+            model: the top-level model (its config gives the shapes).
+            images: one tuple per image; what it holds is the adapter's to say (tiles, a size...).
+            generator: for the random pixels.
+
+        Returns:
+            ``(pixels, ids)``: the sample's per-image inputs (floating tensors in float64) and, per
+            image, the token ids the processor writes for it: its placeholders and the markers
+            around or between them (none of them a target).
+        """
+        raise NotImplementedError(f"the {self.name} adapter builds no synthetic images")
+
+    def concat_images(self, parts: Sequence[Mapping[str, torch.Tensor]]) -> dict:
+        """The per-image inputs of several samples packed into one row, in sample order (what
+        :meth:`select_images` takes apart again): by default every key concatenated on dim 0."""
+        parts = [p for p in parts if p]
+        return {k: torch.cat([p[k] for p in parts]) for k in (parts[0] if parts else {})}
 
     def deepstack_projectors(self, model: nn.Module) -> tuple[str, ...]:
         """The last ``nn.Linear`` of each ``deepstack_output`` level, in level order
