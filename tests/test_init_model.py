@@ -54,7 +54,8 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
     else:  # transformers' Qwen2-VL video processor needs torchvision; vlmcp loads images only
         processor = load_processor(path)
     assert type(processor).__name__ == {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
-                                        "qwen3_vl": "Qwen3VLProcessor", "llava": "LlavaProcessor"}[arch]
+                                        "qwen3_vl": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor",
+                                        "llava": "LlavaProcessor"}[arch]
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
     logits = model(**inputs).logits
@@ -65,7 +66,8 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
 
 
 @pytest.mark.parametrize("arch, size, tokens", [("qwen2_vl", (32, 48), 6), ("qwen2_vl", (16, 16), 1),
-                                                ("qwen2_5_vl", (48, 48), 9), ("llava", (40, 24), 16)])
+                                                ("qwen2_5_vl", (48, 48), 9), ("qwen3_5", (32, 48), 6),
+                                                ("llava", (40, 24), 16)])
 def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens):
     processor = load_processor(model_dirs / arch)
     text = processor.apply_chat_template(_conversation(), tokenize=False)

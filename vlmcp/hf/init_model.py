@@ -29,12 +29,17 @@ from vlmcp.data.hf.processor import save_processor
 
 __all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
 
-Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
+Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl", "llava_onevision"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 
 _QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>")
 _LLAVA_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>", "<image>")
+# InternVL3-hf and LLaVA-OneVision (Qwen2 language models): Qwen's chat tokens and their image tokens
+_INTERNVL_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>",
+                      "<video>")
+_ONEVISION_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
+_SPECIALS = {"llava": _LLAVA_SPECIALS, "internvl": _INTERNVL_SPECIALS, "llava_onevision": _ONEVISION_SPECIALS}
 
 # Qwen2-VL's template (as on the hub), structured content: images where they occur.
 _QWEN_TEMPLATE = (
@@ -74,12 +79,40 @@ _QWEN3_TEMPLATE = _QWEN_TEMPLATE.replace(
     "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
     "You are a helpful assistant.<|im_end|>\n{% endif %}", "")
 
+# InternVL3-hf's (as on the hub): each image is ``<IMG_CONTEXT>\n``, which the processor expands to
+# ``<img>`` + tiles x 4 ``<IMG_CONTEXT>`` + ``</img>``.
+_INTERNVL_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# LLaVA-OneVision's (as on the hub): images before the text of a message, ``<image>\n`` each.
+_ONEVISION_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}"
+    "{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\n' }}"
+    "{% endfor %}"
+    "{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ '\n' + content['text'] }}{% endfor %}"
+    "{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
 CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "qwen3_vl": _QWEN3_TEMPLATE,
-                  "llava": _LLAVA_TEMPLATE}
+                  "qwen3_5": _QWEN3_TEMPLATE, "llava": _LLAVA_TEMPLATE, "internvl": _INTERNVL_TEMPLATE,
+                  "llava_onevision": _ONEVISION_TEMPLATE}
 """The chat template each architecture's directory gets."""
 
 PATCH_SIZE = 8
 LLAVA_IMAGE_SIZE = 32
+MAX_TILES = 4
+"""InternVL: an image is cut into at most this many 8x8 tiles (plus a thumbnail when more than one)."""
 MAX_PIXELS = 64 * 64
 """Qwen images larger than this are scaled down (a 64x64 image is 16 tokens)."""
 
@@ -100,7 +133,7 @@ def _tokenizer(arch: Arch):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import TokenizersBackend
 
-    specials = list(_LLAVA_SPECIALS if arch == "llava" else _QWEN_SPECIALS)
+    specials = list(_SPECIALS.get(arch, _QWEN_SPECIALS))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -110,6 +143,14 @@ def _tokenizer(arch: Arch):
     if arch == "llava":
         return TokenizersBackend(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                  pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+    if arch == "internvl":
+        named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                 "video_token": "<video>"}
+        return TokenizersBackend(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                 extra_special_tokens=named)
+    if arch == "llava_onevision":
+        return TokenizersBackend(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                 extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
     return TokenizersBackend(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                              extra_special_tokens={"image_token": "<|image_pad|>",
                                                    "video_token": "<|video_pad|>"})
@@ -130,6 +171,8 @@ def build_processor(arch: Arch):
         return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=PATCH_SIZE,
                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
                               chat_template=CHAT_TEMPLATES[arch])
+    if arch in ("internvl", "llava_onevision"):
+        return _anyres_processor(arch, tokenizer)
     from transformers import Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -139,7 +182,7 @@ def build_processor(arch: Arch):
     cls = Qwen2VLProcessor
     if arch == "qwen2_5_vl":
         from transformers import Qwen2_5_VLProcessor as cls
-    elif arch == "qwen3_vl":
+    elif arch in ("qwen3_vl", "qwen3_5"):  # Qwen3.5's processor is Qwen3-VL's
         from transformers import Qwen3VLProcessor as cls
     from transformers.utils import is_torchvision_available
 
@@ -148,7 +191,7 @@ def build_processor(arch: Arch):
 
         return processor_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch])
     patching = dict(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2)
-    if arch == "qwen3_vl":  # its video processor bounds pixels by size, not min/max_pixels
+    if arch in ("qwen3_vl", "qwen3_5"):  # its video processor bounds pixels by size, not min/max_pixels
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
         video = Qwen3VLVideoProcessor(**patching, size={"shortest_edge": factor * factor,
@@ -159,6 +202,42 @@ def build_processor(arch: Arch):
         video = Qwen2VLVideoProcessor(**patching, min_pixels=factor * factor, max_pixels=MAX_PIXELS)
     return cls(image_processor=images, tokenizer=tokenizer, video_processor=video,
                chat_template=CHAT_TEMPLATES[arch])
+
+
+def _anyres_processor(arch: Arch, tokenizer):
+    """InternVL (8x8-pixel tiles, up to :data:`MAX_TILES` and a thumbnail) or LLaVA-OneVision
+    (an 8x8 base tile and the anyres grid of :data:`vlmcp.hf.tiny_anyres.PINPOINTS`)."""
+    import transformers
+    from transformers.utils import is_torchvision_available
+
+    from vlmcp.data.hf.processor import build_without_video
+    from vlmcp.hf.tiny_anyres import PINPOINTS, SIDE
+
+    tile = {"height": SIDE, "width": SIDE}
+    if arch == "internvl":
+        from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+        images = GotOcr2ImageProcessorPil(size=tile, crop_to_patches=True, min_patches=1, max_patches=MAX_TILES)
+        cls, own = transformers.InternVLProcessor, dict(image_seq_length=4)
+    else:
+        from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+            LlavaOnevisionImageProcessorPil,
+        )
+
+        images = LlavaOnevisionImageProcessorPil(size=tile, image_grid_pinpoints=PINPOINTS)
+        cls = transformers.LlavaOnevisionProcessor
+        own = dict(num_image_tokens=16, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_1")
+    if not is_torchvision_available():
+        return build_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch], **own)
+    if arch == "internvl":
+        from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor as video_cls
+    else:
+        from transformers.models.llava_onevision.video_processing_llava_onevision import (
+            LlavaOnevisionVideoProcessor as video_cls,
+        )
+    video = video_cls(size=tile)
+    return cls(image_processor=images, tokenizer=tokenizer, video_processor=video, chat_template=CHAT_TEMPLATES[arch],
+               **own)
 
 
 def _config(arch: Arch, tokenizer):
@@ -174,6 +253,11 @@ def _config(arch: Arch, tokenizer):
         return tiny_config(arch, text_config=text, vision_config=vision, image_token_index=ids("<image>"),
                            image_seq_length=(LLAVA_IMAGE_SIZE // PATCH_SIZE) ** 2)
     text["bos_token_id"] = None
+    if arch == "internvl":
+        return tiny_config(arch, text_config=text, image_token_id=ids("<IMG_CONTEXT>"))
+    if arch == "llava_onevision":
+        return tiny_config(arch, text_config=text, image_token_index=ids("<image>"),
+                           video_token_index=ids("<video>"))
     vision = dict(patch_size=PATCH_SIZE)
     if arch == "qwen2_5_vl":
         vision["window_size"] = 4 * PATCH_SIZE  # 2x2 merged tokens per window, as in tiny_config

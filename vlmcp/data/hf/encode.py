@@ -109,6 +109,15 @@ def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = 
     return plans
 
 
+def _run(processor, what: str, token: int, n: int) -> list[int]:
+    """The ``n`` tokens an image (video) placeholder becomes: ``n`` copies of it, or InternVL's
+    ``<img>`` + ``n - 2`` ``<IMG_CONTEXT>`` + ``</img>`` (its counts hold the two)."""
+    start, end = getattr(processor, "start_image_token_id", None), getattr(processor, "end_image_token_id", None)
+    if what == "image" and start is not None and end is not None:
+        return [start] + [token] * (n - 2) + [end]
+    return [token] * n
+
+
 def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], video_counts: list[int]
             ) -> tuple[list[int], list[bool]]:
     """Each image (video) token -> the image's (video's) count of them; their labels off:
@@ -124,7 +133,7 @@ def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int]
             if seen[token] == len(n):
                 raise ValueError(f"{conv.where}: the chat template wrote more {what} placeholders "
                                  f"than the {len(n)} {what}(s)")
-            ids += [token] * n[seen[token]]
+            ids += _run(processor, what, token, n[seen[token]])
             mask += [False] * n[seen[token]]
             seen[token] += 1
         else:

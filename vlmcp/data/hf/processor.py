@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["load_processor", "processor_without_video", "save_processor"]
+__all__ = ["build_without_video", "load_processor", "processor_without_video", "save_processor"]
 
 _IMAGE_KEYS_FOR_VIDEO = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
                          "size", "image_mean", "image_std", "do_normalize", "do_rescale", "rescale_factor",
@@ -38,6 +38,27 @@ def processor_without_video(cls, tokenizer, image_processor, chat_template):
     proc.image_token_id = tokenizer.convert_tokens_to_ids(proc.image_token)
     proc.video_token_id = tokenizer.convert_tokens_to_ids(proc.video_token)
     return proc
+
+
+def build_without_video(cls, tokenizer, image_processor, chat_template, **kwargs):
+    """``cls(image_processor, tokenizer, video_processor=None, chat_template, **kwargs)``.
+
+    For processors whose ``__init__`` reads its tokens from the tokenizer and its own
+    arguments (InternVL, LLaVA-OneVision): the class's own ``__init__`` runs, only
+    ``ProcessorMixin``'s class check lets the missing video processor through.
+    """
+    proc = cls.__new__(cls)
+    check = cls.check_argument_for_proper_class
+    proc.check_argument_for_proper_class = lambda name, arg: None if arg is None else check(proc, name, arg)
+    try:
+        cls.__init__(proc, image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                     chat_template=chat_template, **kwargs)
+    finally:
+        del proc.check_argument_for_proper_class
+    return proc
+
+
+_QWEN_STYLE = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
 
 
 def load_processor(model_dir: str | os.PathLike):
@@ -63,8 +84,11 @@ def load_processor(model_dir: str | os.PathLike):
     cls = getattr(transformers, saved["processor_class"])
     template_file = model_dir / "chat_template.jinja"
     template = template_file.read_text() if template_file.exists() else None
-    return processor_without_video(cls, AutoTokenizer.from_pretrained(model_dir),
-                       AutoImageProcessor.from_pretrained(model_dir), template)
+    tokenizer, images = AutoTokenizer.from_pretrained(model_dir), AutoImageProcessor.from_pretrained(model_dir)
+    if saved["processor_class"] in _QWEN_STYLE:
+        return processor_without_video(cls, tokenizer, images, template)
+    own = {k: v for k, v in saved.items() if k not in ("image_processor", "video_processor", "processor_class")}
+    return build_without_video(cls, tokenizer, images, template, **own)
 
 
 def save_processor(processor, out: str | os.PathLike) -> None:
@@ -83,7 +107,15 @@ def save_processor(processor, out: str | os.PathLike) -> None:
     # machine with torchvision builds the same video processor
     video = {k: image[k] for k in _IMAGE_KEYS_FOR_VIDEO if k in image}
     video["video_processor_type"] = image["image_processor_type"].replace("ImageProcessor", "VideoProcessor")
+    if cls not in _QWEN_STYLE:  # InternVLProcessor -> InternVLVideoProcessor
+        video["video_processor_type"] = cls.replace("Processor", "VideoProcessor")
     config = {"image_processor": image, "video_processor": video, "processor_class": cls}
+    if cls not in _QWEN_STYLE:  # the processor's own arguments (image_seq_length, ...)
+        own = processor.to_dict()
+        for key in ("image_processor", "video_processor", "processor_class", "tokenizer", "chat_template",
+                    "audio_tokenizer"):
+            own.pop(key, None)
+        config.update(own)
     (out / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if isinstance(processor.chat_template, str):
         (out / "chat_template.jinja").write_text(processor.chat_template)

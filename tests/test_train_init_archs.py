@@ -1,0 +1,52 @@
+"""``vlmcp train --model`` on ``vlmcp init-model`` directories of more architectures (issues 17, 18).
+
+Qwen3.5 (Gated DeltaNet layers, exact under CP) at CP=2: the loss falls, the saved directory
+reloads in plain transformers with the logits it trained to, and a run resumed from its
+step-3 checkpoint continues the uninterrupted run's losses exactly. The helpers are
+``tests/test_train_hf.py``'s.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from tests.test_train_hf import STEPS, _check_trained, _config, _probe, _run, needs_hf_cp  # noqa: E402
+from vlmcp.data.hf.export import export_shapes  # noqa: E402
+from vlmcp.hf.init_model import init_model  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return export_shapes(tmp_path_factory.mktemp("shapes"), 24)
+
+
+@needs_hf_cp
+def test_qwen3_5_cp2_learns_saves_what_it_trained_and_resumes_exactly(data, tmp_path):
+    model = init_model("qwen3_5", tmp_path / "model")
+    cfg = _config(model, data, tmp_path / "out", cp=2, checkpoint_every=3)
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)
+    assert sorted(p.name for p in cfg.checkpoints.iterdir()) == ["step_00000003.pt", "step_00000006.pt"]
+    (cfg.checkpoints / "step_00000006.pt").unlink()
+    again = _config(model, data, tmp_path / "again", cp=2, resume=True, checkpoint_dir=str(cfg.checkpoints))
+    resumed, _ = _run(again, 2)
+    assert resumed["start_step"] == 3 and len(resumed["losses"]) == STEPS - 3
+    assert resumed["losses"] == summary["losses"][3:]  # bit-exact on CPU
+
+
+@needs_hf_cp
+def test_internvl_cp2_learns_and_saves_what_it_trained(data, tmp_path):
+    """Images cut into up to 4 tiles and a thumbnail, framed by <img> ... </img>: the planned
+    token counts are the processor's, tiles concatenate along dim 0 in packed rows."""
+    model = init_model("internvl", tmp_path / "model")
+    cfg = _config(model, data, tmp_path / "out", cp=2)
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)
