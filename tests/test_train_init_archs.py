@@ -7,7 +7,6 @@ step-3 checkpoint continues the uninterrupted run's losses exactly. The helpers 
 """
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 

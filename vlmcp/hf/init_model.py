@@ -88,7 +88,8 @@ _INTERNVL_TEMPLATE = (
     "{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
     "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 # LLaVA-OneVision's (as on the hub): images before the text of a message, ``<image>\n`` each.
 _ONEVISION_TEMPLATE = (
@@ -144,7 +145,8 @@ def _tokenizer(arch: Arch):
         return TokenizersBackend(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                  pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
     if arch == "internvl":
-        named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+        named = {"start_image_token": "<img>", "end_image_token": "</img>",
+                 "context_image_token": "<IMG_CONTEXT>",
                  "video_token": "<video>"}
         return TokenizersBackend(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                  extra_special_tokens=named)
@@ -217,7 +219,8 @@ def _anyres_processor(arch: Arch, tokenizer):
     if arch == "internvl":
         from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-        images = GotOcr2ImageProcessorPil(size=tile, crop_to_patches=True, min_patches=1, max_patches=MAX_TILES)
+        images = GotOcr2ImageProcessorPil(size=tile, crop_to_patches=True, min_patches=1,
+                                          max_patches=MAX_TILES)
         cls, own = transformers.InternVLProcessor, dict(image_seq_length=4)
     else:
         from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
@@ -226,7 +229,8 @@ def _anyres_processor(arch: Arch, tokenizer):
 
         images = LlavaOnevisionImageProcessorPil(size=tile, image_grid_pinpoints=PINPOINTS)
         cls = transformers.LlavaOnevisionProcessor
-        own = dict(num_image_tokens=16, vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_1")
+        own = dict(num_image_tokens=16, vision_feature_select_strategy="full",
+                   vision_aspect_ratio="anyres_max_1")
     if not is_torchvision_available():
         return build_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch], **own)
     if arch == "internvl":
@@ -236,8 +240,8 @@ def _anyres_processor(arch: Arch, tokenizer):
             LlavaOnevisionVideoProcessor as video_cls,
         )
     video = video_cls(size=tile)
-    return cls(image_processor=images, tokenizer=tokenizer, video_processor=video, chat_template=CHAT_TEMPLATES[arch],
-               **own)
+    return cls(image_processor=images, tokenizer=tokenizer, video_processor=video,
+               chat_template=CHAT_TEMPLATES[arch], **own)
 
 
 def _config(arch: Arch, tokenizer):

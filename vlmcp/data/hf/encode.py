@@ -112,7 +112,8 @@ def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = 
 def _run(processor, what: str, token: int, n: int) -> list[int]:
     """The ``n`` tokens an image (video) placeholder becomes: ``n`` copies of it, or InternVL's
     ``<img>`` + ``n - 2`` ``<IMG_CONTEXT>`` + ``</img>`` (its counts hold the two)."""
-    start, end = getattr(processor, "start_image_token_id", None), getattr(processor, "end_image_token_id", None)
+    start = getattr(processor, "start_image_token_id", None)
+    end = getattr(processor, "end_image_token_id", None)
     if what == "image" and start is not None and end is not None:
         return [start] + [token] * (n - 2) + [end]
     return [token] * n

@@ -84,10 +84,12 @@ def load_processor(model_dir: str | os.PathLike):
     cls = getattr(transformers, saved["processor_class"])
     template_file = model_dir / "chat_template.jinja"
     template = template_file.read_text() if template_file.exists() else None
-    tokenizer, images = AutoTokenizer.from_pretrained(model_dir), AutoImageProcessor.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    images = AutoImageProcessor.from_pretrained(model_dir)
     if saved["processor_class"] in _QWEN_STYLE:
         return processor_without_video(cls, tokenizer, images, template)
-    own = {k: v for k, v in saved.items() if k not in ("image_processor", "video_processor", "processor_class")}
+    parts = ("image_processor", "video_processor", "processor_class")
+    own = {k: v for k, v in saved.items() if k not in parts}
     return build_without_video(cls, tokenizer, images, template, **own)
 
 
