@@ -49,3 +49,13 @@ def test_internvl_cp2_learns_and_saves_what_it_trained(data, tmp_path):
     cfg = _config(model, data, tmp_path / "out", cp=2)
     summary, index = _run(cfg, 2, _probe)
     _check_trained(summary, index, cfg)
+
+
+@needs_hf_cp
+def test_llava_onevision_cp2_learns_and_saves_what_it_trained(data, tmp_path):
+    """Anyres images (base tile + grid, padded tiles per image) and two-image samples (base
+    tile + newline each): rows pad every sample's tiles to the row's most."""
+    model = init_model("llava_onevision", tmp_path / "model")
+    cfg = _config(model, data, tmp_path / "out", cp=2)
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)

@@ -91,19 +91,21 @@ _INTERNVL_TEMPLATE = (
     "{{ '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
-# LLaVA-OneVision's (as on the hub): images before the text of a message, ``<image>\n`` each.
+# LLaVA-OneVision's (as on the hub: images before the text of a message, the text after a newline),
+# except that the generation prompt is ``<|im_start|>assistant `` as the assistant turn renders it
+# (the hub's ends in a newline the turn does not have, so its trained tokens could not be found).
 _ONEVISION_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' }}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}"
     "{% endfor %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\n' }}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}"
     "{% endfor %}"
     "{% if message['role'] != 'assistant' %}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
     "{{ '\n' + content['text'] }}{% endfor %}"
     "{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
     "{% generation %}{{ '\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{{ '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant ' }}{% endif %}")
 
 CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "qwen3_vl": _QWEN3_TEMPLATE,
                   "qwen3_5": _QWEN3_TEMPLATE, "llava": _LLAVA_TEMPLATE, "internvl": _INTERNVL_TEMPLATE,

@@ -75,6 +75,11 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
             counts.append(int(processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]))
         except Exception as err:  # the processor's own checks (smart_resize, ...)
             raise MediaError(conv.where, media.name, "the processor refuses image", err) from None
+    if len(counts) > 1 and type(processor).__name__ == "LlavaOnevisionProcessor":
+        # each image of a multi-image sample is its base tile and one newline
+        # (LlavaOnevisionProcessor.replace_image_token; _get_num_multimodal_tokens counts it tiled)
+        one = processor.num_image_tokens + 1 - (processor.vision_feature_select_strategy == "default")
+        counts = [one] * len(counts)
     return counts
 
 

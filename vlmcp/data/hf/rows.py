@@ -229,9 +229,24 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
         inputs["mm_token_type_ids"] = torch.cat([s.mm_token_type_ids for s in samples] +
                                                 [torch.zeros(pad, dtype=torch.long)])[None]
     for key in dict.fromkeys(k for s in samples for k in s.pixels):
-        inputs[key] = torch.cat([s.pixels[key] for s in samples if key in s.pixels])
+        inputs[key] = _cat_padded([s.pixels[key] for s in samples if key in s.pixels])
     return HFRow(inputs=inputs, labels=torch.cat(labels)[None], cu_seqlens=cu, tokens=used, index=row,
                  skipped=tuple(skipped), failures=tuple(failures))
+
+
+def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` along dim 0, each part zero-padded at the end of every other dim to the
+    largest: a processor that pads within a call pads across the row's samples the same way
+    (LLaVA-OneVision's ``pixel_values (images, max_tiles, 3, H, W)``: the model reads each image's
+    first tiles, as many as its ``image_sizes`` give). Per-image and per-sample keys
+    (``image_sizes``, ``image_grid_thw``, ``batch_num_images``) and flat patches have equal
+    trailing dims and concatenate unchanged."""
+    most = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+    padded = []
+    for p in parts:
+        pad = [x for d in reversed(range(1, p.dim())) for x in (0, most[d - 1] - p.shape[d])]
+        padded.append(torch.nn.functional.pad(p, pad) if any(pad) else p)
+    return torch.cat(padded)
 
 
 def _makes_mm_types(processor) -> bool:

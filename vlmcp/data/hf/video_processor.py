@@ -138,12 +138,19 @@ class FramesVideoProcessor:
                              "video_metadata": metadata})
 
 
+_PER_SAMPLE_IMAGES = ("LlavaOnevisionProcessor",)
+"""Processors that read a flat image list as one image per sample (LLaVA-OneVision's
+``batch_num_images``); they get the sample's images as one nested list."""
+
+
 def process(processor, text: str, images: list, videos: list[tuple[np.ndarray, VideoPlan]]):
     """``processor(text=[text], images=..., videos=..., return_tensors="pt")`` with vlmcp's video pixels.
 
     The processor is copied (shallow) with :class:`FramesVideoProcessor` as its video
     processor; the caller's processor is left as it was.
     """
+    if images and type(processor).__name__ in _PER_SAMPLE_IMAGES:
+        images = [images]  # this one text's images: a multi-image sample, not images of several samples
     if not videos:
         return processor(text=[text], images=images or None, return_tensors="pt")
     with_videos = copy.copy(processor)
