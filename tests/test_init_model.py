@@ -49,13 +49,14 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
             "processor_config.json"} <= set(os.listdir(path))
     model = AutoModelForImageTextToText.from_pretrained(path)
     assert model.config.model_type == arch
-    if arch == "llava" or is_torchvision_available():
+    if arch == "llava" or is_torchvision_available():  # the others' processors have a video part
         processor = AutoProcessor.from_pretrained(path)
     else:  # transformers' Qwen2-VL video processor needs torchvision; vlmcp loads images only
         processor = load_processor(path)
     assert type(processor).__name__ == {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
                                         "qwen3_vl": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor",
-                                        "llava": "LlavaProcessor"}[arch]
+                                        "llava": "LlavaProcessor", "internvl": "InternVLProcessor",
+                                        "llava_onevision": "LlavaOnevisionProcessor"}[arch]
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
     logits = model(**inputs).logits
@@ -67,15 +68,26 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
 
 @pytest.mark.parametrize("arch, size, tokens", [("qwen2_vl", (32, 48), 6), ("qwen2_vl", (16, 16), 1),
                                                 ("qwen2_5_vl", (48, 48), 9), ("qwen3_5", (32, 48), 6),
-                                                ("llava", (40, 24), 16)])
+                                                ("llava", (40, 24), 16),
+                                                # tiles (a thumbnail when more than one) x 4
+                                                ("internvl", (8, 8), 4), ("internvl", (32, 48), 20),
+                                                ("internvl", (40, 24), 12),
+                                                # base tile 16 + grid unpadded, shrunk, newline per row
+                                                ("llava_onevision", (8, 8), 36),
+                                                ("llava_onevision", (32, 48), 31)])
 def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens):
     processor = load_processor(model_dirs / arch)
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     ids = processor(text=[text], images=[_image(*size)], return_tensors="pt")["input_ids"][0]
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     assert int((ids == image_id).sum()) == tokens
-    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>"] \
-        if arch != "llava" else ["<image>", "</s>"]
+    # what planning counts from the size alone is the processor's expansion (InternVL: + <img>, </img>)
+    planned = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
+    assert planned == tokens + 2 * (arch == "internvl")
+    specials = {"llava": ["<image>", "</s>"],
+                "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
+                "llava_onevision": ["<|im_start|>", "<|im_end|>", "<image>", "<video>", "<|endoftext|>"]}.get(
+        arch, ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>"])
     for token in specials:  # single ids
         assert len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1
 
