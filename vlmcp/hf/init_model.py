@@ -14,7 +14,14 @@ captions and the chat template's words, so a caption costs one token per word; t
 architecture's special tokens are single ids. Images are kept small: Qwen2-VL,
 Qwen2.5-VL and Qwen3-VL use 8-pixel patches merged 2x2 (a 32x32 image is 4 tokens, a
 48x48 one 9), LLaVA a 32x32 CLIP input with 8-pixel patches (16 tokens per image).
-Qwen3-VL has deepstack at ViT block 0 (:func:`vlmcp.hf.tiny.tiny_config`).
+Qwen3-VL has deepstack at ViT block 0 (:func:`vlmcp.hf.tiny.tiny_config`); Qwen3.5 is
+Qwen3-VL's processor and template on the hybrid model (three Gated DeltaNet layers, then
+one gated attention layer). InternVL and LLaVA-OneVision are :mod:`vlmcp.hf.tiny_anyres`'s
+models on 8x8-pixel tiles: InternVL cuts an image into up to :data:`MAX_TILES` tiles (and
+a thumbnail when more than one), 4 tokens each between ``<img>`` and ``</img>``;
+LLaVA-OneVision gives a base tile (16 tokens) and the anyres grid, one newline per row.
+Without torchvision their processors are built without the video part
+(:mod:`vlmcp.data.hf.processor`).
 """
 
 from __future__ import annotations
@@ -277,7 +284,7 @@ def init_model(arch: Arch, out: str | os.PathLike, *, seed: int = 0,
     """Write a small random ``arch`` model with its processor to ``out``.
 
     Args:
-        arch: ``"qwen2_vl"``, ``"qwen2_5_vl"``, ``"qwen3_vl"`` or ``"llava"``.
+        arch: one of :data:`ARCHS`.
         out: the directory (created; files already there are overwritten).
         seed: seeds the weights.
         dtype: the saved parameter dtype.
