@@ -2,8 +2,9 @@
 
 Qwen3.5 (Gated DeltaNet layers, exact under CP) at CP=2: the loss falls, the saved directory
 reloads in plain transformers with the logits it trained to, and a run resumed from its
-step-3 checkpoint continues the uninterrupted run's losses exactly. The helpers are
-``tests/test_train_hf.py``'s.
+step-3 checkpoint continues the uninterrupted run's losses exactly. InternVL (tiles) and
+LLaVA-OneVision (anyres grids, two-image samples) at CP=2: the loss falls and the saved
+directory reloads with the logits it trained to. The helpers are ``tests/test_train_hf.py``'s.
 """
 
 import pytest
