@@ -24,22 +24,25 @@ from vlmcp.attention.exchange import ring_bytes_sent
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def make_row(samples, heads, kv_heads, head_dim, seed):
-    """A packed row (samples as in :mod:`tests.rows`) with image ids and float64 q, k, v, dout."""
+def make_row(samples, heads, kv_heads, head_dim, seed, v_head_dim=None):
+    """A packed row (samples as in :mod:`tests.rows`) with image ids and float64 q, k, v, dout
+    (V and dout with ``v_head_dim``, default ``head_dim``: MLA)."""
     is_image, cu, image_ids = rows.make_row(samples)
     L = is_image.numel()
+    dv = head_dim if v_head_dim is None else v_head_dim
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(L, heads, head_dim, generator=g, dtype=torch.float64)
     k = torch.randn(L, kv_heads, head_dim, generator=g, dtype=torch.float64)
-    v = torch.randn(L, kv_heads, head_dim, generator=g, dtype=torch.float64)
-    dout = torch.randn(L, heads, head_dim, generator=g, dtype=torch.float64)
+    v = torch.randn(L, kv_heads, dv, generator=g, dtype=torch.float64)
+    dout = torch.randn(L, heads, dv, generator=g, dtype=torch.float64)
     return is_image, cu, image_ids, q, k, v, dout
 
 
-def _reference(q, k, v, dout, is_image, cu, image_ids, image_attention, dtype):
+def _reference(q, k, v, dout, is_image, cu, image_ids, image_attention, dtype, window=None):
     """(out, lse, dq, dk, dv) of dense attention on the whole row, computed in ``dtype``."""
     x = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
-    out, lse = reference_attention(*x, is_image, cu, image_attention, image_ids=image_ids)
+    out, lse = reference_attention(*x, is_image, cu, image_attention, image_ids=image_ids,
+                                   sliding_window=window)
     grads = torch.autograd.grad((out * dout.to(dtype)).sum(), x)
     return [t.detach().double() for t in (out, lse, *grads)]
 
@@ -58,7 +61,8 @@ def _max_err(a, b):
 
 
 def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype_name, seed=0,
-             heads=12, head_dim=8, placement="split", ulysses_size=None):
+             heads=12, head_dim=8, placement="split", ulysses_size=None, v_head_dim=None, kernel=None,
+             sliding_window=None):
     """One parity case on this rank; returns max errors of out, lse, dq, dk, dv vs float64.
 
     Also checks exact zeros at padding (output, gradients) and no NaN anywhere.
@@ -67,10 +71,10 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     """
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     dtype = DTYPES[dtype_name]
-    is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, seed)
+    is_image, cu, ids, q, k, v, dout = make_row(samples, heads, kv_heads, head_dim, seed, v_head_dim)
     if dtype != torch.float64:  # the truth is float64 on the same (rounded) inputs
         q, k, v, dout = (t.to(dtype).double() for t in (q, k, v, dout))
-    ref = _reference(q, k, v, dout, is_image, cu, ids, image_attention, torch.float64)
+    ref = _reference(q, k, v, dout, is_image, cu, ids, image_attention, torch.float64, sliding_window)
     shard = vlmcp.plan_cp(is_image, P, cu, image_strategy=strategy, image_ids=ids,
                           sample_placement=placement).for_rank(rank)
     pos, pad, rep = shard.positions, shard.positions < 0, shard.replicated
@@ -79,7 +83,7 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
     ldout[pad] = 1.0  # padding must not leak gradient even with a nonzero dout
     ldout[rep] = ldout[rep] * share_of(rank, P)
     out, lse = cp_attention(lq, lk, lv, shard, group, backend, image_attention, return_lse=True,
-                            ulysses_size=ulysses_size)
+                            ulysses_size=ulysses_size, kernel=kernel, sliding_window=sliding_window)
     grads = torch.autograd.grad((out * ldout).sum(), (lq, lk, lv))
     for t in (out, lse, *grads):
         assert not bool(torch.isnan(t).any()), "NaN in CP attention"
@@ -108,6 +112,11 @@ def run_case(group, samples, strategy, backend, image_attention, kv_heads, dtype
 def parity_grid(group, cases):
     """Run many cases in one spawned group; returns ``[(case, errs), ...]``."""
     return [(case, run_case(group, *case)) for case in cases]
+
+
+def parity_grid_kw(group, cases):
+    """:func:`parity_grid` with keyword cases ``{name: value}`` (for :func:`run_case`)."""
+    return [(case, run_case(group, **case)) for case in cases]
 
 
 # ---------------------------------------------------------------- communication accounting
@@ -232,7 +241,7 @@ def bad_inputs(group):
         "backend": lambda: cp_attention(lq, lk, lv, shard, group, "tree"),
         "image_attention": lambda: cp_attention(lq, lk, lv, shard, group, image_attention="full"),
         "scale": lambda: cp_attention(lq, lk, lv, shard, group, softmax_scale=-1.0),
-        "kv_shape": lambda: cp_attention(lq, lk, lv[:, :, :4], shard, group),
+        "kv_shape": lambda: cp_attention(lq, lk, lv[:, :1], shard, group),  # Dv != D is fine (MLA)
     }
     out = []
     with CommLog(forbid=True):

@@ -109,7 +109,7 @@ def test_bad_input_fails_clearly_before_any_communication():
         "dtype": ("TypeError", "share a dtype"), "cp_size": ("ValueError", "planned for cp_size=4"),
         "rank": ("ValueError", "shard is rank"), "ulysses_heads": ("ValueError", "heads divisible"),
         "backend": ("ValueError", "'tree'"), "image_attention": ("ValueError", "'full'"),
-        "scale": ("ValueError", "-1.0"), "kv_shape": ("ValueError", "same shape"),
+        "scale": ("ValueError", "-1.0"), "kv_shape": ("ValueError", "same tokens and heads"),
     }
     for per_rank in run_on_ranks(attention_cases.bad_inputs, P, timeout=60):
         for label, kind, message in per_rank:

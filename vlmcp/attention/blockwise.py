@@ -165,16 +165,22 @@ def varlen_plan(blocks: Sequence[Block]) -> VarlenPlan:
     return _cached_plan(tuple(blocks))
 
 
+def _batches(kernel: AttentionKernel, q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the blocks go to ``kernel``'s varlen calls: flash-attn's varlen kernel needs one
+    head dim for Q/K and V, so MLA (``Dv != D``) runs per block (the SDPA kernel)."""
+    return kernel.batches(q) and v.shape[-1] == q.shape[-1]
+
+
 def _per_block_forward(kernel, q, k, v, blocks, scale, out, lse, touched):
     for b in blocks:
         qs, qe, ks, ke = b.q_start, b.q_end, b.k_start, b.k_end
         bo, bl = kernel.forward(q[:, qs:qe], k[:, ks:ke], v[:, ks:ke], b, scale)
-        if bool(touched[qs:qe].any()):
+        if bool(touched[qs:qe].any()):  # untouched rows (0, -inf) merge as a copy
             merge_(out[:, qs:qe], lse[:, qs:qe], bo, bl)
         else:
             out[:, qs:qe] = bo
             lse[:, qs:qe] = bl
-            touched[qs:qe] = True
+        touched[qs:qe] = True  # also after a merge: a block may reach past the touched rows
 
 
 def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], scale: float,
@@ -196,7 +202,7 @@ def blocks_forward(kernel: AttentionKernel, q, k, v, blocks: Sequence[Block], sc
             nobody wrote yet are copied instead of merged. Updated in place.
         plan: ``varlen_plan(blocks)`` when the caller caches it (the ring's schedule).
     """
-    if not blocks or not kernel.batches(q):
+    if not blocks or not _batches(kernel, q, v):
         _per_block_forward(kernel, q, k, v, blocks, scale, out, lse, touched)
         return
     plan = varlen_plan(blocks) if plan is None else plan
@@ -234,7 +240,7 @@ def blocks_backward(kernel: AttentionKernel, dout, q, k, v, out, lse, blocks: Se
         plan: as for :func:`blocks_forward`.
     """
     rest = blocks
-    if blocks and kernel.batches(q):
+    if blocks and _batches(kernel, q, v):
         plan = varlen_plan(blocks) if plan is None else plan
         rest = plan.rest
         rows = [x.transpose(0, 1) for x in (dout, q, k, v, out)]  # (N, H, D) views
@@ -270,7 +276,7 @@ class _BlockwiseAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, blocks, scale, kernel):
         acc = accumulator_dtype(q.dtype)
         qh, kh, vh = (x.transpose(0, 1).contiguous() for x in (q, k, v))
-        out = qh.new_zeros(qh.shape, dtype=acc)
+        out = qh.new_zeros((*qh.shape[:2], vh.shape[2]), dtype=acc)  # MLA: V's head dim
         lse = qh.new_full(qh.shape[:2], float("-inf"), dtype=acc)
         touched = torch.zeros(qh.shape[1], dtype=torch.bool)
         blocks_forward(kernel, qh, kh, vh, blocks, scale, out, lse, touched)

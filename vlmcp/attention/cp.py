@@ -44,8 +44,9 @@ def _check(q, k, v, shard, group, backend, image_attention, softmax_scale, ulyss
         raise TypeError(f"q, k, v must be a float dtype in {_DTYPES}, got {q.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must have the same tokens and heads, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)} (only the head dim may differ: MLA)")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same head_dim, got {q.shape[2]} and {k.shape[2]}")
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -83,6 +84,17 @@ def _check(q, k, v, shard, group, backend, image_attention, softmax_scale, ulyss
     return float(softmax_scale)
 
 
+def _check_window(sliding_window, backend) -> int:
+    """The sliding window as an int (0: none), checked before any communication."""
+    if sliding_window is None:
+        return 0
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if backend == "usp":
+        raise ValueError("sliding_window is supported by backend='ring' and 'ulysses', not 'usp'")
+    return sliding_window
+
+
 def _usp_groups(group, ulysses_size: int) -> UspGroups:
     if group is None:
         return UspGroups(ulysses_size=1, ulysses=None, ring=None, ulysses_rank=0, ring_rank=0)
@@ -109,6 +121,7 @@ def cp_attention(
     return_lse: bool = False,
     kernel: str | None = None,
     ulysses_size: int | None = None,
+    sliding_window: int | None = None,
 ):
     """Exact attention of this rank's tokens over the whole (packed) row.
 
@@ -121,7 +134,8 @@ def cp_attention(
 
     Args:
         q: ``(N, H, D)`` with ``N = len(shard.positions)``, this rank's local order.
-        k, v: ``(N, Hk, D)``, ``H % Hk == 0`` (GQA).
+        k: ``(N, Hk, D)``, ``H % Hk == 0`` (GQA); v: ``(N, Hk, Dv)``, where ``Dv`` may differ
+            from ``D`` (MLA: DeepSeek-V3, Kimi-K2.5).
         shard: this rank's :class:`~vlmcp.layout.RankShard`.
         group: the CP process group the plan was made for (explicit, never global), or
             None for a single process (``shard.cp_size == 1``; nothing is communicated).
@@ -140,21 +154,26 @@ def cp_attention(
             :func:`~vlmcp.attention.usp_groups.usp_groups`, which every process of the
             job must call first, unless the CP group is the whole job (then the first
             call creates them on every rank).
+        sliding_window: ``W``: a query also needs the key within ``W`` positions before it
+            in its sample (``x - y < W``), ANDed with causal-or-same-image: Gemma 3's
+            sliding layers (transformers' ``sliding_window_overlay``). ``"ring"`` and
+            ``"ulysses"``; ring blocks wholly outside the window are skipped. None: none.
 
     Returns:
-        ``out (N, H, D)`` in q's dtype, or ``(out, lse)`` with ``return_lse``.
+        ``out (N, H, Dv)`` in q's dtype, or ``(out, lse)`` with ``return_lse``.
 
     Raises:
         ValueError, TypeError: bad input, raised before any communication.
     """
     scale = _check(q, k, v, shard, group, backend, image_attention, softmax_scale, ulysses_size)
+    window = _check_window(sliding_window, backend)
     groups = _usp_groups(group, ulysses_size) if backend == "usp" else None
     kern = select_kernel(q.device, q.dtype, kernel)
     if backend == "usp":
         out, lse = usp_attention(q, k, v, shard, groups, image_attention, scale, kern, need_lse=return_lse)
     elif backend == "ring":
-        out, lse = ring_attention(q, k, v, shard, group, image_attention, scale, kern)
+        out, lse = ring_attention(q, k, v, shard, group, image_attention, scale, kern, window)
     else:
         out, lse = ulysses_attention(q, k, v, shard, group, image_attention, scale, kern,
-                                     need_lse=return_lse)
+                                     need_lse=return_lse, window=window)
     return (out, lse) if return_lse else out

@@ -230,6 +230,17 @@ class MathKernel(AttentionKernel):
         return dq, dk, dv
 
 
+def _pad_head_dim(x: torch.Tensor, d: int) -> torch.Tensor:
+    """``x (..., D0)`` zero-padded to ``(..., d)`` (no copy when ``D0 == d``)."""
+    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
+
+
+def _same_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v zero-padded to one head dim ``max(D, Dv)``: exact for attention (MLA, ``Dv != D``)."""
+    d = max(q.shape[-1], v.shape[-1])
+    return _pad_head_dim(q, d), _pad_head_dim(k, d), _pad_head_dim(v, d)
+
+
 class CpuFlashKernel(AttentionKernel):
     """``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward (native GQA).
 
@@ -239,7 +250,10 @@ class CpuFlashKernel(AttentionKernel):
     ``out = 0``, ``lse = 0`` for a query row holding a NaN (without a mask; float64
     and masked calls give NaN), which would hide bad data: such rows are set to NaN,
     as one process computes them. It also crashes on a zero-length query (callers
-    never pass empty blocks).
+    never pass empty blocks), and it needs one head dim for Q, K and V: for MLA
+    (``Dv != D``) the narrower side is zero-padded (:func:`_same_head_dim`), which is
+    exact (zero columns add nothing to ``q . k`` or to ``rowsum(dout * out)``; the
+    padded outputs and gradients are sliced off) and keeps the flash kernel's speed.
     """
 
     name = "flash_cpu"
@@ -254,9 +268,11 @@ class CpuFlashKernel(AttentionKernel):
 
     def forward(self, q, k, v, block, scale):
         bias, dead = self._mask(block, q, k.shape[1])
+        dv = v.shape[-1]
+        q, k, v = _same_head_dim(q, k, v)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q[None], k[None], v[None], 0.0, block.kind is MaskKind.CAUSAL, attn_mask=bias, scale=scale)
-        out, lse = out[0], lse[0].to(accumulator_dtype(q.dtype))
+        out, lse = out[0, ..., :dv], lse[0].to(accumulator_dtype(q.dtype))
         nan = torch.isnan(q).any(-1)  # (H, Lq); see the class docstring
         lse, out = lse.masked_fill(nan, float("nan")), out.masked_fill(nan[..., None], float("nan"))
         if dead is not None:  # a row that sees no key is 0 whatever its query holds
@@ -268,10 +284,13 @@ class CpuFlashKernel(AttentionKernel):
         bias, _ = self._mask(block, q, k.shape[1])
         dout, lse = _backward_rows(dout, lse)
         kl = torch.float64 if q.dtype == torch.float64 else torch.float32
+        d, d_v = q.shape[-1], v.shape[-1]
+        q, k, v = _same_head_dim(q, k, v)
+        dout, out = (_pad_head_dim(x, v.shape[-1]) for x in (dout, out))
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout[None], q[None], k[None], v[None], out[None], lse.to(kl)[None], 0.0,
             block.kind is MaskKind.CAUSAL, attn_mask=bias, scale=scale)
-        return dq[0], dk[0], dv[0]
+        return dq[0, ..., :d], dk[0, ..., :d], dv[0, ..., :d_v]
 
 
 class CudaSdpaKernel(AttentionKernel):
@@ -444,15 +463,16 @@ class FlashAttnKernel(AttentionKernel):
         return None if flash_attn_supports(q.dtype, q.shape[-1], _capability(q.device), self._version) \
             else self._sdpa
 
-    def _delegate(self, q, k, block) -> AttentionKernel | None:
+    def _delegate(self, q, k, v, block) -> AttentionKernel | None:
         """None when flash-attn computes this block, else the kernel that does."""
         square = block.kind is MaskKind.CAUSAL and q.shape[1] == k.shape[1]
-        if block.kind is not MaskKind.FULL and not square:
+        # flash-attn 2 needs V's head dim equal to Q/K's; MLA (Dv != D) goes to the SDPA kernel
+        if (block.kind is not MaskKind.FULL and not square) or v.shape[-1] != q.shape[-1]:
             return self._math if q.dtype == torch.float64 else self._sdpa
         return self._fallback(q)
 
     def forward(self, q, k, v, block, scale):
-        other = self._delegate(q, k, block)
+        other = self._delegate(q, k, v, block)
         if other is not None:
             return other.forward(q, k, v, block, scale)
         lq, lk = q.shape[1], k.shape[1]
@@ -483,7 +503,7 @@ class FlashAttnKernel(AttentionKernel):
         return dq, dk, dv
 
     def backward(self, dout, q, k, v, out, lse, block, scale):
-        other = self._delegate(q, k, block)
+        other = self._delegate(q, k, v, block)
         if other is not None:
             return other.backward(dout, q, k, v, out, lse, block, scale)
         dout, lse = _backward_rows(dout, lse)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = ["Block", "MaskKind", "Run", "Segment", "block_kind", "cross_blocks", "dense_mask", "image_runs",
-           "runs_of", "sample_runs", "segments", "self_blocks"]
+           "runs_of", "sample_runs", "segments", "self_blocks", "windowed"]
 
 
 class MaskKind(enum.Enum):
@@ -74,6 +74,31 @@ class Block(NamedTuple):
     k_offset: int = 0
     image_start: int = 0
     image_end: int = 0
+    window: int = 0
+    """Sliding window (Gemma 3): the query at offset ``x`` also needs ``x - y < window``
+    of the key at offset ``y``; 0: no window. Only ``MASKED`` blocks carry one."""
+
+
+def windowed(block: Block, window: int) -> Block | None:
+    """``block`` (offsets exact, not coalesced) under a sliding window of ``window`` keys.
+
+    The mask becomes ``seen(x, y) and x - y < window`` (transformers' Gemma 3
+    ``sliding_window_overlay`` ANDed onto causal-or-same-image). Keys before the first
+    query's window are cut off; a block left without keys is None (skipped: in the ring,
+    a whole step's block may fall outside the window), and a block the window still cuts
+    becomes ``MASKED``. The pair ``(q_offset, first kept key)`` is seen, so a kept block
+    is never empty.
+    """
+    if window <= 0:
+        return block
+    lq, lk = block.q_end - block.q_start, block.k_end - block.k_start
+    cut = max(0, block.q_offset - window + 1 - block.k_offset)
+    if cut >= lk:
+        return None
+    block = block._replace(k_start=block.k_start + cut, k_offset=block.k_offset + cut)
+    if block.q_offset + lq - 1 - block.k_offset < window:
+        return block  # every pair lies inside the window
+    return block._replace(kind=MaskKind.MASKED, window=window)
 
 
 def block_kind(q_offset: int, q_len: int, k_offset: int, k_len: int,
@@ -120,6 +145,8 @@ def dense_mask(block: Block, q_len: int, k_len: int, device=None) -> torch.Tenso
     if block.image_end > block.image_start:
         a, b = block.image_start, block.image_end
         seen |= ((qo >= a) & (qo < b))[:, None] & ((ko >= a) & (ko < b))[None, :]
+    if block.window > 0:
+        seen &= (qo[:, None] - ko[None, :]) < block.window
     return seen
 
 
@@ -147,7 +174,7 @@ def runs_of(sample_ids: torch.Tensor, offsets: torch.Tensor,
 
 
 def cross_blocks(q_runs: Sequence[Run], k_runs: Sequence[Run],
-                 image_spans: Sequence[tuple[int, int]] = ()) -> list[Block]:
+                 image_spans: Sequence[tuple[int, int]] = (), window: int = 0) -> list[Block]:
     """Non-empty blocks between query runs and key runs, full blocks coalesced.
 
     Args:
@@ -155,6 +182,7 @@ def cross_blocks(q_runs: Sequence[Run], k_runs: Sequence[Run],
             at image boundaries under bidirectional attention).
         image_spans: per image (row order), its ``[start, end)`` sample offsets; two runs
             of the same image see each other both ways. Empty under causal attention.
+        window: sliding window (:func:`windowed`); 0: none.
 
     Returns:
         Blocks sorted by query start; adjacent ``FULL`` blocks sharing a query range
@@ -169,8 +197,10 @@ def cross_blocks(q_runs: Sequence[Run], k_runs: Sequence[Run],
             span = image_spans[q.image] if q.image >= 0 and q.image == k.image and image_spans else (0, 0)
             kind = block_kind(q.offset, q.length, k.offset, k.length, span)
             if kind is not MaskKind.EMPTY:
-                blocks.append(Block(q.start, q.start + q.length, k.start, k.start + k.length,
-                                    kind, q.offset, k.offset, *span))
+                b = windowed(Block(q.start, q.start + q.length, k.start, k.start + k.length,
+                                   kind, q.offset, k.offset, *span), window)
+                if b is not None:
+                    blocks.append(b)
     return _coalesce(blocks)
 
 
@@ -204,7 +234,7 @@ class Segment(NamedTuple):
     queries: tuple[tuple[int, int], ...] | None = None
 
 
-def self_blocks(segments: Sequence[Segment]) -> list[Block]:
+def self_blocks(segments: Sequence[Segment], window: int = 0) -> list[Block]:
     """Blocks of queries against their own keys, for segments stored in offset order.
 
     Within such a segment "key offset <= query offset" is "key index <= query index",
@@ -212,6 +242,10 @@ def self_blocks(segments: Sequence[Segment]) -> list[Block]:
     full and itself causally, and the queries of an image ``[a, b)`` see keys
     ``[start, b)`` in full. Under causal attention with every query computed, a
     segment is one causal block, whatever runs it is made of.
+
+    With a sliding ``window`` (:func:`windowed`) the segment must hold its sample's
+    offsets contiguously (offset = index - start: Ulysses' gathered row, a rank's
+    whole samples); a rank's zigzag chunks use :func:`cross_blocks` instead.
 
     Returns:
         The blocks, full blocks coalesced (a prefix-LM segment gives two blocks).
@@ -227,11 +261,15 @@ def self_blocks(segments: Sequence[Segment]) -> list[Block]:
             for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
                 image = next(((a, b) for a, b in seg.images if a <= lo < b), None)
                 if image is not None:
-                    blocks.append(Block(lo, hi, start, image[1], MaskKind.FULL))
-                    continue
-                if lo > start:
-                    blocks.append(Block(lo, hi, start, lo, MaskKind.FULL))
-                blocks.append(Block(lo, hi, lo, hi, MaskKind.CAUSAL))
+                    span = (image[0] - start, image[1] - start)
+                    pieces = [Block(lo, hi, start, image[1], MaskKind.FULL, lo - start, 0, *span)]
+                else:
+                    pieces = [Block(lo, hi, start, lo, MaskKind.FULL, lo - start, 0)] if lo > start else []
+                    pieces.append(Block(lo, hi, lo, hi, MaskKind.CAUSAL, lo - start, lo - start))
+                if window > 0:
+                    blocks += [w for w in (windowed(b, window) for b in pieces) if w is not None]
+                else:  # offsets only matter to a window: full and causal blocks need none
+                    blocks += [b._replace(q_offset=0, k_offset=0, image_start=0, image_end=0) for b in pieces]
     return _coalesce(blocks)
 
 

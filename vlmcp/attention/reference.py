@@ -14,12 +14,14 @@ __all__ = ["reference_attention", "reference_mask"]
 
 
 def reference_mask(is_image: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                   image_attention: str = "causal", image_ids: torch.Tensor | None = None) -> torch.Tensor:
+                   image_attention: str = "causal", image_ids: torch.Tensor | None = None,
+                   sliding_window: int | None = None) -> torch.Tensor:
     """``BoolTensor[L, L]``: entry (i, j) is True iff query i attends to key j.
 
     Causal within each sample, nothing across samples; with
     ``image_attention="bidirectional"`` the tokens of each image also see each other
     (images as for :func:`vlmcp.plan_cp`: ``image_ids``, or maximal runs per sample).
+    ``sliding_window`` ``W`` also requires ``i - j < W`` (transformers' Gemma 3 mask).
     """
     if image_attention not in ("causal", "bidirectional"):
         raise ValueError(f"image_attention must be 'causal' or 'bidirectional', got {image_attention!r}")
@@ -33,13 +35,16 @@ def reference_mask(is_image: torch.Tensor, cu_seqlens: torch.Tensor | None = Non
     if image_attention == "bidirectional":
         ids = row_images(is_image.detach().cpu().bool(), cu, image_ids).image_ids
         mask |= (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
+    if sliding_window is not None:
+        mask &= (idx[:, None] - idx[None, :]) < sliding_window
     return mask.to(is_image.device)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_image: torch.Tensor,
                         cu_seqlens: torch.Tensor | None = None, image_attention: str = "causal",
                         softmax_scale: float | None = None,
-                        image_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        image_ids: torch.Tensor | None = None,
+                        sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the whole (packed) row in one process, in the inputs' dtype.
 
     Args:
@@ -50,13 +55,14 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_im
             see each other both ways).
         softmax_scale: default ``D ** -0.5``.
         image_ids: as for :func:`vlmcp.plan_cp` (None: each image-token run is one image).
+        sliding_window: ``W``: also ``i - j < W`` (Gemma 3 sliding layers); None: none.
 
     Returns:
         ``out (L, H, D)`` and ``lse (L, H)``, both differentiable. A query that sees no
         key gets ``out = 0``, ``lse = -inf`` and zero gradients (no NaN).
     """
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    mask = reference_mask(is_image, cu_seqlens, image_attention, image_ids)
+    mask = reference_mask(is_image, cu_seqlens, image_attention, image_ids, sliding_window)
     g = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = torch.einsum("qhd,khd->hqk", q, kk) * scale

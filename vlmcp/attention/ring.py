@@ -126,21 +126,28 @@ def buffer_runs(shard: RankShard, positions: torch.Tensor, bidirectional: bool) 
                    images.image_ids[positions] if bidirectional else None)
 
 
-def ring_schedule(shard: RankShard, image_attention: str) -> RingSchedule:
-    """Build (or fetch) the :class:`RingSchedule` of ``shard``. See Note [vlmcp ring attention schedule]."""
+def ring_schedule(shard: RankShard, image_attention: str, window: int = 0) -> RingSchedule:
+    """Build (or fetch) the :class:`RingSchedule` of ``shard``. See Note [vlmcp ring attention schedule].
+
+    With a sliding ``window`` (:func:`~vlmcp.attention.masks.windowed`) the blocks of a
+    step that fall wholly outside it are dropped (K/V still travel: the ring is fixed).
+    """
     per_shard = _CACHE.setdefault(shard, {})
-    if image_attention in per_shard:
-        return per_shard[image_attention]
+    key = image_attention if not window else (image_attention, window)
+    if key in per_shard:
+        return per_shard[key]
     ex = exchange_of(shard)
     bidir = image_attention == "bidirectional"
     spans = image_offset_spans(shard) if bidir else []
     q_runs = runs_of(shard.sample_ids, shard.offsets, shard.image_index if bidir else None)
-    steps = [tuple(self_blocks(local_segments(shard, bidir)))]
+    # a rank's zigzag chunks are not contiguous in offsets: windowed, they go through runs
+    steps = [tuple(cross_blocks(q_runs, q_runs, spans, window) if window
+                   else self_blocks(local_segments(shard, bidir)))]
     for s in range(1, shard.cp_size):
         k_runs = buffer_runs(shard, ex.positions[(shard.rank - s) % shard.cp_size], bidir)
-        steps.append(tuple(cross_blocks(q_runs, k_runs, spans)))
+        steps.append(tuple(cross_blocks(q_runs, k_runs, spans, window)))
     sched = RingSchedule(exchange=ex, step_blocks=tuple(steps))
-    per_shard[image_attention] = sched
+    per_shard[key] = sched
     return sched
 
 
@@ -152,8 +159,9 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
 class _RingAttention(torch.autograd.Function):
     """Ring attention of this rank's queries over the whole row.
 
-    Forward: ``q (N, H, D), k, v (N, Hk, D) -> out (N, H, D), lse (N, H)``.
-    Backward (the dual ring): ``dout (N, H, D) -> dq (N, H, D), dk, dv (N, Hk, D)``;
+    Forward: ``q (N, H, D), k (N, Hk, D), v (N, Hk, Dv) -> out (N, H, Dv), lse (N, H)``.
+    Backward (the dual ring): ``dout (N, H, Dv) -> dq (N, H, D), dk (N, Hk, D), dv (N, Hk, Dv)``;
+    K and V travel as one ``(n, Hk, D + Dv)`` buffer (MLA: ``Dv != D``);
     dK/dV of travelling tokens come back to their owner; dK/dV of replicated image
     tokens hold this rank's share (its own queries' contribution). lse is not
     differentiable; non-tensor inputs get ``None``.
@@ -164,23 +172,24 @@ class _RingAttention(torch.autograd.Function):
         ex = sched.exchange
         P, r = ex.cp_size, ex.rank
         acc = accumulator_dtype(q.dtype)
-        N, H, D = q.shape
-        out = q.new_zeros((N, H, D), dtype=acc)
+        N, H = q.shape[:2]
+        dk_ = k.shape[2]
+        out = q.new_zeros((N, H, v.shape[2]), dtype=acc)
         lse = q.new_full((N, H), float("-inf"), dtype=acc)
         touched = torch.zeros(N, dtype=torch.bool)
         oh, lh = _heads(out), lse.t()
         comm = RingComm(group) if P > 1 else None
         idx = sched.send_index(q.device)
-        kv = torch.stack([k[idx], v[idx]]) if P > 1 else None
+        kv = _pack(k[idx], v[idx]) if P > 1 else None
         for s in range(P):
             if s + 1 < P:
-                nxt = kv.new_empty((2, ex.counts[(r - s - 1) % P], *k.shape[1:]))
+                nxt = kv.new_empty((ex.counts[(r - s - 1) % P], *kv.shape[1:]))
                 comm.send_recv(kv, nxt)
                 comm.commit()
             if s == 0:
                 kh, vh = _heads(k), _heads(v)
             else:
-                kh, vh = _heads(kv[0]), _heads(kv[1])
+                kh, vh = _heads(kv[..., :dk_]), _heads(kv[..., dk_:])
             blocks_forward(kernel, _heads(q), kh, vh, sched.step_blocks[s], scale, oh, lh, touched,
                            sched.plan(s))
             if s + 1 < P:
@@ -209,39 +218,47 @@ class _RingAttention(torch.autograd.Function):
                             _heads(dq), _heads(dk), _heads(dv), sched.plan(0))
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
         kv_comm, dkv_comm = RingComm(ctx.group), RingComm(ctx.group)
-        kv = torch.stack([k[idx], v[idx]])
+        kv = _pack(k[idx], v[idx])
+        dk_ = k.shape[2]
         partial = None  # dK/dV arriving from r-1 for the owner held next
         for s in range(P):
             if s + 1 < P:
-                nxt = kv_comm.send_recv(kv, kv.new_empty((2, ex.counts[(r - s - 1) % P], *k.shape[1:])))
+                nxt = kv_comm.send_recv(kv, kv.new_empty((ex.counts[(r - s - 1) % P], *kv.shape[1:])))
                 kv_comm.commit()
             if s == 0:
                 blocks_backward(kernel, *args, _heads(k), _heads(v), *tail, sched.step_blocks[0], scale,
                                 _heads(dq), _heads(dk), _heads(dv), sched.plan(0))
             else:
                 dkv = kv.new_zeros(kv.shape, dtype=acc)
-                blocks_backward(kernel, *args, _heads(kv[0]), _heads(kv[1]), *tail, sched.step_blocks[s],
-                                scale, _heads(dq), _heads(dkv[0]), _heads(dkv[1]), sched.plan(s))
+                blocks_backward(kernel, *args, _heads(kv[..., :dk_]), _heads(kv[..., dk_:]), *tail,
+                                sched.step_blocks[s], scale, _heads(dq), _heads(dkv[..., :dk_]),
+                                _heads(dkv[..., dk_:]), sched.plan(s))
                 if s >= 2:
                     dkv_comm.wait()
                     dkv += partial
-                partial = dkv.new_empty((2, ex.counts[(r - s - 1) % P], *k.shape[1:]))
+                partial = dkv.new_empty((ex.counts[(r - s - 1) % P], *kv.shape[1:]))
                 dkv_comm.send_recv(dkv, partial)
                 dkv_comm.commit()
             if s + 1 < P:
                 kv_comm.wait()
                 kv = nxt
         dkv_comm.wait()
-        dk.index_add_(0, idx, partial[0])
-        dv.index_add_(0, idx, partial[1])
+        dk.index_add_(0, idx, partial[..., :dk_])
+        dv.index_add_(0, idx, partial[..., dk_:])
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
+def _pack(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """K and V as one send buffer ``(n, Hk, D + Dv)``: one transfer per step, any ``Dv`` (MLA)."""
+    return torch.cat([k, v], dim=-1)
+
+
 def ring_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image_attention: str,
-                   scale: float, kernel: AttentionKernel):
+                   scale: float, kernel: AttentionKernel, window: int = 0):
     """Ring CP attention (inputs already validated by :func:`vlmcp.attention.cp_attention`).
 
     Returns:
         ``out (N, H, D)`` and ``lse (N, H)``.
     """
-    return _RingAttention.apply(q, k, v, ring_schedule(shard, image_attention), group, scale, kernel)
+    return _RingAttention.apply(q, k, v, ring_schedule(shard, image_attention, window), group, scale,
+                                kernel)

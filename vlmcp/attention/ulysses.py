@@ -101,7 +101,8 @@ class UlyssesSchedule:
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def local_blocks(shard: RankShard, local_index: torch.Tensor, bidirectional: bool) -> list[Block]:
+def local_blocks(shard: RankShard, local_index: torch.Tensor, bidirectional: bool,
+                 window: int = 0) -> list[Block]:
     """Blocks of local queries that see only local keys (a sample's leading images, whole
     samples) over themselves, stored compactly in ``local_index`` (local slots, global order)."""
     images, S = shard.plan.images, shard.plan.num_samples
@@ -109,15 +110,19 @@ def local_blocks(shard: RankShard, local_index: torch.Tensor, bidirectional: boo
     lens = torch.bincount(images.sample_ids[pos], minlength=S)
     starts = (torch.cumsum(lens, 0) - lens).tolist()
     spans = image_runs(images.image_ids[pos], images.samples) if bidirectional else []
-    return self_blocks(segments(S, starts, lens.tolist(), spans))
+    return self_blocks(segments(S, starts, lens.tolist(), spans), window)
 
 
 def ulysses_schedule(shard: RankShard, image_attention: str,
-                     device: torch.device | str = "cpu") -> UlyssesSchedule:
-    """Build (or fetch) the :class:`UlyssesSchedule` of ``shard`` with index tensors on ``device``."""
+                     device: torch.device | str = "cpu", window: int = 0) -> UlyssesSchedule:
+    """Build (or fetch) the :class:`UlyssesSchedule` of ``shard`` with index tensors on ``device``.
+
+    ``window``: sliding window (:func:`~vlmcp.attention.masks.windowed`); the gathered row
+    and the local samples hold whole samples, so offsets are indices there.
+    """
     device = torch.device(device)
     per_shard = _CACHE.setdefault(shard, {})
-    key = (image_attention, device)
+    key = (image_attention, device) if not window else (image_attention, device, window)
     if key in per_shard:
         return per_shard[key]
     ex = exchange_of(shard)
@@ -146,14 +151,14 @@ def ulysses_schedule(shard: RankShard, image_attention: str,
         spans = [(int(images.samples[i]), int(compact[a]), int(compact[a]) + b - a)
                  for i, (a, b) in enumerate(images.spans.tolist()) if bool(in_row[a])]
     row_blocks = self_blocks(segments(S, row_starts, row_lens.tolist(), spans,
-                                      sample_runs(computed[in_row], row_sid)))
+                                      sample_runs(computed[in_row], row_sid)), window)
     # computed locally for all heads, compact: each split sample's leading images (they see
     # image keys only) and the whole samples on this rank (every key they see is here)
     local = lead.clone()
     local |= (plan.owner == shard.rank) & ~plan.travelling
     valid = shard.positions >= 0
     lead_index = torch.nonzero(valid & local[shard.positions.clamp(min=0)]).flatten()
-    lead_blocks = local_blocks(shard, lead_index, bidir)
+    lead_blocks = local_blocks(shard, lead_index, bidir, window)
     sched = UlyssesSchedule(
         counts=ex.counts, send_index=ex.send_index.to(device), image_index=rep.to(device),
         row_order=torch.cat([travelling, rep_pos]).argsort().to(device),
@@ -228,20 +233,20 @@ class _HeadsToSeq(torch.autograd.Function):
 
 
 def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image_attention: str,
-                      scale: float, kernel: AttentionKernel, need_lse: bool = False):
+                      scale: float, kernel: AttentionKernel, need_lse: bool = False, window: int = 0):
     """Ulysses CP attention (inputs already validated by :func:`vlmcp.attention.cp_attention`).
 
     Returns:
         ``out (N, H, D)`` and ``lse (N, H)`` (``lse`` is None unless ``need_lse``; it
         costs one more all-to-all, and one more all-gather when images follow text).
     """
-    sched = ulysses_schedule(shard, image_attention, q.device)
+    sched = ulysses_schedule(shard, image_attention, q.device, window)
     P, r, counts = shard.cp_size, shard.rank, sched.counts
-    N, H, D = q.shape
+    N, H = q.shape[:2]
     idx, rep, order = sched.send_index, sched.image_index, sched.row_order
     m = math.lcm(k.shape[1], P)  # K/V heads that travel: see the module docstring
     kx, vx = (x.repeat_interleave(m // k.shape[1], 1) for x in (k, v)) if m > k.shape[1] else (k, v)
-    out = q.new_zeros(N, H, D)
+    out = q.new_zeros(N, H, v.shape[2])  # MLA: V's head dim
     lse = q.new_full((N, H), float("-inf"), dtype=accumulator_dtype(q.dtype)) if need_lse else None
     if sum(counts) == 0:  # nothing travels on any rank (every sample whole): every query is local
         return _local_queries(q, k, v, sched, scale, kernel, out, lse)

@@ -208,7 +208,7 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
     U, j, ug = groups.ulysses_size, groups.ulysses_rank, groups.ulysses
     sched = usp_schedule(shard, U, image_attention, q.device)
     counts, idx, rep = sched.counts, sched.send_index, sched.image_index
-    N, H, D = q.shape
+    N, H = q.shape[:2]
     m = math.lcm(k.shape[1], U)  # K/V heads that travel (Note in .ulysses on the GQA grouping)
     kx, vx = (x.repeat_interleave(m // k.shape[1], 1) for x in (k, v)) if m > k.shape[1] else (k, v)
     # an all-to-all only where something travels in the group (counts: the same on its ranks)
@@ -222,7 +222,7 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
         """The merged shard ``(merged_size, width, D)``: received rows and this rank's head slice
         of the replicated ones; padding zero."""
         rows = torch.cat([x_recv, x[rep, j * width:(j + 1) * width]])
-        return rows.new_zeros(sched.merged_size, width, D).index_copy(0, sched.merged_slots, rows)
+        return rows.new_zeros(sched.merged_size, width, x.shape[2]).index_copy(0, sched.merged_slots, rows)
 
     qm, km, vm = merged(qg, q, H // U), merged(kg, kx, m // U), merged(vg, vx, m // U)
     out_m, lse_m = _RingAttention.apply(qm, km, vm, sched.ring, groups.ring, scale, kernel)
@@ -231,7 +231,7 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
         out_t = _HeadsToSeq.apply(counts, j, ug, out_g)
     else:  # U > 1: (0, H, D), still from the ring's output, so that every rank joins its backward
         out_t = out_g if U == 1 else out_g.repeat(1, U, 1)
-    out = q.new_zeros(N, H, D).index_copy(0, idx, out_t)
+    out = q.new_zeros(N, H, v.shape[2]).index_copy(0, idx, out_t)  # MLA: V's head dim
     lse = None
     if need_lse:
         lse_t = lse_m[sched.travelling_slots]
