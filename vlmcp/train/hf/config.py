@@ -93,6 +93,8 @@ class HFTrainConfig:
                 not all(isinstance(p, (str, os.PathLike)) for p in data):
             raise ValueError(f"--data must be one or more file paths, got {self.data!r}")
         object.__setattr__(self, "data", tuple(str(p) for p in data))
+        if isinstance(self.video, dict):  # as to_dict() (and a checkpoint's config) holds it
+            object.__setattr__(self, "video", VideoSampling(**self.video))
         if not isinstance(self.video, VideoSampling):
             raise ValueError(f"video must be a VideoSampling, got {type(self.video).__name__}")
         for name in ("cp", "dp", "steps", "seq_len"):
