@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -117,7 +118,15 @@ class HFAdapter:
     image like ``pooler_output``, added at the image tokens of early LLM layers). Every
     level follows the vision mode of the main features (Note [vlmcp HF vision placement])."""
 
+    image_attention: Literal["causal", "bidirectional"] = "causal"
+    """How the language model's image tokens attend: ``"causal"`` like text, or ``"bidirectional"``
+    within each image (Gemma 3: every token of an image sees the whole image; an image is one
+    visual unit of the plan, ``image_ids``)."""
+
     def __post_init__(self) -> None:
+        if self.image_attention not in ("causal", "bidirectional"):
+            raise ValueError(f"adapter {self.name!r}: image_attention must be 'causal' or 'bidirectional', "
+                             f"got {self.image_attention!r}")
         if "input_ids" not in self.token_keys:
             raise ValueError(f"adapter {self.name!r}: token_keys must hold 'input_ids', "
                              f"got {self.token_keys}")
