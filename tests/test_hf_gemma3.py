@@ -10,9 +10,8 @@ a text-only sample and a two-image sample, each compared in float64 with the unm
 
 from __future__ import annotations
 
-import torch
-
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -20,11 +19,11 @@ import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests.hf_cases import parity_grid  # noqa: E402
 from vlmcp.hf.rows import synthetic_row  # noqa: E402
-from vlmcp.hf.tiny import tiny_config, tiny_model  # noqa: E402
+from vlmcp.hf.tiny import WINDOW_SAMPLES, tiny_config, tiny_model  # noqa: E402
 from vlmcp.hf.verify import HFParityCase, float64_exact, float64_norms, reference_step  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
-PACKED = ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7))
+PACKED = WINDOW_SAMPLES["gemma3"]
 """An image after a prompt, a text-only sample, two images with text between (Gemma 3's image
 tuples carry no size: every image is ``image_size`` square)."""
 

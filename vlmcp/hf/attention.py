@@ -125,7 +125,8 @@ def vlmcp_attention_forward(
         raise ValueError(f"vlmcp attention takes one row (batch 1), got query of shape {tuple(query.shape)}")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (N, heads, D)
     out = cp_attention(q, k, v, ctx.shard, ctx.group, backend=ctx.backend,
-                       image_attention=ctx.image_attention, softmax_scale=scaling, sliding_window=sliding_window)
+                       image_attention=ctx.image_attention, softmax_scale=scaling,
+                       sliding_window=sliding_window)
     return out.unsqueeze(0), None
 
 

@@ -235,10 +235,10 @@ def shard_inputs(
     given = per_token.get("mm_token_type_ids")
     rv = row_visuals(model, adapter, ids_cpu, None if given is None else given.cpu(), pixels, videos, cu)
     types, visual = rv.types, rv.visual
-    token_type_ids = per_token.get("token_type_ids")
+    token_type_ids = per_token.get("token_type_ids") if "token_type_ids" in keys[InputKind.CONSUMED] else None
     if token_type_ids is not None and not torch.equal(token_type_ids.cpu() == 1, types == 1):
-        raise ValueError("token_type_ids must be 1 exactly at the image tokens (Gemma 3's image blocks, whose "
-                         f"tokens attend bidirectionally): {int((token_type_ids == 1).sum())} ones for "
+        raise ValueError("token_type_ids must be 1 exactly at the image tokens (Gemma 3's image blocks, "
+                         f"whose tokens attend bidirectionally): {int((token_type_ids == 1).sum())} ones for "
                          f"{int((types == 1).sum())} image tokens, or at other positions")
     if adapter.image_attention == "bidirectional" and rv.unit_ids is not None:
         u, starts = rv.unit_ids, torch.zeros(L, dtype=torch.bool)

@@ -22,8 +22,8 @@ import torch
 
 from vlmcp.hf.tiny_anyres import ANYRES_ARCHS, anyres_config
 
-__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "WINDOW_ARCHS", "tiny_config",
-           "tiny_model"]
+__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "WINDOW_ARCHS", "WINDOW_SAMPLES",
+           "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
@@ -35,6 +35,9 @@ gated attention layer)."""
 WINDOW_ARCHS = ("gemma3",)
 """Sliding-window language models :func:`tiny_config` builds too (Gemma 3: sliding layers of window 4
 between full layers, bidirectional attention within each image; ``tests/test_hf_gemma3.py``)."""
+WINDOW_SAMPLES = {"gemma3": ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7))}
+"""The verification row of each :data:`WINDOW_ARCHS` model (``vlmcp verify --model``): an image sample,
+a text-only sample, a two-image sample (Gemma 3's image tuples carry no size). Keyed by model_type."""
 
 _VOCAB = 128
 _IMAGE_TOKEN = 120  # Qwen: image, video, vision start/end are 120..123; LLaVA: image only
@@ -218,8 +221,8 @@ def tiny_model(arch_or_config: Any, dtype: torch.dtype = torch.float32, seed: in
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation,
                                                         dtype=dtype)
-        projection = getattr(getattr(model.model, "multi_modal_projector", None), "mm_input_projection_weight",
-                             None)
+        projector = getattr(model.model, "multi_modal_projector", None)
+        projection = getattr(projector, "mm_input_projection_weight", None)
         if projection is not None:  # Gemma 3 initializes it to zeros: the ViT would get no gradient
             torch.nn.init.normal_(projection, std=0.1)
     return model.eval()

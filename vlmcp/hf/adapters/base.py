@@ -61,7 +61,8 @@ class InputKind(enum.Enum):
     CONSUMED = "consumed"
     """Per-token ``(1, L)``, read on the global row and not passed on: ``attention_mask``
     (must be all ones: the plan is the mask), ``mm_token_type_ids`` (0 text, 1 image, 2 video:
-    the position ids' token types; must agree with :meth:`HFAdapter.token_types`)."""
+    the position ids' token types; must agree with :meth:`HFAdapter.token_types`), ``token_type_ids``
+    (Gemma 3: 1 exactly at the image tokens, checked; the plan's images are the bidirectional blocks)."""
     IMAGE = "image"
     """Per-image: passed whole to every rank (the ViT call's inputs, :attr:`HFAdapter.pixel_keys`)."""
     VIDEO = "video"

@@ -1,4 +1,4 @@
-"""Gemma 3: a SigLIP ``model.vision_tower`` and ``model.multi_modal_projector``; images attend bidirectionally.
+"""Gemma 3: a SigLIP ``model.vision_tower`` and ``model.multi_modal_projector``; bidirectional images.
 
 Inputs: ``pixel_values (n, 3, S, S)``, one fixed-size image per row, each giving
 ``mm_tokens_per_image`` LLM tokens (the projector average-pools the ViT's patch grid to
