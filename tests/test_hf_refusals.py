@@ -192,22 +192,33 @@ def test_a_registered_mixer_class_is_accepted_and_prepared():
         "model.language_model.layers.1.self_attn", "model.language_model.layers.3.self_attn"]
 
 
-def test_per_layer_sliding_window_refused_from_the_attention_module():
+def test_per_layer_sliding_window_accepted_from_the_attention_module():
+    """A sliding layer whose attention module has a ``sliding_window`` passes it to vlmcp's attention."""
     model = tiny_model(tiny_config("qwen2_vl", text_config=dict(
         use_sliding_window=True, sliding_window=16, max_window_layers=1)))
     assert model.config.text_config.layer_types == ["full_attention", "sliding_attention"]
-    with pytest.raises(ValueError, match=r"Qwen2VLAttention \[sliding_window\] at "
-                                         r"model\.language_model\.layers\.1\.self_attn: sliding-window "
-                                         r"attention \(window 16\)"):
-        vlmcp.hf.parallelize(model, None)
-    _untouched(model)
+    vlmcp.hf.parallelize(model, None)
+    attn = [layer.self_attn for layer in model.model.language_model.layers]
+    assert [getattr(a, "_vlmcp_cp_attention", False) for a in attn] == [True, True]
+    assert [a.sliding_window for a in attn] == [None, 16]
+
+
+def test_a_window_other_than_the_audited_one_raises_at_run_time():
+    model = vlmcp.hf.parallelize(tiny_model("llava", torch.float64), None)
+    inputs, labels, cu = synthetic_row(model, ((9,),))
+    batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+    model.model.language_model.layers[0].self_attn.sliding_window = 4  # set after the audit
+    with pytest.raises(RuntimeError, match=r"called vlmcp attention with sliding_window=None but its "
+                                           r"sliding_window attribute is 4"):
+        model(**batch.model_inputs)
 
 
 @pytest.mark.parametrize("layer_type, kind", [("sliding_attention", "sliding_window"),
                                               ("chunked_attention", "local_attention"),
                                               ("linear_attention", "linear_attention")])
 def test_per_layer_type_refused_from_the_config(layer_type, kind):
-    # LLaMA's attention has no sliding_window attribute: the layer type alone must refuse the layer
+    # LLaMA's attention has no sliding_window attribute (its window would come from HF's mask alone,
+    # which vlmcp does not use): the layer type alone must refuse the layer
     model = tiny_model("llava", torch.float32)
     model.config.text_config.layer_types = ["full_attention", layer_type]
     with pytest.raises(ValueError, match=rf"LlamaDecoderLayer \[{kind}\] at model\.language_model\.layers"

@@ -111,7 +111,15 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
         from vlmcp.hf.adapters import adapter_for
-        from vlmcp.hf.tiny import ANYRES_ARCHS, HYBRID_ARCHS, MROPE_ARCHS, TINY_ARCHS, tiny_config
+        from vlmcp.hf.tiny import (
+            ANYRES_ARCHS,
+            HYBRID_ARCHS,
+            MROPE_ARCHS,
+            TINY_ARCHS,
+            WINDOW_ARCHS,
+            WINDOW_SAMPLES,
+            tiny_config,
+        )
         from vlmcp.hf.tiny_anyres import ANYRES_SAMPLES
         from vlmcp.hf.verify import (
             DEFAULT_SAMPLES,
@@ -123,7 +131,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS
+        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS
         if args.model[3:] not in archs:
             raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(archs)} "
                              "or a directory")
@@ -141,7 +149,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
     # the row's images in the adapter's terms (any-resolution models: tiles, sizes), else Qwen grids
-    samples = ANYRES_SAMPLES.get(getattr(config, "model_type", None), DEFAULT_SAMPLES)
+    samples = {**ANYRES_SAMPLES, **WINDOW_SAMPLES}.get(getattr(config, "model_type", None), DEFAULT_SAMPLES)
     if args.video:
         import types
 

@@ -67,6 +67,9 @@ class CPContext:
     token_types: torch.Tensor | None = None
     """``Int8Tensor[L]`` of the global row: 0 text, 1 image, 2 video (the vision wrapper's selection of
     the feature rows this rank merges)."""
+    image_attention: Literal["causal", "bidirectional"] = "causal"
+    """``cp_attention``'s ``image_attention``: the adapter's (Gemma 3: each image sees itself both
+    ways; the images are the plan's ``image_ids``)."""
 
     def __repr__(self) -> str:
         return f"CPContext({self.shard!r}, backend={self.backend!r})"
@@ -92,7 +95,9 @@ def vlmcp_attention_forward(
         attention_mask: ignored (None for this implementation; the plan is the mask).
         dropout: must be 0 (the parity promise has no dropout).
         scaling: softmax scale (HF passes ``module.scaling``).
-        sliding_window: must be None (no sliding-window layers under CP).
+        sliding_window: the layer's window W (Gemma 3's ``sliding_attention`` layers): a query sees a
+            key fewer than W positions before it, as transformers' sliding mask; None: no window.
+            Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.mixers` audited).
         **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; the rest is ignored.
 
     Returns:
@@ -111,13 +116,17 @@ def vlmcp_attention_forward(
     if dropout:
         raise ValueError(f"vlmcp attention has no dropout, got attention dropout {dropout} (set "
                          "config.text_config.attention_dropout = 0 or call model.eval())")
-    if sliding_window is not None:
-        raise NotImplementedError(f"sliding-window attention (window {sliding_window}) is not supported "
-                                  "under vlmcp CP")
+    if sliding_window != getattr(module, "sliding_window", None):
+        raise RuntimeError(
+            f"{type(module).__name__} called vlmcp attention with sliding_window={sliding_window} but its "
+            f"sliding_window attribute is {getattr(module, 'sliding_window', None)}: vlmcp audited the "
+            "attribute (Note [vlmcp HF token mixers]), so the layer's window is not what vlmcp checked")
     if query.dim() != 4 or query.shape[0] != 1:
         raise ValueError(f"vlmcp attention takes one row (batch 1), got query of shape {tuple(query.shape)}")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (N, heads, D)
-    out = cp_attention(q, k, v, ctx.shard, ctx.group, backend=ctx.backend, softmax_scale=scaling)
+    out = cp_attention(q, k, v, ctx.shard, ctx.group, backend=ctx.backend,
+                       image_attention=ctx.image_attention, softmax_scale=scaling,
+                       sliding_window=sliding_window)
     return out.unsqueeze(0), None
 
 

@@ -235,6 +235,20 @@ def shard_inputs(
     given = per_token.get("mm_token_type_ids")
     rv = row_visuals(model, adapter, ids_cpu, None if given is None else given.cpu(), pixels, videos, cu)
     types, visual = rv.types, rv.visual
+    token_type_ids = per_token.get("token_type_ids") if "token_type_ids" in keys[InputKind.CONSUMED] else None
+    if token_type_ids is not None and not torch.equal(token_type_ids.cpu() == 1, types == 1):
+        raise ValueError("token_type_ids must be 1 exactly at the image tokens (Gemma 3's image blocks, "
+                         f"whose tokens attend bidirectionally): {int((token_type_ids == 1).sum())} ones for "
+                         f"{int((types == 1).sum())} image tokens, or at other positions")
+    if adapter.image_attention == "bidirectional" and rv.unit_ids is not None:
+        u, starts = rv.unit_ids, torch.zeros(L, dtype=torch.bool)
+        starts[cu[:-1].long()] = True
+        joined = (u[1:] >= 0) & (u[:-1] >= 0) & (u[1:] != u[:-1]) & ~starts[1:]
+        if bool(joined.any()):
+            at = int(torch.nonzero(joined)[0]) + 1
+            raise ValueError(f"two images back to back at token {at}: {type(model).__name__} attends "
+                             "bidirectionally within each run of image tokens, so the model would join them "
+                             "into one block; put a text token (the processor's end/start-of-image) between")
 
     fsdp = _is_fsdp(model)
     if fsdp and state.vision_mode in ("broadcast", "scatter"):
@@ -296,7 +310,7 @@ def shard_inputs(
         model_inputs.update(adapter.dummy_images(model))
         dummy = True
     ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy,
-                    token_types=types.to(torch.int8))
+                    token_types=types.to(torch.int8), image_attention=adapter.image_attention)
     model_inputs[CONTEXT_KEY] = ctx
     local_targets = shard.shard_labels(targets)
     if rank > 0:  # a replicated slot's target (the last image token predicts the text after it) counts once

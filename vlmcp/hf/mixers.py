@@ -13,12 +13,18 @@ model before it changes anything and before any collective (:func:`audit_token_m
       class or type in KINDS       -> refused: Gated DeltaNet / linear attention, Mamba, RG-LRU,
                                       convolutions over the sequence
       q_proj/k_proj/v_proj module  -> softmax attention, accepted when its forward dispatches
-                                      through ALL_ATTENTION_FUNCTIONS[config._attn_implementation],
-                                      with no sliding window and no sinks; else refused
+                                      through ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
+                                      and has no sinks; else refused. A sliding_window attribute is
+                                      the layer's window, which the call passes to vlmcp's attention
+                                      (cp_attention(sliding_window=W), ring and Ulysses)
       owns parameters, not a known -> refused: vlmcp cannot tell that it is per-token
       per-token module
     each decoder layer: exactly one accepted token mixer (zero for an MoE-only "moe" layer)
-    config.layer_types: "full_attention", or served by a registered class
+    config.layer_types: "full_attention"; "sliding_attention" where the layer's attention module
+                        has a sliding_window attribute (Gemma 3, Qwen2-VL); or served by a
+                        registered class
+    config.sliding_window without any windowed attention module -> refused (the window would
+                        come from HF's mask alone, which vlmcp does not use)
 
 The error names every offending module (path, class, kind, why), first few of each kind
 plus a count. The checks are structural: ``forward``'s bytecode must load
@@ -87,7 +93,8 @@ KINDS: tuple[MixerKind, ...] = (
               layer_types=("conv",), class_names=("ShortConv",),
               modules=(nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d)),
     MixerKind(name="sliding_window",
-              why="sliding-window attention: vlmcp's plan masks by sample, not by distance",
+              why="a sliding-window layer whose attention module has no sliding_window attribute: its window "
+                  "would come from HF's mask alone, which vlmcp does not use",
               layer_types=("sliding_attention", "reference_sliding_attention")),
     MixerKind(name="local_attention",
               why="chunked or windowed attention: vlmcp's plan masks by sample only",
@@ -103,7 +110,6 @@ _CUSTOM_WHY = ("its forward does not dispatch through transformers' ALL_ATTENTIO
                "[config._attn_implementation], so vlmcp's attention never runs and each rank would "
                "attend to its own shard only")
 _SINKS_WHY = "attention sinks (a per-head logit outside q.k), which vlmcp's attention does not take"
-_SLIDING_WHY = "sliding-window attention (window {}): vlmcp's plan masks by sample, not by distance"
 _UNKNOWN_WHY = ("owns parameters but is neither attention nor a known per-token module (Linear, Embedding, "
                 "norm, activation, MoE experts/router): vlmcp cannot tell that it does not mix tokens")
 _SEVERAL_WHY = ("{} token mixers in one layer ({}), e.g. cross-attention: vlmcp runs one causal "
@@ -113,7 +119,7 @@ _NONE_WHY = ("no token mixer vlmcp runs: no attention module with q_proj/k_proj/
 # Per-token modules that own parameters (every token is transformed on its own).
 _PER_TOKEN_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.PReLU)
 _PER_TOKEN_NAME = re.compile(r"(Norm|Linear|Embedding|Experts|Router|TopK|Activation)")
-_FULL, _MLP_ONLY = "full_attention", "moe"
+_FULL, _SLIDING, _MLP_ONLY = "full_attention", "sliding_attention", "moe"
 
 _REGISTERED: dict[type[nn.Module], MixerPrepare] = {}
 
@@ -190,9 +196,6 @@ def _walk(module: nn.Module, path: str, accepted: list[TokenMixer], refused: lis
         sinks = [n for n, _ in module.named_parameters(recurse=False) if "sink" in n]
         if not dispatches_via_interface(cls):
             refused.append(_Refusal(path, cls.__name__, "custom_attention", _CUSTOM_WHY))
-        elif getattr(module, "sliding_window", None) is not None:
-            why = _SLIDING_WHY.format(module.sliding_window)
-            refused.append(_Refusal(path, cls.__name__, "sliding_window", why))
         elif sinks:
             why = f"{_SINKS_WHY} ({', '.join(sinks)})"
             refused.append(_Refusal(path, cls.__name__, "attention_sinks", why))
@@ -266,15 +269,18 @@ def audit_token_mixers(model: nn.Module, language_model_path: str) -> list[Token
                 refused.append(_Refusal(lpath, cls, "several_mixers", why))
             elif not mine and ltype != _MLP_ONLY:
                 refused.append(_Refusal(lpath, cls, "no_attention", _NONE_WHY))
-            elif mine and ltype != _FULL and mine[0].prepare is hf_attention.mark:
+            elif mine and ltype != _FULL and mine[0].prepare is hf_attention.mark and not (
+                    ltype == _SLIDING and getattr(mine[0].module, "sliding_window", None) is not None):
                 kind, why = _layer_type_kind(ltype)
                 refused.append(_Refusal(lpath, cls, kind, why))
-    if (not any(r.kind == "sliding_window" for r in refused)
+    windowed = any(getattr(m.module, "sliding_window", None) is not None for m in accepted)
+    if (not windowed and not any(r.kind == "sliding_window" for r in refused)
             and getattr(config, "sliding_window", None) is not None
             and getattr(config, "use_sliding_window", True)):
         refused.append(_Refusal(language_model_path, type(language_model).__name__, "sliding_window",
-                                f"text_config.sliding_window={config.sliding_window}: vlmcp's plan masks by "
-                                "sample, not by distance"))
+                                f"text_config.sliding_window={config.sliding_window} but no attention module "
+                                "has a sliding_window attribute: the window would come from HF's mask alone, "
+                                "which vlmcp does not use"))
     if refused:
         raise ValueError(_message(model, language_model_path, refused, n_layers))
     return accepted

@@ -7,8 +7,8 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 before any communication, the token-mixer audit included (Note [vlmcp HF token
 mixers]): a language model with anything mixing tokens but softmax attention and the
 mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.gdn`; LFM2's short
-convolutions, :mod:`vlmcp.hf.short_conv`) is refused, module by module (Mamba, sliding
-windows...).
+convolutions, :mod:`vlmcp.hf.short_conv`; sliding-window attention whose module carries its
+``sliding_window``, Gemma 3) is refused, module by module (Mamba, chunked attention...).
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def parallelize(
             without an adapter, heads not divisible by P for Ulysses, a projector width not
             divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
             already, or a token mixer vlmcp does not run under CP (linear attention other than
-            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba, sliding or chunked
-            windows, attention outside
+            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba, chunked windows,
+            sliding windows HF's mask alone applies, sinks, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
     """

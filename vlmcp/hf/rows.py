@@ -165,6 +165,8 @@ def synthetic_row(
             inputs["second_per_grid_ts"] = torch.tensor(seconds)
     if qwen:
         inputs["mm_token_type_ids"] = torch.tensor([types], dtype=torch.int32)
+    if "token_type_ids" in adapter.consumed_keys:  # Gemma 3: 1 at image tokens (bidirectional blocks)
+        inputs["token_type_ids"] = (torch.tensor([types]) == 1).long()
     labels = input_ids.masked_fill(torch.tensor([no_loss]), -100)
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lens), 0)

@@ -22,7 +22,8 @@ import torch
 
 from vlmcp.hf.tiny_anyres import ANYRES_ARCHS, anyres_config
 
-__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "tiny_config", "tiny_model"]
+__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "WINDOW_ARCHS", "WINDOW_SAMPLES",
+           "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
@@ -31,6 +32,12 @@ MROPE_ARCHS = ("qwen3_vl", "qwen3_vl_moe", "glm4v")
 HYBRID_ARCHS = ("qwen3_5",)
 """Hybrid language models :func:`tiny_config` builds too (Qwen3.5: three Gated DeltaNet layers, then one
 gated attention layer)."""
+WINDOW_ARCHS = ("gemma3",)
+"""Sliding-window language models :func:`tiny_config` builds too (Gemma 3: sliding layers of window 4
+between full layers, bidirectional attention within each image; ``tests/test_hf_gemma3.py``)."""
+WINDOW_SAMPLES = {"gemma3": ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7))}
+"""The verification row of each :data:`WINDOW_ARCHS` model (``vlmcp verify --model``): an image sample,
+a text-only sample, a two-image sample (Gemma 3's image tuples carry no size). Keyed by model_type."""
 
 _VOCAB = 128
 _IMAGE_TOKEN = 120  # Qwen: image, video, vision start/end are 120..123; LLaVA: image only
@@ -149,23 +156,40 @@ def _llava(overrides: dict[str, Any]) -> Any:
     return LlavaConfig(**kw)
 
 
+def _gemma3(overrides: dict[str, Any]) -> Any:
+    from transformers import Gemma3Config
+
+    # window 4: the test rows' samples (9 to 16 tokens) are cut by it; sliding and full layers interleaved
+    text = _text(head_dim=8, num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=8,
+                 layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    text.update(overrides.pop("text_config", {}))
+    # SigLIP on 8x8 px in 2x2 patches: a 4x4 patch grid pooled to 2x2 = 4 tokens per image
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  image_size=8, patch_size=2, num_channels=3)
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, image_token_index=_IMAGE_TOKEN, boi_token_index=121,
+              eoi_token_index=122, mm_tokens_per_image=4, tie_word_embeddings=False)
+    kw.update(overrides)
+    return Gemma3Config(**kw)
+
+
 def tiny_config(arch: str, **overrides: Any) -> Any:
     """A tiny random-weight transformers config of ``arch``.
 
     Args:
-        arch: one of :data:`TINY_ARCHS`, :data:`MROPE_ARCHS`, :data:`HYBRID_ARCHS` or
-            :data:`ANYRES_ARCHS`.
+        arch: one of :data:`TINY_ARCHS`, :data:`MROPE_ARCHS`, :data:`HYBRID_ARCHS`,
+            :data:`ANYRES_ARCHS` or :data:`WINDOW_ARCHS`.
         **overrides: top-level config fields; ``text_config={...}`` and
             ``vision_config={...}`` update the sub-configs field by field.
 
     Returns:
         ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
-        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config`` or an any-resolution config
-        (:mod:`vlmcp.hf.tiny_anyres`). Token ids: vocabulary 128, image token 120
+        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config``, ``Gemma3Config`` or an
+        any-resolution config (:mod:`vlmcp.hf.tiny_anyres`). Token ids: vocabulary 128, image token 120
         (Qwen: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
-        122/123, video start/end 124/125), pad 0.
+        122/123, video start/end 124/125; Gemma 3: start/end of image 121/122), pad 0.
     """
-    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS
+    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS
     if arch not in known:
         raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {known}")
     overrides = dict(overrides)
@@ -173,6 +197,8 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         return anyres_config(arch, _text(), overrides)
     if arch == "llava":
         return _llava(overrides)
+    if arch in WINDOW_ARCHS:
+        return _gemma3(overrides)
     if arch in HYBRID_ARCHS:
         return _hybrid(arch, overrides)
     return _mrope(arch, overrides) if arch in MROPE_ARCHS else _qwen(arch, overrides)
@@ -195,4 +221,8 @@ def tiny_model(arch_or_config: Any, dtype: torch.dtype = torch.float32, seed: in
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation,
                                                         dtype=dtype)
+        projector = getattr(model.model, "multi_modal_projector", None)
+        projection = getattr(projector, "mm_input_projection_weight", None)
+        if projection is not None:  # Gemma 3 initializes it to zeros: the ViT would get no gradient
+            torch.nn.init.normal_(projection, std=0.1)
     return model.eval()

@@ -72,7 +72,7 @@ def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     for s in range(cu.numel() - 1):
         a, b = int(cu[s]), int(cu[s + 1])
         sample = {k: v[:, a:b] for k, v in inputs.items()
-                  if k in ("input_ids", "attention_mask", "mm_token_type_ids")}
+                  if k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")}
         if rv.images_per_sample[s] and pixels:
             sample.update(pixels if one else adapter.select_images(pixels, rv.images_per_sample[s]))
         if rv.videos_per_sample[s]:
@@ -171,6 +171,10 @@ def _rms_norm_in_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
+def _gemma_rms_norm_in_dtype(self, x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
 def float64_norms(model: nn.Module) -> int:
     """Make HF's RMSNorms compute in their input dtype (in place); returns how many.
 
@@ -183,8 +187,12 @@ def float64_norms(model: nn.Module) -> int:
     """
     n = 0
     for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
+        name = type(m).__name__
+        if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
             m.forward = types.MethodType(_rms_norm_in_dtype, m)
+            n += 1
+        elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
+            m.forward = types.MethodType(_gemma_rms_norm_in_dtype, m)  # Gemma: x * (1 + w)
             n += 1
     return n
 

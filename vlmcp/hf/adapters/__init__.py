@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
+from vlmcp.hf.adapters.gemma3 import GEMMA3
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
 from vlmcp.hf.adapters.internvl import INTERNVL
@@ -32,7 +33,7 @@ def register_adapter(adapter: HFAdapter) -> None:
 
 
 for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION,
-           SMOLVLM, IDEFICS3, MISTRAL3):
+           SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3):
     register_adapter(_a)
 
 

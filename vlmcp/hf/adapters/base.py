@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -60,7 +61,8 @@ class InputKind(enum.Enum):
     CONSUMED = "consumed"
     """Per-token ``(1, L)``, read on the global row and not passed on: ``attention_mask``
     (must be all ones: the plan is the mask), ``mm_token_type_ids`` (0 text, 1 image, 2 video:
-    the position ids' token types; must agree with :meth:`HFAdapter.token_types`)."""
+    the position ids' token types; must agree with :meth:`HFAdapter.token_types`), ``token_type_ids``
+    (Gemma 3: 1 exactly at the image tokens, checked; the plan's images are the bidirectional blocks)."""
     IMAGE = "image"
     """Per-image: passed whole to every rank (the ViT call's inputs, :attr:`HFAdapter.pixel_keys`)."""
     VIDEO = "video"
@@ -117,7 +119,15 @@ class HFAdapter:
     image like ``pooler_output``, added at the image tokens of early LLM layers). Every
     level follows the vision mode of the main features (Note [vlmcp HF vision placement])."""
 
+    image_attention: Literal["causal", "bidirectional"] = "causal"
+    """How the language model's image tokens attend: ``"causal"`` like text, or ``"bidirectional"``
+    within each image (Gemma 3: every token of an image sees the whole image; an image is one
+    visual unit of the plan, ``image_ids``)."""
+
     def __post_init__(self) -> None:
+        if self.image_attention not in ("causal", "bidirectional"):
+            raise ValueError(f"adapter {self.name!r}: image_attention must be 'causal' or 'bidirectional', "
+                             f"got {self.image_attention!r}")
         if "input_ids" not in self.token_keys:
             raise ValueError(f"adapter {self.name!r}: token_keys must hold 'input_ids', "
                              f"got {self.token_keys}")
