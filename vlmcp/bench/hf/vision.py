@@ -10,8 +10,8 @@ forward and backward, called as vlmcp's vision wrapper calls it (the class's
 (Note [vlmcp HF videos: frame groups are visual units]); before, a video was one unit and
 one rank encoded all of it, so ``replicate`` is also what the old ``scatter`` cost the rank
 that owned the video. The ranks take turns (one computes while the others wait at a
-barrier), so a rank's time is its own compute, not a share of this machine's cores. The
-step waits for the slowest rank, so each repeat takes the maximum over ranks; the table
+barrier), so a rank's time is its own compute, not a share of this machine's cores; within
+a turn the two modes run back to back, each first in every other repeat. The step waits for the slowest rank, so each repeat takes the maximum over ranks; the table
 gives medians over ``--repeats`` and the median per-repeat speedup. The all-gather and
 reduce-scatter that ``scatter`` adds are not included.
 """
@@ -53,7 +53,8 @@ def _rank(group, groups, side, repeats, sizes):
             dist.barrier(group=group)
             if turn != r:
                 continue
-            for mode, sub in work.items():  # back to back in one turn: machine noise hits both alike
+            order = list(work.items()) if rep % 2 else list(work.items())[::-1]
+            for mode, sub in order:  # back to back in one turn, in turns first: machine noise hits both alike
                 t0 = time.perf_counter()
                 out = call(base, sub["pixel_values_videos"], sub["video_grid_thw"])
                 torch.cat(out.pooler_output).square().mean().backward()
