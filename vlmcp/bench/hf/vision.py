@@ -11,8 +11,9 @@ forward and backward, called as vlmcp's vision wrapper calls it (the class's
 one rank encoded all of it, so ``replicate`` is also what the old ``scatter`` cost the rank
 that owned the video. The ranks take turns (one computes while the others wait at a
 barrier), so a rank's time is its own compute, not a share of this machine's cores; within
-a turn the two modes run back to back, each first in every other repeat. The step waits for the slowest rank, so each repeat takes the maximum over ranks; the table
-gives medians over ``--repeats`` and the median per-repeat speedup. The all-gather and
+a turn the two modes run back to back, each first in every other repeat. The step waits
+for the slowest rank, so each repeat takes the maximum over ranks; the table gives
+medians over ``--repeats`` and the median per-repeat speedup. The all-gather and
 reduce-scatter that ``scatter`` adds are not included.
 """
 
