@@ -65,6 +65,17 @@ def vit_units(group: dist.ProcessGroup) -> dict:
     return out
 
 
+def benches(group: dist.ProcessGroup) -> dict:
+    """``vlmcp bench hf-memory`` and ``hf-vision``'s rank functions on tiny sizes (no extra spawn)."""
+    from vlmcp.bench.hf import memory, vision
+
+    tiny = dict(hidden=64, layers=1, vit_width=16, vit_depth=1)
+    pairs = [("replicate", "replicate"), ("shard", "scatter"), ("auto", "scatter")]
+    saved = memory._rank(group, ((2, ("video", 2, 16, 16), 16),), pairs, tiny)
+    times, per_rank = vision._rank(group, 4, 4, 1, tiny)
+    return {"memory": saved, "vision": (times, per_rank)}
+
+
 def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> dict:
-    """The P=2 group's whole job: the parity grid and the ViT-unit counts."""
-    return {"parity": parity_grid(group, cases), "vit": vit_units(group)}
+    """The P=2 group's whole job: the parity grid, the ViT-unit counts, the benchmarks' rank functions."""
+    return {"parity": parity_grid(group, cases), "vit": vit_units(group), "benches": benches(group)}

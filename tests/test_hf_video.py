@@ -117,6 +117,19 @@ def test_scatter_spreads_a_long_videos_frame_groups_and_keeps_images_whole(p2):
     assert not vit[("long_video", "replicate")]["visual_travel"]
 
 
+def test_bench_rank_functions_measure_what_they_say(p2):
+    memory = p2["benches"]["memory"]
+    assert memory["visual"] == 2 * 64 and memory["tokens"] == 2 + 1 + 128 + 1 + 16
+    single = memory["single"]
+    replicated, chosen = memory[("replicate", "replicate")]
+    assert chosen == "replicate" and 0.9 < replicated / single < 1  # the video on both ranks
+    for strategy in ("shard", "auto"):
+        saved, chosen = memory[(strategy, "scatter")]
+        assert chosen == "shard" and saved / single <= 0.55  # about 1/P of everything
+    times, per_rank = p2["benches"]["vision"]
+    assert per_rank == [2, 2] and set(times) == {"replicate", "scatter"} and len(times["scatter"]) == 1
+
+
 # --- one process: checks before any collective ------------------------------------------------
 
 

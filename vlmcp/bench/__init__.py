@@ -9,12 +9,15 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
 * :mod:`vlmcp.bench.memory`: saved-for-backward bytes per rank of one VLM training
   step against one process (``vlmcp bench memory``);
 * :mod:`vlmcp.bench.vision`: ViT time per rank, ``replicate`` against ``scatter``
-  (``vlmcp bench vision``).
+  (``vlmcp bench vision``);
+* :mod:`vlmcp.bench.hf`: a Hugging Face Qwen2-VL under vlmcp: saved bytes per rank with
+  videos and sharded visual tokens (``vlmcp bench hf-memory``), ViT time per rank for one
+  long video (``vlmcp bench hf-vision``); skipped without transformers.
 
-``vlmcp bench all`` runs the four on their defaults (minutes; ``make bench``).
+``vlmcp bench all`` runs them all on their defaults (minutes; ``make bench``).
 """
 
 __all__ = ["BENCHMARKS"]
 
 # The names ``vlmcp bench`` accepts, in the order ``vlmcp bench all`` runs them.
-BENCHMARKS = ("plan", "attention", "memory", "vision")
+BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision")

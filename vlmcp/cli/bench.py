@@ -15,12 +15,15 @@ import time
 from vlmcp.bench import BENCHMARKS
 from vlmcp.launch import RankFailure
 
-_MODULES = {name: importlib.import_module(f"vlmcp.bench.{name}") for name in BENCHMARKS}
+# "hf-memory" is vlmcp.bench.hf.memory
+_MODULES = {name: importlib.import_module(f"vlmcp.bench.{name.replace('-', '.')}") for name in BENCHMARKS}
 _HELP = {
     "plan": "time plan_cp and every rank's for_rank on a long packed row",
     "attention": "CP attention time and saved bytes per rank against one process, ring and ulysses",
     "memory": "saved-for-backward bytes per rank of one VLM training step against one process",
     "vision": "ViT time per rank, replicate against scatter",
+    "hf-memory": "a HF Qwen2-VL's saved bytes per rank: videos, image_strategy replicate/shard/auto",
+    "hf-vision": "a HF Qwen2-VL's ViT time per rank for one long video, replicate against scatter",
 }
 
 
@@ -32,7 +35,7 @@ def _defaults(name: str) -> argparse.Namespace:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run the benchmarks (planner, attention, memory, vision)",
+    p = sub.add_parser("bench", help="run the benchmarks (planner, attention, memory, vision, hf-*)",
                        description=__doc__)
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name, module in _MODULES.items():

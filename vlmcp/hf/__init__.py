@@ -1,10 +1,11 @@
 """Hugging Face transformers VLMs under vlmcp context parallelism (``pip install vlmcp[hf]``).
 
-Two calls put a Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, LLaVA, LLaVA-NeXT/OneVision,
+Two calls put a Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, Qwen3.5, Gemma 3, LLaVA, LLaVA-NeXT/OneVision,
 InternVL, SmolVLM/Idefics3 or Mistral3 model on a CP group::
 
     vlmcp.hf.parallelize(model, cp_group, attention="ring", vision_mode="replicate")
-    batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=None)
+    batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=None,
+                                  image_strategy="replicate")  # or "shard", "auto"
     out = model(**batch.model_inputs)
     loss, mean = vlmcp.cp_cross_entropy(out.logits[0], batch.labels, cp_group)
     loss.backward()
@@ -13,7 +14,8 @@ InternVL, SmolVLM/Idefics3 or Mistral3 model on a CP group::
 * :func:`parallelize` (:mod:`vlmcp.hf.parallel`): vlmcp's attention for the language
   model only (:mod:`vlmcp.hf.attention`), the vision mode (:mod:`vlmcp.hf.vision`).
 * :func:`shard_inputs` (:mod:`vlmcp.hf.inputs`): labels and positions on the global row,
-  then this rank's slots.
+  then this rank's slots; images and videos (:mod:`vlmcp.hf.visuals`: which tokens are
+  which image, video and frame group) replicated or sharded with the text.
 * :mod:`vlmcp.hf.adapters`: what each architecture needs (:class:`InputKind`: what each
   input key is); :func:`register_adapter` adds one.
 * :mod:`vlmcp.hf.mixers`: the token-mixer audit ``parallelize`` runs (anything but softmax

@@ -88,7 +88,7 @@ def row_visuals(model: nn.Module, adapter: HFAdapter, ids: torch.Tensor,
     """
     has_pixels = bool(pixels) and adapter.pixel_keys[0] in pixels
     has_videos = bool(videos)
-    types = _token_types(adapter, model.config, ids, mm_token_type_ids, has_videos)
+    types = adapter.token_types(model.config, ids, mm_token_type_ids, has_videos)
     is_image, is_video = types == 1, types == 2
     if not has_pixels and bool(is_image.any()):
         raise ValueError(f"image features and image tokens do not match: the row has {int(is_image.sum())} "
@@ -106,6 +106,7 @@ def row_visuals(model: nn.Module, adapter: HFAdapter, ids: torch.Tensor,
     groups = _items_per_sample(tokens, is_image, cu, n_images)
     vtokens = adapter.video_tokens(model, videos) if has_videos else []
     vgroups = _items_per_sample(vtokens, is_video, cu, len(vtokens), "video")
+    _check_token_types(types, mm_token_type_ids)  # after the counts: a lost placeholder says so first
     unit_ids = None
     if tokens is not None and bool((types > 0).any()):
         frames = [n for t, n in adapter.frame_groups(model, videos) for _ in range(t)] if has_videos else []
@@ -114,19 +115,16 @@ def row_visuals(model: nn.Module, adapter: HFAdapter, ids: torch.Tensor,
                       videos_per_sample=vgroups, unit_ids=unit_ids)
 
 
-def _token_types(adapter: HFAdapter, config, ids: torch.Tensor, given: torch.Tensor | None,
-                 videos: bool) -> torch.Tensor:
-    """``IntTensor[L]`` 0 text, 1 image, 2 video of the row; ``mm_token_type_ids`` checked against it."""
-    types = adapter.token_types(config, ids, given, videos)
+def _check_token_types(types: torch.Tensor, given: torch.Tensor | None) -> None:
+    """``mm_token_type_ids`` must equal the row's types (0 text, 1 image, 2 video) exactly."""
     if given is None:
-        return types
+        return
     bad = (given != types).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
         what = ("a text", "an image", "a video")[int(types[i])]
         raise ValueError(f"mm_token_type_ids must be 1 exactly at the image tokens, 2 at the video tokens "
                          f"and 0 elsewhere; position {i} has {int(given[i])} but is {what} token")
-    return types
 
 
 def _items_per_sample(tokens: list[int] | None, is_kind: torch.Tensor, cu: torch.Tensor,
