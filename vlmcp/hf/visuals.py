@@ -110,7 +110,7 @@ def row_visuals(model: nn.Module, adapter: HFAdapter, ids: torch.Tensor,
     unit_ids = None
     if tokens is not None and bool((types > 0).any()):
         frames = [n for t, n in adapter.frame_groups(model, videos) for _ in range(t)] if has_videos else []
-        unit_ids = _unit_ids(types, tokens, frames)
+        unit_ids = _unit_ids(types, tokens, frames, split_images=adapter.image_attention == "causal")
     return RowVisuals(types=types, image_tokens=tokens, video_tokens=vtokens, images_per_sample=groups,
                       videos_per_sample=vgroups, unit_ids=unit_ids)
 
@@ -153,11 +153,15 @@ def _items_per_sample(tokens: list[int] | None, is_kind: torch.Tensor, cu: torch
     return out
 
 
-def _unit_ids(types: torch.Tensor, image_units: list[int], video_units: list[int]) -> torch.Tensor:
+def _unit_ids(types: torch.Tensor, image_units: list[int], video_units: list[int],
+              split_images: bool = False) -> torch.Tensor:
     """``LongTensor[L]``: each visual token's unit (an image, or one frame group of a video), numbered in
     row order, -1 at text; raises where a unit's placeholders are not one contiguous run.
 
     ``image_units`` / ``video_units``: tokens per unit in the order of the row's image / video tokens.
+    ``split_images``: an image whose placeholders other tokens cut (Mistral3's ``[IMG_BREAK]`` after
+    each row of patches) becomes one unit per run instead, as the plan's image runs are; only
+    for causal image attention, where an image's identity decides nothing but the layout.
     """
     firsts, parts = [], []
     for kind, sizes, name in ((1, image_units, "image"), (2, video_units, "video frame group")):
@@ -167,14 +171,19 @@ def _unit_ids(types: torch.Tensor, image_units: list[int], video_units: list[int
         size = torch.as_tensor(sizes, dtype=torch.long)
         ends = torch.cumsum(size, 0)
         first, last = pos[ends - size], pos[ends - 1]
+        unit = torch.bucketize(torch.arange(pos.numel()), ends, right=True)
         broken = torch.nonzero(last - first + 1 != size).flatten()
-        if broken.numel():
+        if broken.numel() and kind == 1 and split_images:
+            new = torch.ones(pos.numel(), dtype=torch.bool)  # a unit starts where the item or the run changes
+            new[1:] = (unit[1:] != unit[:-1]) | (pos[1:] != pos[:-1] + 1)
+            unit, first = torch.cumsum(new.long(), 0) - 1, pos[new]
+        elif broken.numel():
             u = int(broken[0])
             raise ValueError(f"{name} {u}'s {sizes[u]} placeholder tokens (from position {int(first[u])}) "
                              f"are not one contiguous run: position {int(last[u])} is its last; a {name} "
                              "must not be cut by other tokens")
         firsts.append(first)
-        parts.append((pos, torch.bucketize(torch.arange(pos.numel()), ends, right=True)))
+        parts.append((pos, unit))
     ids = torch.full_like(types, -1, dtype=torch.long)
     if not firsts:
         return ids
