@@ -264,13 +264,21 @@ def _forward_sigterm(*_) -> None:
             pass
 
 
+def _peak(peak: dict | None) -> str:
+    """``, peak memory 1.23 GiB per rank (resident, busiest rank)`` or nothing."""
+    if not peak:
+        return ""
+    return f", peak memory {peak['bytes'] / 2**30:.2f} GiB per rank ({peak['kind']}, busiest rank)"
+
+
 def _report(cfg: HFTrainConfig, index, s: dict) -> int:
     if s["message"]:
         print(f"vlmcp train: {s['message']}", file=sys.stderr if s["stopped"] == "nonfinite" else sys.stdout)
     losses = s["losses"]
     rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
     print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']} of {s['steps']}, {s['tokens']:,} tokens, "
-          f"{rate:,.0f} tokens/s" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else ""))
+          f"{rate:,.0f} tokens/s" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
+          + _peak(s.get("peak_memory")))
     print(f"vlmcp train: {_skips(cfg, index, s.get('decode_skipped', []))}")
     if s["model_dir"]:
         print(f"vlmcp train: model and processor saved to {s['model_dir']}")

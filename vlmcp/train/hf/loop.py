@@ -207,7 +207,8 @@ def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex
     Returns:
         ``start_step``, ``step`` (steps done), ``losses``, ``tokens``, ``seconds``,
         ``stopped`` (None, ``"sigterm"`` or ``"nonfinite"``), ``message``, ``checkpoint``,
-        ``model_dir``, ``loss_curve`` (rank 0), ``probe``, ``decode_skipped`` (a
+        ``model_dir``, ``loss_curve`` (rank 0), ``probe``, ``peak_memory`` (``bytes`` and
+        ``kind`` of the busiest rank's peak), ``decode_skipped`` (a
         ``Skipped`` per conversation left out because an image failed to decode, all ranks').
     """
     term = {"flag": False}  # from the start: a SIGTERM while loading still ends with a checkpoint
@@ -271,6 +272,7 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
             metrics.close()
     seconds = time.perf_counter() - t_start
     decode_skipped = run.decode_skips.gather(run.group)
+    peak = _peak_memory(run.device, run.group)
     probe = on_finish(run.model, run.processor, run.index, run.cp_group) if on_finish is not None else None
     model_dir = None
     if stopped is None:
@@ -284,7 +286,21 @@ def _train(run: _Run, term: dict, on_finish: Callable | None) -> dict:
     return {"start_step": run.start, "step": done, "steps": cfg.steps, "losses": run.losses,
             "tokens": run.tokens, "seconds": seconds, "stopped": stopped, "message": message,
             "checkpoint": run.checkpoint, "model_dir": model_dir, "loss_curve": curve, "probe": probe,
-            "decode_skipped": decode_skipped}
+            "decode_skipped": decode_skipped, "peak_memory": peak}
+
+
+def _peak_memory(device: torch.device, group: dist.ProcessGroup) -> dict:
+    """The busiest rank's peak memory: CUDA memory allocated, or on the CPU the process's peak
+    resident set (model, optimizer and data included, so an upper bound on activations)."""
+    if device.type == "cuda":
+        kind, used = "GPU allocated", torch.cuda.max_memory_allocated(device)
+    else:
+        import resource
+
+        kind, used = "resident", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = torch.tensor([float(used)], dtype=torch.float64, device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+    return {"bytes": int(peak.item()), "kind": kind}
 
 
 def _newest(cfg: HFTrainConfig) -> str:
