@@ -12,7 +12,9 @@ import torch.distributed as dist
 
 from vlmcp.hf import gdn
 from vlmcp.hf.rows import synthetic_row
+from vlmcp.hf.tiny import tiny_config, tiny_model
 from vlmcp.hf.verify import (
+    DTYPES,
     HFParityCase,
     Reference,
     float64_exact,
@@ -25,6 +27,18 @@ from vlmcp.hf.verify import (
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.
 PACKED = ((40, (1, 8, 16), 100, (1, 8, 8), 220), (250,), (20, (1, 8, 8), 120))
+
+
+WIDE_HEADS = {"num_attention_heads": 8, "linear_num_key_heads": 4, "linear_num_value_heads": 8}
+"""The P=4 model's text config: every head count divisible by 4, so Ulysses takes P=4 (the attention, and
+the Gated DeltaNet's all-to-all road) where the default tiny Qwen3.5's 6 heads would refuse it."""
+
+
+def _reference(case: HFParityCase, text_config: dict | None) -> Reference:
+    if not text_config:
+        return reference_for(case)
+    config = tiny_config(case.model.removeprefix("hf:"), text_config=text_config)
+    return reference_for(case, tiny_model(config, DTYPES[case.dtype], seed=case.seed))
 
 
 LFM2_TEXT = ((30,), (57,), (3,), (120,))
@@ -59,10 +73,11 @@ def lfm2_text_parity(group: dist.ProcessGroup, attentions: list[str]) -> list[di
 
 
 def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[dict],
-          lfm2_attentions: list[str]) -> dict:
+          lfm2_attentions: list[str], text_config: dict | None = None) -> dict:
     """One group's job: the Qwen3.5 parity grid (with, per case, how many Gated DeltaNet calls took the
     Ulysses road), then LFM2's short convolution module (tests/gdn_cases.py) on ``conv_cases`` and
-    LFM2-VL's text parity, while transformers is imported anyway."""
+    LFM2-VL's text parity, while transformers is imported anyway. ``text_config``: overrides of the tiny
+    Qwen3.5's text config (:data:`WIDE_HEADS`), for every case of the grid."""
     from tests.gdn_cases import short_conv_grid
 
     calls, refs, parity = [], {}, []
@@ -72,7 +87,7 @@ def suite(group: dist.ProcessGroup, cases: list[HFParityCase], conv_cases: list[
         for c in cases:
             key = (c.model, c.dtype, c.seed, c.samples, c.markers)
             if key not in refs:
-                refs[key] = reference_for(c)
+                refs[key] = _reference(c, text_config)
             before = len(calls)
             parity.append({**hf_parity(group, c, refs[key]), "ulysses_road": len(calls) - before})
     finally:

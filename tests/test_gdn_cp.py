@@ -34,9 +34,9 @@ GRIDS = {
     3: [_case(PACKED), _case(TINY), _case(PACKED, strategy="shard")],
     4: [_case(PACKED), _case(TEXT)],
 }
-BYTE_ROWS = [[[("t", 128)], [("t", 128)]], [[("t", 512)], [("t", 512)]],       # 256 and 1024 text tokens
-             [[("t", 40), ("i", 16), ("t", 72)], [("t", 128)]],               # 256 with an image
-             [[("t", 160), ("i", 16), ("t", 288)], [("t", 560)]]]             # 1024, same structure
+BYTE_ROWS = [[[("t", 512)], [("t", 512)]], [[("t", 4096)], [("t", 4096)]],     # 1k and 8k text tokens
+             [[("t", 160), ("i", 16), ("t", 288)], [("t", 560)]],             # 1k with an image
+             [[("t", 1280), ("i", 16), ("t", 2416)], [("t", 4480)]]]          # 8k, same structure
 TOL = {"float64": 1e-12, "float32": 2e-5}
 
 
@@ -64,10 +64,10 @@ def test_cp_ops_match_one_process(grids, P):
 
 @pytest.mark.parametrize("P", [2, 3])
 def test_exchange_bytes_do_not_grow_with_length(grids, P):
-    """One all-gather per op in forward, one reduce-scatter each in backward; the same bytes at 256 and
-    1024 tokens; the maps' bytes are exactly P x max(maps per rank) x Hv x K x (K + V) x 8."""
+    """One all-gather per op in forward, one reduce-scatter each in backward; the same bytes at 1k and
+    8k tokens; the maps' bytes are exactly P x max(maps per rank) x Hv x K x (K + V) x 8."""
     rows = grids[P]["bytes"]
-    assert [r["L"] for r in rows] == [256, 1024, 256, 1024]
+    assert [r["L"] for r in rows] == [1024, 8192, 1024, 8192]
     for r in rows:
         kinds = [c[0] for c in r["calls"]]
         assert sorted(kinds) == ["all_gather", "all_gather", "reduce_scatter", "reduce_scatter"], r

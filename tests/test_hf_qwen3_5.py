@@ -40,6 +40,10 @@ P2_CASES = ([_case("ring", m) for m in MODES]
             + [_case("ulysses", "scatter"), _case("ring", "replicate", "whole"),
                _case("ring", "broadcast", "auto"), _case("ring", "replicate", dtype="float32")])
 P3_CASES = [_case("ring", m) for m in MODES] + [_case("ulysses", "replicate")]
+# P=4 on a model with 8 attention heads and 4 + 8 Gated DeltaNet heads (hf_qwen3_5_cases.WIDE_HEADS):
+# state passing under ring, the all-to-all road under Ulysses.
+P4_CASES = [_case("ring", "scatter"), _case("ulysses", "replicate")]
+GRIDS = {2: P2_CASES, 3: P3_CASES, 4: P4_CASES}
 
 
 # float32: A_log's gradient sums every token's decay gradient, with cancellation; CP composes the state in
@@ -53,31 +57,34 @@ def _failures(results):
             for r in results if max(r["max_rel_grad_error"], r["loss_rel_error"]) > TOL[r["dtype"]]]
 
 
-CONV_CASES = {2: [{"samples": PACKED_CONV, "dtype": "float64"}, {"samples": TINY_CONV, "dtype": "float64"},
+CONV_CASES = {4: [],
+              2: [{"samples": PACKED_CONV, "dtype": "float64"}, {"samples": TINY_CONV, "dtype": "float64"},
                   {"samples": PACKED_CONV, "dtype": "float64", "placement": "auto"}],
               3: [{"samples": PACKED_CONV, "dtype": "float64"}, {"samples": TINY_CONV, "dtype": "float64"},
                   {"samples": PACKED_CONV, "dtype": "float64", "strategy": "shard"}]}
 
 
-LFM2_ATTENTIONS = {2: ["ring", "ulysses"], 3: ["ring"]}  # 4 attention heads: Ulysses at P=2 only
+LFM2_ATTENTIONS = {2: ["ring", "ulysses"], 3: ["ring"], 4: []}  # 4 attention heads: Ulysses at P=2 only
 
 
 @pytest.fixture(scope="module")
 def groups():
     return {P: run_on_ranks(hf_qwen3_5_cases.suite, P, cases, CONV_CASES[P], LFM2_ATTENTIONS[P],
-                            timeout=240)[0]
-            for P, cases in ((2, P2_CASES), (3, P3_CASES))}
+                            hf_qwen3_5_cases.WIDE_HEADS if P == 4 else None, timeout=240)[0]
+            for P, cases in GRIDS.items()}
 
 
-@pytest.mark.parametrize("P, cases", [(2, P2_CASES), (3, P3_CASES)])
-def test_parity(groups, P, cases):
+@pytest.mark.parametrize("P", sorted(GRIDS))
+def test_parity(groups, P):
+    cases = GRIDS[P]
     results = groups[P]["parity"]
     assert len(results) == len(cases)
     assert not _failures(results), "\n".join(_failures(results))
     for r in results:
         assert r["vision_params_with_grad"] > 0 and r["cp"] == P, r
-        # Ulysses: the all-to-all road where P divides the 2 key and 4 value heads (3 layers), else states
-        assert r["ulysses_road"] == (3 if r["attention"] == "ulysses" and P == 2 else 0), r
+        # Ulysses: the all-to-all road where P divides the key and value heads (2 and 4; P=4: 4 and 8) in
+        # the 3 Gated DeltaNet layers, else state passing (P=3)
+        assert r["ulysses_road"] == (3 if r["attention"] == "ulysses" and P != 3 else 0), r
 
 
 @pytest.mark.parametrize("P", [2, 3])

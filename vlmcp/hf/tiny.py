@@ -123,12 +123,13 @@ def _hybrid(arch: str, overrides: dict[str, Any]) -> Any:
     # Attention: 6 heads of 32 (q_proj gives query and gate); partial rotary 1/4 -> 8 dims, 4 frequencies
     # interleaved T/H/W as mrope_section [2, 1, 1]. Gated DeltaNet: 2 q/k heads of 8 serving 4 value heads
     # of 8, conv kernel 4.
-    text = _text(head_dim=32, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-                 linear_num_value_heads=4, linear_conv_kernel_dim=4, num_hidden_layers=4,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                  "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
-                                  "mrope_interleaved": True},
-                 **overrides.pop("text_config", {}))
+    text = _text(**{"head_dim": 32, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_conv_kernel_dim": 4,
+                    "num_hidden_layers": 4,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                        "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                                        "mrope_interleaved": True},
+                    **overrides.pop("text_config", {})})
     vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, in_channels=3, patch_size=2,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
                   num_position_embeddings=16)

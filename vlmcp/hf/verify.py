@@ -307,10 +307,16 @@ class Reference:
     row: tuple
 
 
-def reference_for(case: HFParityCase) -> Reference:
-    """Build the case's model and row and run the unmodified model's step."""
+def reference_for(case: HFParityCase, model: nn.Module | None = None) -> Reference:
+    """Build the case's model and row and run the unmodified model's step.
+
+    Args:
+        case: the comparison (its dtype, seed and samples).
+        model: the model to run instead of loading ``case.model`` (a variant of it, e.g. a
+            tiny config with more heads), already in the case's dtype; it becomes the reference.
+    """
     dtype = DTYPES[case.dtype]
-    ref = load_model(case.model, dtype, case.seed)
+    ref = load_model(case.model, dtype, case.seed) if model is None else model
     if dtype == torch.float64:
         float64_norms(ref)
     row = _row(ref, case)
