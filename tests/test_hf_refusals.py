@@ -155,15 +155,16 @@ def test_lfm2_vl_short_convolutions_vlmcp_does_not_know_are_refused():
     _untouched(model)
 
 
-def test_lfm2_vl_images_are_refused_by_name():
-    """LFM2-VL's image inputs (SigLIP2 NaFlex) have no vlmcp adapter: shard_inputs names the keys."""
+def test_lfm2_vl_image_inputs_its_adapter_does_not_know_are_refused_by_name():
+    """LFM2-VL's adapter takes its SigLIP2 NaFlex inputs (tests/test_hf_lfm2_vl.py); any other key is
+    refused by name, not dropped."""
     model = tiny_lfm2_vl()
     vlmcp.hf.parallelize(model, None)
     inputs = {"input_ids": torch.tensor([[5, 6, 120, 120, 120, 120, 7]]),
               "pixel_values": torch.zeros(1, 16, 12, dtype=torch.float64),
               "pixel_attention_mask": torch.ones(1, 16, dtype=torch.bool),
-              "spatial_shapes": torch.tensor([[4, 4]])}
-    with pytest.raises(ValueError, match="pixel_attention_mask|spatial_shapes"):
+              "spatial_shapes": torch.tensor([[4, 4]]), "image_sizes": torch.tensor([[8, 8]])}
+    with pytest.raises(ValueError, match="image_sizes"):
         vlmcp.hf.shard_inputs(model, inputs, None)
 
 

@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
                    help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
-                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:qwen3_5, hf:internvl, "
+                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:qwen3_5, hf:lfm2_vl, hf:internvl, "
                         "hf:llava_onevision, hf:llava_next, hf:smolvlm, hf:idefics3, hf:mistral3 "
                         "(a tiny random model) or a local model directory, against the unmodified model "
                         "(float64 or float32; --image-attention causal)")
@@ -114,6 +114,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         from vlmcp.hf.tiny import (
             ANYRES_ARCHS,
             HYBRID_ARCHS,
+            HYBRID_SAMPLES,
             MROPE_ARCHS,
             TINY_ARCHS,
             WINDOW_ARCHS,
@@ -149,7 +150,8 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
     # the row's images in the adapter's terms (any-resolution models: tiles, sizes), else Qwen grids
-    samples = {**ANYRES_SAMPLES, **WINDOW_SAMPLES}.get(getattr(config, "model_type", None), DEFAULT_SAMPLES)
+    samples = {**ANYRES_SAMPLES, **WINDOW_SAMPLES, **HYBRID_SAMPLES}.get(getattr(config, "model_type", None),
+                                                                        DEFAULT_SAMPLES)
     if args.video:
         import types
 

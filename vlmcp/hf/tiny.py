@@ -6,7 +6,8 @@ and a small ViT, so a float64 training step runs in milliseconds on a CPU.
 :data:`TINY_ARCHS` are the architectures of the generic tests (``tests/test_hf.py``);
 :data:`MROPE_ARCHS` (Qwen3-VL with deepstack, its MoE variant, GLM-4.1V) are built the
 same way and tested in ``tests/test_hf_qwen3.py``; :data:`HYBRID_ARCHS` (Qwen3.5: Gated DeltaNet
-layers between gated attention layers) in ``tests/test_hf_qwen3_5.py``;
+layers between gated attention layers; LFM2-VL: short convolutions between attention layers) in
+``tests/test_hf_qwen3_5.py`` and ``tests/test_hf_lfm2_vl.py``;
 :data:`~vlmcp.hf.tiny_anyres.ANYRES_ARCHS` (InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3,
 Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``.
 
@@ -22,16 +23,19 @@ import torch
 
 from vlmcp.hf.tiny_anyres import ANYRES_ARCHS, anyres_config
 
-__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "MROPE_ARCHS", "TINY_ARCHS", "WINDOW_ARCHS", "WINDOW_SAMPLES",
-           "tiny_config", "tiny_model"]
+__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "HYBRID_SAMPLES", "MROPE_ARCHS", "TINY_ARCHS", "WINDOW_ARCHS",
+           "WINDOW_SAMPLES", "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
 MROPE_ARCHS = ("qwen3_vl", "qwen3_vl_moe", "glm4v")
 """Interleaved-M-RoPE architectures :func:`tiny_config` builds too (Qwen3-VL: deepstack at ViT block 0)."""
-HYBRID_ARCHS = ("qwen3_5",)
+HYBRID_ARCHS = ("qwen3_5", "lfm2_vl")
 """Hybrid language models :func:`tiny_config` builds too (Qwen3.5: three Gated DeltaNet layers, then one
-gated attention layer)."""
+gated attention layer; LFM2-VL: short convolutions in layers 0 and 2, attention in 1 and 3)."""
+HYBRID_SAMPLES = {"lfm2_vl": ((5, (2, 4), 9), (12,), (3, (4, 4), 4, (2, 2), 7))}
+"""The verification row of the :data:`HYBRID_ARCHS` whose images are not Qwen grids (``vlmcp verify
+--model``): LFM2-VL's images are ``(h, w)`` patch grids. Keyed by model_type."""
 WINDOW_ARCHS = ("gemma3",)
 """Sliding-window language models :func:`tiny_config` builds too (Gemma 3: sliding layers of window 4
 between full layers, bidirectional attention within each image; ``tests/test_hf_gemma3.py``)."""
@@ -116,8 +120,30 @@ def _mrope(arch: str, overrides: dict[str, Any]) -> Any:
     return cls(**kw)
 
 
+def _lfm2_vl(overrides: dict[str, Any]) -> Any:
+    from transformers import Lfm2VlConfig
+
+    # 4 attention heads (Ulysses at P = 2 and 4); SigLIP2 NaFlex in 2x2-px patches, a 4x4 position table
+    # interpolated to each image's patch grid, 2x2 patches unshuffled into one token
+    text = dict(vocab_size=_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                block_auto_adjust_ff_dim=False, layer_types=["conv", "full_attention"] * 2, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2)
+    text.update(overrides.pop("text_config", {}))
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_patches=16, patch_size=2, num_channels=3)
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, image_token_id=_IMAGE_TOKEN, projector_hidden_size=32,
+              downsample_factor=2, tie_word_embeddings=False)
+    kw.update(overrides)
+    return Lfm2VlConfig(**kw)
+
+
 def _hybrid(arch: str, overrides: dict[str, Any]) -> Any:
     from transformers import Qwen3_5Config
+
+    if arch == "lfm2_vl":
+        return _lfm2_vl(overrides)
 
     # Layers: three Gated DeltaNet, then one gated attention (Qwen3.5's default full_attention_interval 4).
     # Attention: 6 heads of 32 (q_proj gives query and gate); partial rotary 1/4 -> 8 dims, 4 frequencies
@@ -185,7 +211,7 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
 
     Returns:
         ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
-        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config``, ``Gemma3Config`` or an
+        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config``, ``Lfm2VlConfig``, ``Gemma3Config`` or an
         any-resolution config (:mod:`vlmcp.hf.tiny_anyres`). Token ids: vocabulary 128, image token 120
         (Qwen: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
         122/123, video start/end 124/125; Gemma 3: start/end of image 121/122), pad 0.

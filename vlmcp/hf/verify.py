@@ -242,6 +242,26 @@ def _glm4v_positions_in_dtype(self, embeddings, lengths, image_shapes, h_coords,
     return embeddings + pos[0, :, :, 0].T.to(embeddings.device)
 
 
+def _siglip2_positions_in_dtype(positional_embeddings, spatial_shapes, max_length):
+    """``Siglip2VisionEmbeddings.resize_positional_embeddings`` with the resize in the table's dtype, not
+    float32: the same bilinear antialiased weights (``F.interpolate``'s), computed in that dtype."""
+    dtype, device = positional_embeddings.dtype, spatial_shapes.device
+    grid_size = positional_embeddings.shape[0]
+    sizes = spatial_shapes.to(dtype)[:, None]
+    positions = torch.arange(max_length, device=device, dtype=dtype)[None, :, None]
+    rows = torch.div(positions, sizes[..., 1:], rounding_mode="floor")
+    index = torch.cat([rows, positions - rows * sizes[..., 1:]], dim=-1)
+    index = index * (positions < sizes.prod(-1, keepdim=True))
+    scale = grid_size / sizes
+    center = (index + 0.5) * scale - 0.5
+    source = torch.arange(grid_size, device=device, dtype=dtype)
+    weights = (1 - (source - center[..., None]).abs().div(scale.clamp(min=1)[..., None])).clamp(min=0)
+    weights = weights / weights.sum(-1, keepdim=True)
+    weights = (weights[..., 0, :, None] * weights[..., 1, None, :]).flatten(-2)
+    flat = positional_embeddings.reshape(-1, positional_embeddings.shape[-1])
+    return weights.to(flat.device) @ flat
+
+
 def _router_in_dtype(self, hidden_states):
     """``Qwen3VLMoeTextTopKRouter.forward`` with the softmax in the logits' dtype, not float32."""
     logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
@@ -251,25 +271,29 @@ def _router_in_dtype(self, hidden_states):
 
 @contextlib.contextmanager
 def float64_islands():
-    """While active, GLM-4.1V's ViT position interpolation and Qwen3-VL-MoE's router keep the input dtype.
+    """While active, GLM-4.1V's and SigLIP2's (LFM2-VL) ViT position interpolation and Qwen3-VL-MoE's
+    router keep the input dtype.
 
-    Both compute in float32 whatever the dtype (the issue's "float32 islands"): the
+    They compute in float32 whatever the dtype (the issue's "float32 islands"): the
     gradient of the interpolated position table and of the router weight is then
     rounded to float32 per share, ~1e-8 relative in float64. Patched for the duration only.
     """
     from transformers.models.glm4v.modeling_glm4v import Glm4vVisionEmbeddings
     from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextTopKRouter
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings
 
-    patches = [(Glm4vVisionEmbeddings, _glm4v_positions_in_dtype),
-               (Qwen3VLMoeTextTopKRouter, _router_in_dtype)]
-    saved = [cls.forward for cls, _ in patches]
+    patches = [(Glm4vVisionEmbeddings, "forward", _glm4v_positions_in_dtype),
+               (Qwen3VLMoeTextTopKRouter, "forward", _router_in_dtype),
+               (Siglip2VisionEmbeddings, "resize_positional_embeddings",
+                staticmethod(_siglip2_positions_in_dtype))]
+    saved = [cls.__dict__[name] for cls, name, _ in patches]
     try:
-        for cls, fn in patches:
-            cls.forward = fn
+        for cls, name, fn in patches:
+            setattr(cls, name, fn)
         yield
     finally:
-        for (cls, _), fn in zip(patches, saved, strict=True):
-            cls.forward = fn
+        for (cls, name, _), fn in zip(patches, saved, strict=True):
+            setattr(cls, name, fn)
 
 
 @contextlib.contextmanager
