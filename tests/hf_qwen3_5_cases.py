@@ -42,23 +42,13 @@ def _reference(case: HFParityCase, text_config: dict | None) -> Reference:
 
 
 LFM2_TEXT = ((30,), (57,), (3,), (120,))
-"""LFM2-VL rows: text only (its images have no vlmcp adapter yet)."""
+"""LFM2-VL rows: text only (its images: tests/test_hf_lfm2_vl.py)."""
 
 
 def tiny_lfm2_vl():
-    """A float64 LFM2-VL: short convolutions in layers 0 and 2, attention (4 heads) in 1 and 3."""
-    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
-
-    text = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                block_auto_adjust_ff_dim=False, layer_types=["conv", "full_attention"] * 2)
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_patches=16, patch_size=2)
-    config = Lfm2VlConfig(text_config=text, vision_config=vision, image_token_id=120,
-                          projector_hidden_size=32)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return Lfm2VlForConditionalGeneration(config).to(torch.float64).eval()
+    """A float64 LFM2-VL (:func:`vlmcp.hf.tiny.tiny_config`): short convolutions in layers 0 and 2, attention
+    (4 heads) in 1 and 3."""
+    return tiny_model("lfm2_vl", torch.float64)
 
 
 def lfm2_text_parity(group: dist.ProcessGroup, attentions: list[str]) -> list[dict]:

@@ -3,9 +3,10 @@ attention, Qwen3-VL's ViT) and LFM2-VL's short convolutions.
 
 A tiny random Qwen3.5 (:data:`vlmcp.hf.tiny.HYBRID_ARCHS`: three Gated DeltaNet layers, then one
 gated attention layer) on a packed row of 820 tokens (two images with text between, a text-only
-sample, a prompt and an image). One spawned group per P runs the grid of tests/hf_qwen3_5_cases.py;
-loss and every parameter gradient in float64 against the model as HF ships it, each sample alone.
-The same groups run LFM2's short convolution module and a tiny LFM2-VL on packed text rows.
+sample, a prompt and an image). One spawned group per P (2, 3, 4) runs the grid of
+tests/hf_qwen3_5_cases.py; loss and every parameter gradient in float64 against the model as HF ships
+it, each sample alone. The P=2 and P=3 groups also run LFM2's short convolution module and a tiny
+LFM2-VL on packed text rows (its images: tests/test_hf_lfm2_vl.py).
 """
 
 from __future__ import annotations
