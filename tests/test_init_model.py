@@ -119,6 +119,8 @@ def test_gemma3_planned_tokens_are_the_processors_expansion(model_dirs, tmp_path
         assert sample.input_ids.tolist() == ids
         assert sample.token_type_ids.tolist() == [int(t == soft) for t in ids]
         assert ids.count(soft) == 4 * len(conv.images) and ids.count(boi) == len(conv.images)
+        if conv.images:  # the processor's "\\n\\n" before the image: one merged token, not two
+            assert tokenizer.decode([ids[ids.index(boi) - 1]]).endswith("\n\n")
         answer = tokenizer.decode([t for t, on in zip(ids, trained, strict=True) if on])
         assert answer.endswith("<end_of_turn>\n") and "<start_of_image>" not in answer
         assert "token_type_ids" not in sample.pixels  # per token: rows concatenate it like input_ids

@@ -25,6 +25,10 @@ IMAGE_SIZE = 32
 IMAGE_TOKENS = 4
 """LLM tokens per image (``mm_tokens_per_image``)."""
 PATCH_SIZE = 8
+CORPUS = ["user\n\n\n", "\n\nDescribe the image.", "model\n", "\n\n\n\n"] * 20
+"""Extra BPE training text: runs of newlines become merged tokens, as in Gemma's own vocabulary, so the
+``\\n\\n`` around each image merges with the newline before it (the data path must expand images in
+the text, not token by token)."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"

@@ -153,7 +153,7 @@ def _tokenizer(arch: Arch):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus() + (init_gemma3.CORPUS if arch == "gemma3" else []), trainer)
     if arch == "gemma3":
         return init_gemma3.tokenizer(tok)
     if arch == "llava":
