@@ -8,7 +8,8 @@ and a small ViT, so a float64 training step runs in milliseconds on a CPU.
 same way and tested in ``tests/test_hf_qwen3.py``; :data:`HYBRID_ARCHS` (Qwen3.5: Gated DeltaNet
 layers between gated attention layers) in ``tests/test_hf_qwen3_5.py``;
 :data:`~vlmcp.hf.tiny_anyres.ANYRES_ARCHS` (InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3,
-Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``.
+Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``; :data:`MLA_ARCHS`
+(Kimi-K2.5: DeepSeek-V3 MLA and MoE) in ``tests/test_hf_kimi.py``.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
 -> a seeded ``LlavaForConditionalGeneration`` in eval mode (no dropout anywhere).
