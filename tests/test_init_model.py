@@ -49,14 +49,15 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
             "processor_config.json"} <= set(os.listdir(path))
     model = AutoModelForImageTextToText.from_pretrained(path)
     assert model.config.model_type == arch
-    if arch == "llava" or is_torchvision_available():  # the others' processors have a video part
+    if arch in ("llava", "gemma3") or is_torchvision_available():  # the others' processors have a video part
         processor = AutoProcessor.from_pretrained(path)
     else:  # transformers' Qwen2-VL video processor needs torchvision; vlmcp loads images only
         processor = load_processor(path)
     assert type(processor).__name__ == {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
                                         "qwen3_vl": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor",
                                         "llava": "LlavaProcessor", "internvl": "InternVLProcessor",
-                                        "llava_onevision": "LlavaOnevisionProcessor"}[arch]
+                                        "llava_onevision": "LlavaOnevisionProcessor",
+                                        "gemma3": "Gemma3Processor"}[arch]
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
     logits = model(**inputs).logits
@@ -74,22 +75,56 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
                                                 ("internvl", (40, 24), 12),
                                                 # base tile 16 + grid unpadded, shrunk, newline per row
                                                 ("llava_onevision", (8, 8), 36),
-                                                ("llava_onevision", (32, 48), 31)])
+                                                ("llava_onevision", (32, 48), 31),
+                                                # resized to 32x32 whatever the size, pooled to 2x2
+                                                ("gemma3", (32, 48), 4), ("gemma3", (8, 8), 4)])
 def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens):
     processor = load_processor(model_dirs / arch)
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     ids = processor(text=[text], images=[_image(*size)], return_tensors="pt")["input_ids"][0]
-    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    # Gemma 3's processor.image_token is the placeholder <start_of_image>; its image tokens are soft tokens
+    image_token = processor.tokenizer.image_token if arch == "gemma3" else processor.image_token
+    image_id = processor.tokenizer.convert_tokens_to_ids(image_token)
     assert int((ids == image_id).sum()) == tokens
     # what planning counts from the size alone is the processor's expansion (InternVL: + <img>, </img>)
     planned = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
     assert planned == tokens + 2 * (arch == "internvl")
     specials = {"llava": ["<image>", "</s>"],
                 "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
-                "llava_onevision": ["<|im_start|>", "<|im_end|>", "<image>", "<video>", "<|endoftext|>"]}.get(
+                "llava_onevision": ["<|im_start|>", "<|im_end|>", "<image>", "<video>", "<|endoftext|>"],
+                "gemma3": ["<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                           "<image_soft_token>"]}.get(
         arch, ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>"])
     for token in specials:  # single ids
         assert len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_gemma3_planned_tokens_are_the_processors_expansion(model_dirs, tmp_path):
+    """Gemma 3 writes each image as ``\\n\\n<start_of_image>`` + 4 soft tokens + ``<end_of_image>\\n\\n``,
+    whose newlines tokenize with the text around them: planning (headers only) gives the processor's
+    tokens, the trained tokens are the answer's, and ``token_type_ids`` marks the soft tokens."""
+    from vlmcp.data.hf.conversations import read_conversations
+    from vlmcp.data.hf.encode import encode_conversation, planned_tokens
+    from vlmcp.data.hf.export import export_shapes
+
+    processor = load_processor(model_dirs / "gemma3")
+    data = export_shapes(tmp_path / "shapes", 8)
+    convs = read_conversations(data).conversations
+    assert any(c.images for c in convs) and any(not c.images for c in convs)
+    tokenizer = processor.tokenizer
+    soft, boi = (tokenizer.convert_tokens_to_ids(t) for t in ("<image_soft_token>", "<start_of_image>"))
+    for conv in convs:
+        _, ids, trained = planned_tokens(processor, conv)
+        sample = encode_conversation(processor, conv)
+        assert sample.input_ids.tolist() == ids
+        assert sample.token_type_ids.tolist() == [int(t == soft) for t in ids]
+        assert ids.count(soft) == 4 * len(conv.images) and ids.count(boi) == len(conv.images)
+        if conv.images:  # the processor's "\\n\\n" before the image: one merged token, not two
+            assert tokenizer.decode([ids[ids.index(boi) - 1]]).endswith("\n\n")
+        answer = tokenizer.decode([t for t, on in zip(ids, trained, strict=True) if on])
+        assert answer.endswith("<end_of_turn>\n") and "<start_of_image>" not in answer
+        assert "token_type_ids" not in sample.pixels  # per token: rows concatenate it like input_ids
+        assert ("pixel_values" in sample.pixels) == bool(conv.images)
 
 
 def test_saved_processor_round_trips(model_dirs, tmp_path):

@@ -111,6 +111,8 @@ def _check_trained(summary, index, cfg):
         batch = {"input_ids": inputs.input_ids[None], **inputs.pixels}
         if inputs.mm_token_type_ids is not None:
             batch["mm_token_type_ids"] = inputs.mm_token_type_ids[None]
+        if inputs.token_type_ids is not None:  # Gemma 3: its images attend bidirectionally
+            batch["token_type_ids"] = inputs.token_type_ids[None]
         with torch.no_grad():
             want = loaded(**batch).logits[0]
         got = probe["logits"][int(cu[k]):int(cu[k + 1])]

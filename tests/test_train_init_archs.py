@@ -3,7 +3,8 @@
 Qwen3.5 (Gated DeltaNet layers, exact under CP) at CP=2: the loss falls, the saved directory
 reloads in plain transformers with the logits it trained to, and a run resumed from its
 step-3 checkpoint continues the uninterrupted run's losses exactly. InternVL (tiles) and
-LLaVA-OneVision (anyres grids, two-image samples) at CP=2: the loss falls and the saved
+LLaVA-OneVision (anyres grids, two-image samples) and Gemma 3 (sliding windows, bidirectional
+images) at CP=2: the loss falls and the saved
 directory reloads with the logits it trained to. The helpers are ``tests/test_train_hf.py``'s.
 """
 
@@ -60,3 +61,24 @@ def test_llava_onevision_cp2_learns_and_saves_what_it_trained(data, tmp_path):
     cfg = _config(model, data, tmp_path / "out", cp=2)
     summary, index = _run(cfg, 2, _probe)
     _check_trained(summary, index, cfg)
+
+
+@needs_hf_cp
+def test_gemma3_cp2_learns_and_saves_what_it_trained(data, tmp_path):
+    """Sliding-window and full layers, bidirectional images: ``token_type_ids`` (1 at the soft
+    tokens) travels with the rows into ``shard_inputs``; each image's planned tokens include the
+    ``\\n\\n`` the processor writes around it."""
+    import torch
+
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.data.hf.rows import build_row
+
+    model = init_model("gemma3", tmp_path / "model")
+    cfg = _config(model, data, tmp_path / "out", cp=2)
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)
+    processor = load_processor(model)
+    row = build_row(processor, index, 0).inputs
+    soft = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+    assert int(row["token_type_ids"].sum()) > 0 and row["token_type_ids"].shape == row["input_ids"].shape
+    assert torch.equal(row["token_type_ids"], (row["input_ids"] == soft).long())

@@ -115,6 +115,7 @@ def _run_hf(args: argparse.Namespace) -> int:
             ANYRES_ARCHS,
             HYBRID_ARCHS,
             HYBRID_SAMPLES,
+            MLA_ARCHS,
             MROPE_ARCHS,
             TINY_ARCHS,
             WINDOW_ARCHS,
@@ -132,7 +133,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS
+        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS + MLA_ARCHS
         if args.model[3:] not in archs:
             raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(archs)} "
                              "or a directory")

@@ -21,7 +21,8 @@ models on 8x8-pixel tiles: InternVL cuts an image into up to :data:`MAX_TILES` t
 a thumbnail when more than one), 4 tokens each between ``<img>`` and ``</img>``;
 LLaVA-OneVision gives a base tile (16 tokens) and the anyres grid, one newline per row.
 Without torchvision their processors are built without the video part
-(:mod:`vlmcp.data.hf.processor`).
+(:mod:`vlmcp.data.hf.processor`). Gemma 3 (:mod:`vlmcp.hf.init_gemma3`): 32x32 images of 4 tokens,
+sliding-window and full layers, bidirectional images.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from typing import Literal, get_args
 import torch
 
 from vlmcp.data.hf.processor import save_processor
+from vlmcp.hf import init_gemma3
 
 __all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
 
-Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl", "llava_onevision"]
+Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl", "llava_onevision",
+               "gemma3"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 
 _QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -46,7 +49,8 @@ _LLAVA_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>", "<image>")
 _INTERNVL_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>",
                       "<video>")
 _ONEVISION_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
-_SPECIALS = {"llava": _LLAVA_SPECIALS, "internvl": _INTERNVL_SPECIALS, "llava_onevision": _ONEVISION_SPECIALS}
+_SPECIALS = {"llava": _LLAVA_SPECIALS, "internvl": _INTERNVL_SPECIALS, "llava_onevision": _ONEVISION_SPECIALS,
+             "gemma3": init_gemma3.SPECIALS}
 
 # Qwen2-VL's template (as on the hub), structured content: images where they occur.
 _QWEN_TEMPLATE = (
@@ -116,7 +120,7 @@ _ONEVISION_TEMPLATE = (
 
 CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "qwen3_vl": _QWEN3_TEMPLATE,
                   "qwen3_5": _QWEN3_TEMPLATE, "llava": _LLAVA_TEMPLATE, "internvl": _INTERNVL_TEMPLATE,
-                  "llava_onevision": _ONEVISION_TEMPLATE}
+                  "llava_onevision": _ONEVISION_TEMPLATE, "gemma3": init_gemma3.CHAT_TEMPLATE}
 """The chat template each architecture's directory gets."""
 
 PATCH_SIZE = 8
@@ -134,7 +138,7 @@ def _corpus() -> list[str]:
 
     words = [w for w in WORDS if w not in SPECIAL_TOKENS]
     lines = [" ".join(words), "\n".join(words), *PROMPTS.values()]
-    lines += ["system\nYou are a helpful assistant.", "user\n", "assistant\n",
+    lines += ["system\nYou are a helpful assistant.", "user\n", "assistant\n", "model\n",
               "USER: Describe the image. ASSISTANT: a red circle top left", "Picture 1: Video 1:"]
     return lines * 20  # frequency makes every whole word a merge
 
@@ -149,7 +153,9 @@ def _tokenizer(arch: Arch):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus() + (init_gemma3.CORPUS if arch == "gemma3" else []), trainer)
+    if arch == "gemma3":
+        return init_gemma3.tokenizer(tok)
     if arch == "llava":
         return TokenizersBackend(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                  pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
@@ -184,6 +190,8 @@ def build_processor(arch: Arch):
                               chat_template=CHAT_TEMPLATES[arch])
     if arch in ("internvl", "llava_onevision"):
         return _anyres_processor(arch, tokenizer)
+    if arch == "gemma3":  # no video part: no torchvision needed
+        return init_gemma3.processor(tokenizer)
     from transformers import Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -265,6 +273,8 @@ def _config(arch: Arch, tokenizer):
         vision = dict(image_size=LLAVA_IMAGE_SIZE, patch_size=PATCH_SIZE)
         return tiny_config(arch, text_config=text, vision_config=vision, image_token_index=ids("<image>"),
                            image_seq_length=(LLAVA_IMAGE_SIZE // PATCH_SIZE) ** 2)
+    if arch == "gemma3":
+        return init_gemma3.config(tokenizer, text)
     text["bos_token_id"] = None
     if arch == "internvl":
         return tiny_config(arch, text_config=text, image_token_id=ids("<IMG_CONTEXT>"))

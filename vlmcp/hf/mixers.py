@@ -12,11 +12,14 @@ model before it changes anything and before any collective (:func:`audit_token_m
       class in register_mixer      -> accepted (a CP implementation prepares it)
       class or type in KINDS       -> refused: Gated DeltaNet / linear attention, Mamba, RG-LRU,
                                       convolutions over the sequence
-      q_proj/k_proj/v_proj module  -> softmax attention, accepted when its forward dispatches
-                                      through ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
-                                      and has no sinks; else refused. A sliding_window attribute is
-                                      the layer's window, which the call passes to vlmcp's attention
-                                      (cp_attention(sliding_window=W), ring and Ulysses)
+      q_proj/k_proj/v_proj module, -> softmax attention, accepted when its forward dispatches
+      or an MLA module (q_proj or     through ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
+      q_b_proj; kv_a_proj_with_mqa    and has no sinks; else refused. MLA (DeepSeek-V3, Kimi-K2.5)
+      and kv_b_proj)                  expands its latent K/V per head before that call: q/k of
+                                      nope+rope dims, V of v_head_dim, which cp_attention takes.
+                                      A sliding_window attribute is the layer's window, which the
+                                      call passes to vlmcp's attention (cp_attention(sliding_window=W),
+                                      ring and Ulysses)
       owns parameters, not a known -> refused: vlmcp cannot tell that it is per-token
       per-token module
     each decoder layer: exactly one accepted token mixer (zero for an MoE-only "moe" layer)
@@ -56,6 +59,7 @@ MixerPrepare = Callable[[nn.Module], None]
 """Readies one module for CP, in place (called by ``parallelize`` after every check passed)."""
 
 _QKV = ("q_proj", "k_proj", "v_proj")
+_MLA_KV = ("kv_a_proj_with_mqa", "kv_b_proj")  # MLA's latent K/V projections (DeepSeek-V2/V3)
 _SHOWN = 3  # offending modules listed per kind; the rest are counted
 
 
@@ -114,8 +118,8 @@ _UNKNOWN_WHY = ("owns parameters but is neither attention nor a known per-token 
                 "norm, activation, MoE experts/router): vlmcp cannot tell that it does not mix tokens")
 _SEVERAL_WHY = ("{} token mixers in one layer ({}), e.g. cross-attention: vlmcp runs one causal "
                 "self-attention per layer")
-_NONE_WHY = ("no token mixer vlmcp runs: no attention module with q_proj/k_proj/v_proj (a fused qkv or "
-             "MLA projection?) and no registered mixer")
+_NONE_WHY = ("no token mixer vlmcp runs: no attention module with q_proj/k_proj/v_proj or MLA's "
+             "kv_a_proj_with_mqa/kv_b_proj (a fused qkv projection?) and no registered mixer")
 # Per-token modules that own parameters (every token is transformed on its own).
 _PER_TOKEN_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.PReLU)
 _PER_TOKEN_NAME = re.compile(r"(Norm|Linear|Embedding|Experts|Router|TopK|Activation)")
@@ -171,6 +175,14 @@ def dispatches_via_interface(cls: type[nn.Module]) -> bool:
     return code is not None and "ALL_ATTENTION_FUNCTIONS" in set(_code_names(code))
 
 
+def _is_attention(module: nn.Module) -> bool:
+    """Softmax attention by its projections: separate q/k/v, or MLA (a query projection and latent K/V)."""
+    if all(hasattr(module, a) for a in _QKV):
+        return True
+    return all(hasattr(module, a) for a in _MLA_KV) and (
+        getattr(module, "q_proj", None) is not None or getattr(module, "q_b_proj", None) is not None)
+
+
 def _kind_of(module: nn.Module) -> MixerKind | None:
     name = type(module).__name__
     for kind in KINDS:
@@ -192,7 +204,7 @@ def _walk(module: nn.Module, path: str, accepted: list[TokenMixer], refused: lis
     if kind is not None:
         refused.append(_Refusal(path, cls.__name__, kind.name, kind.why))
         return
-    if all(hasattr(module, a) for a in _QKV):
+    if _is_attention(module):
         sinks = [n for n, _ in module.named_parameters(recurse=False) if "sink" in n]
         if not dispatches_via_interface(cls):
             refused.append(_Refusal(path, cls.__name__, "custom_attention", _CUSTOM_WHY))

@@ -9,7 +9,8 @@ same way and tested in ``tests/test_hf_qwen3.py``; :data:`HYBRID_ARCHS` (Qwen3.5
 layers between gated attention layers; LFM2-VL: short convolutions between attention layers) in
 ``tests/test_hf_qwen3_5.py`` and ``tests/test_hf_lfm2_vl.py``;
 :data:`~vlmcp.hf.tiny_anyres.ANYRES_ARCHS` (InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3,
-Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``.
+Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``; :data:`MLA_ARCHS`
+(Kimi-K2.5: DeepSeek-V3 MLA and MoE) in ``tests/test_hf_kimi.py``.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
 -> a seeded ``LlavaForConditionalGeneration`` in eval mode (no dropout anywhere).
@@ -23,8 +24,8 @@ import torch
 
 from vlmcp.hf.tiny_anyres import ANYRES_ARCHS, anyres_config
 
-__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "HYBRID_SAMPLES", "MROPE_ARCHS", "TINY_ARCHS", "WINDOW_ARCHS",
-           "WINDOW_SAMPLES", "tiny_config", "tiny_model"]
+__all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "HYBRID_SAMPLES", "MLA_ARCHS", "MROPE_ARCHS", "TINY_ARCHS",
+           "WINDOW_ARCHS", "WINDOW_SAMPLES", "tiny_config", "tiny_model"]
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """Architectures of the generic HF tests (``config.model_type`` values); :func:`tiny_config` builds them."""
@@ -39,6 +40,9 @@ HYBRID_SAMPLES = {"lfm2_vl": ((5, (2, 4), 9), (12,), (3, (4, 4), 4, (2, 2), 7))}
 WINDOW_ARCHS = ("gemma3",)
 """Sliding-window language models :func:`tiny_config` builds too (Gemma 3: sliding layers of window 4
 between full layers, bidirectional attention within each image; ``tests/test_hf_gemma3.py``)."""
+MLA_ARCHS = ("kimi_k25",)
+"""MLA language models :func:`tiny_config` builds too (Kimi-K2.5: a DeepSeek-V3 LLM, one dense layer then
+one MoE layer; ``tests/test_hf_kimi.py``)."""
 WINDOW_SAMPLES = {"gemma3": ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7))}
 """The verification row of each :data:`WINDOW_ARCHS` model (``vlmcp verify --model``): an image sample,
 a text-only sample, a two-image sample (Gemma 3's image tuples carry no size). Keyed by model_type."""
@@ -200,23 +204,49 @@ def _gemma3(overrides: dict[str, Any]) -> Any:
     return Gemma3Config(**kw)
 
 
+def _kimi_k25(overrides: dict[str, Any]) -> Any:
+    from transformers import Kimi_K25Config
+
+    # MLA: 4 heads, q/k of 8 nope + 4 rope dims, V of 6 (a head dim of its own), latent ranks 16; layer 0
+    # dense, layer 1 MoE (4 routed experts in 2 groups, top 2, one shared expert)
+    text = _text(model_type="deepseek_v3", num_attention_heads=4, num_key_value_heads=4, q_lora_rank=16,
+                 kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6,
+                 moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                 n_shared_experts=1,
+                 first_k_dense_replace=1, rope_interleave=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    text.update(overrides.pop("text_config", {}))
+    # MoonViT on 2x2 px patches, a 4x4 learned position table, merged 2x2 patches per LLM token
+    vision = dict(patch_size=2, pos_emb_height=4, pos_emb_width=4, pos_emb_time=4, num_attention_heads=2,
+                  num_hidden_layers=2, hidden_size=16, intermediate_size=32, merge_kernel_size=[2, 2],
+                  rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
+    vision.update(overrides.pop("vision_config", {}))
+    kw = dict(text_config=text, vision_config=vision, projection_hidden_size=vision["hidden_size"],
+              image_token_id=_IMAGE_TOKEN, video_token_id=_IMAGE_TOKEN + 1,
+              vision_start_token_id=_IMAGE_TOKEN + 2, vision_end_token_id=_IMAGE_TOKEN + 3,
+              tie_word_embeddings=False, experts_implementation="eager")  # grouped_mm takes no float64
+    kw.update(overrides)
+    return Kimi_K25Config(**kw)
+
+
 def tiny_config(arch: str, **overrides: Any) -> Any:
     """A tiny random-weight transformers config of ``arch``.
 
     Args:
         arch: one of :data:`TINY_ARCHS`, :data:`MROPE_ARCHS`, :data:`HYBRID_ARCHS`,
-            :data:`ANYRES_ARCHS` or :data:`WINDOW_ARCHS`.
+            :data:`ANYRES_ARCHS`, :data:`WINDOW_ARCHS` or :data:`MLA_ARCHS`.
         **overrides: top-level config fields; ``text_config={...}`` and
             ``vision_config={...}`` update the sub-configs field by field.
 
     Returns:
         ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
-        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config``, ``Lfm2VlConfig``, ``Gemma3Config`` or an
+        ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config``, ``Lfm2VlConfig``, ``Gemma3Config``,
+        ``Kimi_K25Config`` or an
         any-resolution config (:mod:`vlmcp.hf.tiny_anyres`). Token ids: vocabulary 128, image token 120
-        (Qwen: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
+        (Qwen, Kimi-K2.5: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
         122/123, video start/end 124/125; Gemma 3: start/end of image 121/122), pad 0.
     """
-    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS
+    known = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS + MLA_ARCHS
     if arch not in known:
         raise ValueError(f"tiny_config: unknown arch {arch!r}; choose one of {known}")
     overrides = dict(overrides)
@@ -226,6 +256,8 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         return _llava(overrides)
     if arch in WINDOW_ARCHS:
         return _gemma3(overrides)
+    if arch in MLA_ARCHS:
+        return _kimi_k25(overrides)
     if arch in HYBRID_ARCHS:
         return _hybrid(arch, overrides)
     return _mrope(arch, overrides) if arch in MROPE_ARCHS else _qwen(arch, overrides)
@@ -252,4 +284,6 @@ def tiny_model(arch_or_config: Any, dtype: torch.dtype = torch.float32, seed: in
         projection = getattr(projector, "mm_input_projection_weight", None)
         if projection is not None:  # Gemma 3 initializes it to zeros: the ViT would get no gradient
             torch.nn.init.normal_(projection, std=0.1)
+        if config.model_type in MLA_ARCHS:  # DeepSeek-V3's router weight is built in float32 whatever dtype
+            model.to(dtype)
     return model.eval()

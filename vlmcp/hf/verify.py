@@ -298,14 +298,16 @@ def float64_islands():
 
 @contextlib.contextmanager
 def float64_exact(dtype: torch.dtype):
-    """:func:`float64_vision_rotary`, :func:`float64_islands` and Qwen3.5's islands
-    (:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`) for float64, else nothing."""
+    """:func:`float64_vision_rotary`, :func:`float64_islands`, Qwen3.5's and Kimi-K2.5's islands
+    (:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`, :func:`vlmcp.hf.kimi_float64.float64_kimi_k25`)
+    for float64, else nothing."""
     if dtype != torch.float64:
         yield
         return
+    from vlmcp.hf.kimi_float64 import float64_kimi_k25
     from vlmcp.hf.qwen3_5_float64 import float64_qwen3_5
 
-    with float64_vision_rotary(), float64_islands(), float64_qwen3_5(dtype):
+    with float64_vision_rotary(), float64_islands(), float64_qwen3_5(dtype), float64_kimi_k25(dtype):
         yield
 
 

@@ -124,10 +124,52 @@ def _run(processor, what: str, token: int, n: int) -> list[int]:
     return [token] * n
 
 
+def _image_text(processor) -> str | None:
+    """The text the processor writes for each image placeholder when it is more than a run of
+    tokens (Gemma 3's ``full_image_sequence``: ``"\\n\\n<start_of_image>"``, the image tokens,
+    ``"<end_of_image>\\n\\n"``, whose newlines tokenize with the text around them); else None."""
+    sequence = getattr(processor, "full_image_sequence", None)
+    return sequence if isinstance(sequence, str) else None
+
+
+def _expand_text(processor, conv: Conversation, rendered: Rendered, counts: list[int], sequence: str
+                 ) -> tuple[list[int], list[bool]]:
+    """:func:`_expand` where each image placeholder becomes the text ``sequence``: the expanded
+    text is tokenized as the processor tokenizes it; a token is trained where its first
+    character came from a trained token of ``rendered``."""
+    tokenizer = processor.tokenizer
+    placeholder = tokenizer.convert_tokens_to_ids(processor.image_token)
+    spans = [off for token, off in zip(rendered.ids, rendered.offsets, strict=True) if token == placeholder]
+    if len(spans) != len(counts):
+        raise ValueError(f"{conv.where}: the chat template wrote {len(spans)} image placeholder(s) for "
+                         f"{len(counts)} image(s)")
+    per_image = sequence.count(tokenizer.image_token)
+    if any(n != per_image for n in counts):
+        raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes {per_image} "
+                         "for each")
+    trained_char = [False] * len(rendered.text)
+    for (s, e), trained in zip(rendered.offsets, rendered.trained, strict=True):
+        trained_char[s:e] = [trained] * (e - s)
+    text, origin, cursor = [], [], 0
+    for s, e in spans:
+        text += [rendered.text[cursor:s], sequence]
+        origin += [*range(cursor, s), *[-1] * len(sequence)]
+        cursor = e
+    text.append(rendered.text[cursor:])
+    origin += range(cursor, len(rendered.text))
+    enc = tokenizer("".join(text), return_offsets_mapping=True)
+    trained = [s < len(origin) and origin[s] >= 0 and trained_char[origin[s]]
+               for s, _ in enc["offset_mapping"]]
+    return list(enc["input_ids"]), trained
+
+
 def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], video_counts: list[int]
             ) -> tuple[list[int], list[bool]]:
     """Each image (video) token -> the image's (video's) count of them; their labels off:
     ``(ids, trained)``."""
+    sequence = _image_text(processor)
+    if sequence is not None and not video_counts:
+        return _expand_text(processor, conv, rendered, counts, sequence)
     tokenizer = processor.tokenizer
     runs = {tokenizer.convert_tokens_to_ids(processor.image_token): ("image", counts)}
     if video_counts:
@@ -231,12 +273,15 @@ class EncodedSample:
             without images or videos.
         mm_token_type_ids: ``LongTensor[n]`` (1 on image tokens, 2 on video tokens) when the
             processor makes them (Qwen2-VL), else None.
+        token_type_ids: ``LongTensor[n]``, 1 on image tokens, when the processor makes them
+            (Gemma 3, whose model reads them), else None.
     """
 
     input_ids: torch.Tensor
     labels: torch.Tensor
     pixels: dict[str, torch.Tensor]
     mm_token_type_ids: torch.Tensor | None
+    token_type_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.numel()
@@ -281,6 +326,9 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
                          "same text; cannot place the labels")
     input_ids = out["input_ids"][0]
     labels = torch.where(torch.tensor(mask), input_ids, torch.full_like(input_ids, IGNORE_INDEX))
-    pixels = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+    per_token = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+    pixels = {k: v for k, v in out.items() if k not in per_token}
     mm = out["mm_token_type_ids"][0] if "mm_token_type_ids" in out else None
-    return EncodedSample(input_ids=input_ids, labels=labels, pixels=pixels, mm_token_type_ids=mm)
+    types = out["token_type_ids"][0] if "token_type_ids" in out else None
+    return EncodedSample(input_ids=input_ids, labels=labels, pixels=pixels, mm_token_type_ids=mm,
+                         token_type_ids=types)

@@ -171,7 +171,8 @@ class HFRow:
         inputs: ``input_ids (1, L)``, ``attention_mask (1, L)``, the images' and videos'
             processor outputs concatenated in row order (``pixel_values``, ``image_grid_thw``,
             ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``),
-            ``mm_token_type_ids (1, L)`` where the processor makes them.
+            ``mm_token_type_ids (1, L)`` (``token_type_ids (1, L)``, Gemma 3) where the processor
+            makes them.
         labels: ``LongTensor[1, L]``, unshifted, ``-100`` off the trained tokens.
         cu_seqlens: ``IntTensor[S+1]``; the padding sample is the last.
         tokens: tokens of real conversations (the padding excluded).
@@ -225,9 +226,10 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
     cu[1:] = torch.tensor(lens).cumsum(0)
     input_ids = torch.cat(ids)[None]
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-    if samples[0].mm_token_type_ids is not None if samples else _makes_mm_types(processor):
-        inputs["mm_token_type_ids"] = torch.cat([s.mm_token_type_ids for s in samples] +
-                                                [torch.zeros(pad, dtype=torch.long)])[None]
+    for key in _PER_TOKEN_TYPES:  # per token, like input_ids; the padding sample is text (0)
+        if getattr(samples[0], key) is not None if samples else key in _token_type_keys(processor):
+            inputs[key] = torch.cat([getattr(s, key) for s in samples] +
+                                    [torch.zeros(pad, dtype=torch.long)])[None]
     for key in dict.fromkeys(k for s in samples for k in s.pixels):
         inputs[key] = _cat_padded([s.pixels[key] for s in samples if key in s.pixels])
     return HFRow(inputs=inputs, labels=torch.cat(labels)[None], cu_seqlens=cu, tokens=used, index=row,
@@ -249,9 +251,12 @@ def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(padded)
 
 
-def _makes_mm_types(processor) -> bool:
-    """Whether the processor returns ``mm_token_type_ids`` (a row with no conversation left)."""
-    return "mm_token_type_ids" in processor(text=["x"], return_tensors="pt")
+_PER_TOKEN_TYPES = ("mm_token_type_ids", "token_type_ids")
+
+
+def _token_type_keys(processor) -> set[str]:
+    """Which of :data:`_PER_TOKEN_TYPES` the processor returns (a row with no conversation left)."""
+    return set(_PER_TOKEN_TYPES) & set(processor(text=["x"], return_tensors="pt"))
 
 
 class RowLoader:

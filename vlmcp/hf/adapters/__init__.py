@@ -11,6 +11,7 @@ from vlmcp.hf.adapters.gemma3 import GEMMA3
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
 from vlmcp.hf.adapters.internvl import INTERNVL
+from vlmcp.hf.adapters.kimi_k25 import KIMI_K25
 from vlmcp.hf.adapters.lfm2_vl import LFM2_VL
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
@@ -34,7 +35,7 @@ def register_adapter(adapter: HFAdapter) -> None:
 
 
 for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION,
-           SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL):
+           SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
     register_adapter(_a)
 
 
