@@ -1,4 +1,4 @@
-"""Gemma 3 under vlmcp: sliding-window and full layers interleaved, images bidirectional, exact at P=2.
+"""Gemma 3 under vlmcp: sliding-window and full layers interleaved, images bidirectional, exact at P=2 and 3.
 
 A tiny random Gemma 3 built in code (:func:`vlmcp.hf.tiny.tiny_config`: SigLIP 8x8 px images of
 4 tokens each, 4 LLM layers alternating ``sliding_attention`` (window 4) and ``full_attention``).
@@ -100,3 +100,14 @@ def test_images_back_to_back_are_refused():
     cu = torch.tensor([0, int(keep.sum())], dtype=torch.int32)
     with pytest.raises(ValueError, match="two images back to back"):
         vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+
+
+P3_CASES = [_case("ring", "replicate"), _case("ulysses", "scatter"), _case("ring", "broadcast", "shard")]
+
+
+@pytest.mark.timeout(240)
+def test_parity_p3_ring_ulysses():
+    results = run_on_ranks(parity_grid, 3, P3_CASES, timeout=200)[0]
+    assert len(results) == len(P3_CASES)
+    for r in results:
+        assert r["passed"] and r["max_rel_grad_error"] <= 1e-9 and r["vision_params_with_grad"] > 0, r

@@ -1,4 +1,4 @@
-"""Kimi-K2.5 under vlmcp: DeepSeek-V3 MLA (V of its own head dim) and MoE, exact at P=2.
+"""Kimi-K2.5 under vlmcp: DeepSeek-V3 MLA (V of its own head dim) and MoE, exact at P=2 and 3.
 
 A tiny random Kimi-K2.5 built in code (:func:`vlmcp.hf.tiny.tiny_config`: MoonViT on 2x2 px
 patches merged 2x2 per LLM token; 2 LLM layers, the second MoE, MLA with q/k of 12 and V of 6
@@ -44,6 +44,18 @@ def test_parity_p2_ring_ulysses_vision_modes():
     assert not bad, "\n".join(bad)
     for r in results[:-1]:
         assert r["max_rel_grad_error"] <= 1e-9 and r["vision_params_with_grad"] > 0, r
+
+
+P3_CASES = [_case("ring", "replicate"), _case("ring", "scatter"), _case("ring", "hidden_shard", "shard")]
+"""P=3: ring only (Ulysses needs the 4 heads divisible by P)."""
+
+
+@pytest.mark.timeout(300)
+def test_parity_p3_ring():
+    results = run_on_ranks(parity_grid, 3, P3_CASES, timeout=260)[0]
+    assert len(results) == len(P3_CASES)
+    for r in results:
+        assert r["passed"] and r["max_rel_grad_error"] <= 1e-9 and r["vision_params_with_grad"] > 0, r
 
 
 def test_mla_attention_that_bypasses_the_interface_is_refused():
