@@ -57,7 +57,7 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
                                         "qwen3_vl": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor",
                                         "llava": "LlavaProcessor", "internvl": "InternVLProcessor",
                                         "llava_onevision": "LlavaOnevisionProcessor",
-                                        "gemma3": "Gemma3Processor"}[arch]
+                                        "gemma3": "Gemma3Processor", "smolvlm": "SmolVLMProcessor"}[arch]
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
     logits = model(**inputs).logits
@@ -77,7 +77,10 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
                                                 ("llava_onevision", (8, 8), 36),
                                                 ("llava_onevision", (32, 48), 31),
                                                 # resized to 32x32 whatever the size, pooled to 2x2
-                                                ("gemma3", (32, 48), 4), ("gemma3", (8, 8), 4)])
+                                                ("gemma3", (32, 48), 4), ("gemma3", (8, 8), 4),
+                                                # (crops + global image) x 4: longest edge 24 in 8x8 crops
+                                                ("smolvlm", (32, 48), 28), ("smolvlm", (8, 8), 40),
+                                                ("smolvlm", (100, 10), 16), ("smolvlm", (40, 24), 28)])
 def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens):
     processor = load_processor(model_dirs / arch)
     text = processor.apply_chat_template(_conversation(), tokenize=False)
@@ -87,13 +90,20 @@ def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens)
     image_id = processor.tokenizer.convert_tokens_to_ids(image_token)
     assert int((ids == image_id).sum()) == tokens
     # what planning counts from the size alone is the processor's expansion (InternVL: + <img>, </img>)
-    planned = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
+    if arch == "smolvlm":  # no _get_num_multimodal_tokens: vlmcp counts the text the processor writes
+        from vlmcp.data.hf.encode import _smolvlm_text
+
+        planned = _smolvlm_text(processor, size).count("<image>")
+    else:
+        planned = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
     assert planned == tokens + 2 * (arch == "internvl")
     specials = {"llava": ["<image>", "</s>"],
                 "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
                 "llava_onevision": ["<|im_start|>", "<|im_end|>", "<image>", "<video>", "<|endoftext|>"],
                 "gemma3": ["<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
-                           "<image_soft_token>"]}.get(
+                           "<image_soft_token>"],
+                "smolvlm": ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<global-img>",
+                            "<image>", "<row_1_col_1>", "<row_3_col_3>"]}.get(
         arch, ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>"])
     for token in specials:  # single ids
         assert len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1
@@ -125,6 +135,33 @@ def test_gemma3_planned_tokens_are_the_processors_expansion(model_dirs, tmp_path
         assert answer.endswith("<end_of_turn>\n") and "<start_of_image>" not in answer
         assert "token_type_ids" not in sample.pixels  # per token: rows concatenate it like input_ids
         assert ("pixel_values" in sample.pixels) == bool(conv.images)
+
+
+def test_smolvlm_planned_tokens_are_the_processors_expansion(model_dirs, tmp_path):
+    """SmolVLM writes each image as crops (``<fake_token_around_image><row_i_col_j>`` + 4 ``<image>``),
+    a newline after each row, then ``\\n`` and the global image: planning (headers only) gives the
+    processor's tokens, the trained tokens are the answer's, tiles are (1, crops + 1, 3, 8, 8)."""
+    from vlmcp.data.hf.conversations import read_conversations
+    from vlmcp.data.hf.encode import encode_conversation, planned_tokens
+    from vlmcp.data.hf.export import export_shapes
+
+    processor = load_processor(model_dirs / "smolvlm")
+    convs = read_conversations(export_shapes(tmp_path / "shapes", 8)).conversations
+    assert any(c.images for c in convs) and any(not c.images for c in convs)
+    tokenizer = processor.tokenizer
+    image, glob = (tokenizer.convert_tokens_to_ids(t) for t in ("<image>", "<global-img>"))
+    for conv in convs:
+        _, ids, trained = planned_tokens(processor, conv)
+        sample = encode_conversation(processor, conv)
+        assert sample.input_ids.tolist() == ids
+        assert ids.count(glob) == len(conv.images)
+        answer = tokenizer.decode([t for t, on in zip(ids, trained, strict=True) if on])
+        assert answer.endswith("<end_of_utterance>\n") and "<image>" not in answer
+        if conv.images:
+            pv, mask = sample.pixels["pixel_values"], sample.pixels["pixel_attention_mask"]
+            assert pv.shape == (1, ids.count(image) // 4, 3, 8, 8) and mask.shape == (*pv.shape[:2], 8, 8)
+        else:
+            assert not sample.pixels
 
 
 def test_saved_processor_round_trips(model_dirs, tmp_path):

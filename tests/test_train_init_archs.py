@@ -3,8 +3,8 @@
 Qwen3.5 (Gated DeltaNet layers, exact under CP) at CP=2: the loss falls, the saved directory
 reloads in plain transformers with the logits it trained to, and a run resumed from its
 step-3 checkpoint continues the uninterrupted run's losses exactly. InternVL (tiles) and
-LLaVA-OneVision (anyres grids, two-image samples) and Gemma 3 (sliding windows, bidirectional
-images) at CP=2: the loss falls and the saved
+LLaVA-OneVision (anyres grids, two-image samples), Gemma 3 (sliding windows, bidirectional
+images) and SmolVLM (crops and a global image, row/column tokens) at CP=2: the loss falls and the saved
 directory reloads with the logits it trained to. The helpers are ``tests/test_train_hf.py``'s.
 """
 
@@ -82,3 +82,20 @@ def test_gemma3_cp2_learns_and_saves_what_it_trained(data, tmp_path):
     soft = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
     assert int(row["token_type_ids"].sum()) > 0 and row["token_type_ids"].shape == row["input_ids"].shape
     assert torch.equal(row["token_type_ids"], (row["input_ids"] == soft).long())
+
+
+@needs_hf_cp
+def test_smolvlm_cp2_learns_and_saves_what_it_trained(data, tmp_path):
+    """Images split into crops and a global image (row/column tokens and newlines written around the
+    ``<image>`` runs): the planned tokens are the processor's, and packed samples' ``pixel_values``
+    (1, tiles, 3, 8, 8) and ``pixel_attention_mask`` pad to the row's most tiles."""
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.data.hf.rows import build_row
+
+    model = init_model("smolvlm", tmp_path / "model")
+    cfg = _config(model, data, tmp_path / "out", cp=2)
+    summary, index = _run(cfg, 2, _probe)
+    _check_trained(summary, index, cfg)
+    row = build_row(load_processor(model), index, 0).inputs
+    pv, mask = row["pixel_values"], row["pixel_attention_mask"]
+    assert pv.dim() == 5 and pv.shape[2:] == (3, 8, 8) and mask.shape == (*pv.shape[:2], 8, 8)

@@ -72,6 +72,9 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
     counts = []
     for media, size in zip(conv.images, sizes, strict=True):
         try:
+            if type(processor).__name__ == "SmolVLMProcessor":  # no _get_num_multimodal_tokens: its text's
+                counts.append(_smolvlm_text(processor, size).count(processor.image_token))
+                continue
             counts.append(int(processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]))
         except Exception as err:  # the processor's own checks (smart_resize, ...)
             raise MediaError(conv.where, media.name, "the processor refuses image", err) from None
@@ -124,17 +127,31 @@ def _run(processor, what: str, token: int, n: int) -> list[int]:
     return [token] * n
 
 
-def _image_text(processor) -> str | None:
+def _smolvlm_text(processor, size: tuple[int, int]) -> str:
+    """The text SmolVLM's processor writes for an image of ``size`` (``(height, width)``): its crops'
+    ``<fake_token_around_image><row_i_col_j>`` + ``image_seq_len`` ``<image>``, ``"\\n"`` after each
+    row, then ``"\\n"`` and the global image (the global image alone when the image is not split)."""
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    _, rows, cols = processor.image_processor.get_number_of_image_patches(*size)
+    return get_image_prompt_string(rows, cols, processor.image_seq_len, processor.fake_image_token,
+                                   processor.image_token, processor.global_image_token)
+
+
+def _image_texts(processor, sizes: list[tuple[int, int]]) -> list[str] | None:
     """The text the processor writes for each image placeholder when it is more than a run of
-    tokens (Gemma 3's ``full_image_sequence``: ``"\\n\\n<start_of_image>"``, the image tokens,
-    ``"<end_of_image>\\n\\n"``, whose newlines tokenize with the text around them); else None."""
+    tokens, else None: Gemma 3's ``full_image_sequence`` (``"\\n\\n<start_of_image>"``, the image
+    tokens, ``"<end_of_image>\\n\\n"``, whose newlines tokenize with the text around them), or
+    SmolVLM's rows of crops and global image (:func:`_smolvlm_text`; it depends on the size)."""
+    if type(processor).__name__ == "SmolVLMProcessor":
+        return [_smolvlm_text(processor, size) for size in sizes]
     sequence = getattr(processor, "full_image_sequence", None)
-    return sequence if isinstance(sequence, str) else None
+    return [sequence] * len(sizes) if isinstance(sequence, str) else None
 
 
-def _expand_text(processor, conv: Conversation, rendered: Rendered, counts: list[int], sequence: str
+def _expand_text(processor, conv: Conversation, rendered: Rendered, counts: list[int], sequences: list[str]
                  ) -> tuple[list[int], list[bool]]:
-    """:func:`_expand` where each image placeholder becomes the text ``sequence``: the expanded
+    """:func:`_expand` where each image placeholder becomes its text in ``sequences``: the expanded
     text is tokenized as the processor tokenizes it; a token is trained where its first
     character came from a trained token of ``rendered``."""
     tokenizer = processor.tokenizer
@@ -143,15 +160,14 @@ def _expand_text(processor, conv: Conversation, rendered: Rendered, counts: list
     if len(spans) != len(counts):
         raise ValueError(f"{conv.where}: the chat template wrote {len(spans)} image placeholder(s) for "
                          f"{len(counts)} image(s)")
-    per_image = sequence.count(tokenizer.image_token)
-    if any(n != per_image for n in counts):
-        raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes {per_image} "
-                         "for each")
+    per_image = [sequence.count(tokenizer.image_token) for sequence in sequences]
+    if counts != per_image:
+        raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes {per_image}")
     trained_char = [False] * len(rendered.text)
     for (s, e), trained in zip(rendered.offsets, rendered.trained, strict=True):
         trained_char[s:e] = [trained] * (e - s)
     text, origin, cursor = [], [], 0
-    for s, e in spans:
+    for (s, e), sequence in zip(spans, sequences, strict=True):
         text += [rendered.text[cursor:s], sequence]
         origin += [*range(cursor, s), *[-1] * len(sequence)]
         cursor = e
@@ -163,13 +179,13 @@ def _expand_text(processor, conv: Conversation, rendered: Rendered, counts: list
     return list(enc["input_ids"]), trained
 
 
-def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], video_counts: list[int]
-            ) -> tuple[list[int], list[bool]]:
-    """Each image (video) token -> the image's (video's) count of them; their labels off:
-    ``(ids, trained)``."""
-    sequence = _image_text(processor)
-    if sequence is not None and not video_counts:
-        return _expand_text(processor, conv, rendered, counts, sequence)
+def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], video_counts: list[int],
+            sizes: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+    """Each image (video) token -> the image's (video's) count of them (images of ``sizes``); their
+    labels off: ``(ids, trained)``."""
+    sequences = _image_texts(processor, sizes)
+    if sequences is not None and not video_counts:
+        return _expand_text(processor, conv, rendered, counts, sequences)
     tokenizer = processor.tokenizer
     runs = {tokenizer.convert_tokens_to_ids(processor.image_token): ("image", counts)}
     if video_counts:
@@ -211,10 +227,11 @@ def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = 
         ValueError: naming ``file:line`` for a conversation the template cannot render, or
             videos for a model whose videos vlmcp does not encode.
     """
-    counts = image_token_counts(processor, conv, image_sizes(conv))
+    sizes = image_sizes(conv)
+    counts = image_token_counts(processor, conv, sizes)
     plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    return (rendered, *_expand(processor, conv, rendered, counts, [p.tokens for p in plans]))
+    return (rendered, *_expand(processor, conv, rendered, counts, [p.tokens for p in plans], sizes))
 
 
 def sample_length(processor, conv: Conversation, video: VideoSampling | None = None) -> int:
@@ -308,10 +325,11 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
                 images.append(im.convert("RGB"))
         except Exception as err:  # a truncated file: header fine, pixels not
             raise MediaError(conv.where, media.name, "cannot decode image", err) from None
-    counts = image_token_counts(processor, conv, [(im.height, im.width) for im in images])
+    sizes = [(im.height, im.width) for im in images]
+    counts = image_token_counts(processor, conv, sizes)
     plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    ids, mask = _expand(processor, conv, rendered, counts, [p.tokens for p in plans])
+    ids, mask = _expand(processor, conv, rendered, counts, [p.tokens for p in plans], sizes)
     videos = _decode_videos(processor, conv, plans)
     try:
         out = process(processor, rendered.text, images, videos)

@@ -44,8 +44,9 @@ def build_without_video(cls, tokenizer, image_processor, chat_template, **kwargs
     """``cls(image_processor, tokenizer, video_processor=None, chat_template, **kwargs)``.
 
     For processors whose ``__init__`` reads its tokens from the tokenizer and its own
-    arguments (InternVL, LLaVA-OneVision): the class's own ``__init__`` runs, only
-    ``ProcessorMixin``'s class check lets the missing video processor through.
+    arguments (InternVL, LLaVA-OneVision, SmolVLM): the class's own ``__init__`` runs, only
+    ``ProcessorMixin``'s class check lets the missing video processor through. SmolVLM's
+    ``apply_chat_template`` (which reads the video processor's frame defaults) is ``ProcessorMixin``'s.
     """
     proc = cls.__new__(cls)
     check = cls.check_argument_for_proper_class
@@ -55,6 +56,12 @@ def build_without_video(cls, tokenizer, image_processor, chat_template, **kwargs
                      chat_template=chat_template, **kwargs)
     finally:
         del proc.check_argument_for_proper_class
+    if "apply_chat_template" in cls.__dict__ and cls.__name__ == "SmolVLMProcessor":
+        # its override only picks a video template and the video processor's frame defaults (reading
+        # video_processor.num_frames even without videos): without a video part, ProcessorMixin's
+        from transformers import ProcessorMixin
+
+        proc.apply_chat_template = ProcessorMixin.apply_chat_template.__get__(proc)
     return proc
 
 
