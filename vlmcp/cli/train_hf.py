@@ -45,7 +45,9 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
         "every --checkpoint-every steps and at the end when either flag is given, and always when a SIGTERM "
         "stops the run. --image-strategy replicate|shard|auto is passed to vlmcp.hf.shard_inputs.")
     g.add_argument("--model", default=None, metavar="DIR",
-                   help="a local HF VLM directory (Qwen2-VL, Qwen2.5-VL, LLaVA); none: the reference VLM")
+                   help="a local HF VLM directory (any architecture with a vlmcp adapter: Qwen2/2.5/3-VL, "
+                        "Qwen3.5, GLM-4.1V, LLaVA, LLaVA-NeXT/OneVision, InternVL, SmolVLM, Mistral3, "
+                        "Gemma 3, Kimi-K2.5, LFM2-VL); none: the reference VLM")
     g.add_argument("--data", default=None, action="append", metavar="FILE.jsonl",
                    help="conversations: LLaMA-Factory/ms-swift messages+images+videos or LLaVA "
                         "conversations; repeat for several files, read in order")
