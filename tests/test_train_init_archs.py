@@ -2,7 +2,8 @@
 
 Qwen3.5 (Gated DeltaNet layers, exact under CP) at CP=2: the loss falls, the saved directory
 reloads in plain transformers with the logits it trained to, and a run resumed from its
-step-3 checkpoint continues the uninterrupted run's losses exactly. InternVL (tiles) and
+step-3 checkpoint continues the uninterrupted run's losses exactly; with ``--fsdp`` at DP=2 x CP=2,
+bf16 and activation checkpointing it learns and its saved directory reloads. InternVL (tiles) and
 LLaVA-OneVision (anyres grids, two-image samples), Gemma 3 (sliding windows, bidirectional
 images) and SmolVLM (crops and a global image, row/column tokens) at CP=2: the loss falls and the saved
 directory reloads with the logits it trained to. The helpers are ``tests/test_train_hf.py``'s.
@@ -99,3 +100,21 @@ def test_smolvlm_cp2_learns_and_saves_what_it_trained(data, tmp_path):
     row = build_row(load_processor(model), index, 0).inputs
     pv, mask = row["pixel_values"], row["pixel_attention_mask"]
     assert pv.dim() == 5 and pv.shape[2:] == (3, 8, 8) and mask.shape == (*pv.shape[:2], 8, 8)
+
+
+@needs_hf_cp
+def test_qwen3_5_fsdp_dp2_cp2_bf16_checkpointed_learns_and_reloads(data, tmp_path):
+    """Gated DeltaNet layers under CP with ``--fsdp`` at DP=2 x CP=2 (4 ranks), bf16 parameters
+    and activation checkpointing: the loss falls and the saved directory reloads in transformers."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = init_model("qwen3_5", tmp_path / "model")
+    cfg = _config(model, data, tmp_path / "out", cp=2, dp=2, fsdp=True, dtype="bfloat16",
+                  activation_checkpointing=True)
+    summary, _ = _run(cfg, 4)
+    losses = summary["losses"]
+    assert len(losses) == STEPS and all(map(torch.isfinite, torch.tensor(losses))), losses
+    assert losses[-1] < losses[0] - 0.1, losses
+    _, info = AutoModelForImageTextToText.from_pretrained(cfg.output_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
