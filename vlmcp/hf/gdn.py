@@ -23,6 +23,10 @@ Note [vlmcp Gated DeltaNet under Ulysses]): head shards holding the whole row, n
 redundant work, bytes that grow with L; otherwise (heads not divisible) the state passing
 above, which is exact under either backend. A call without the context raises.
 
+The local kernel is :func:`prepare`'s ``kernel`` (default ``"auto"``: fla's Triton kernel
+on CUDA when flash-linear-attention is installed, the torch kernel otherwise; Note [vlmcp
+gated delta rule: the kernel choice]).
+
 :func:`register` declares the classes to :mod:`vlmcp.hf.mixers`, so ``parallelize``
 prepares every instance (it calls :func:`register` before its token-mixer audit).
 """
@@ -39,11 +43,12 @@ from torch.nn import functional as F
 
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.linear import causal_conv1d_cp, gated_delta_rule_cp, gated_deltanet_ulysses
-from vlmcp.linear.delta_rule import accumulator_dtype
+from vlmcp.linear.delta_rule import KERNELS, accumulator_dtype
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
 
 _MARK = "_vlmcp_cp_gdn"
+_KERNEL = "_vlmcp_gdn_kernel"
 
 
 def _act(name: str):
@@ -79,25 +84,33 @@ def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attenti
     beta = self.in_proj_b(x).sigmoid()
     acc = accumulator_dtype(x.dtype)  # transformers: float32 (``.float()``); float64 stays float64
     g = -self.A_log.to(acc).exp() * F.softplus(self.in_proj_a(x).to(acc) + self.dt_bias)
+    kernel = getattr(self, _KERNEL, "auto")
     P = 1 if ctx.group is None else dist.get_world_size(ctx.group)
     if ctx.backend == "ulysses" and P > 1 and self.num_k_heads % P == 0 and self.num_v_heads % P == 0:
         out = gated_deltanet_ulysses(mixed, self.conv1d.weight, self.conv1d.bias, g, beta, ctx.shard,
                                      ctx.group, key_heads=self.num_k_heads, key_dim=self.head_k_dim,
                                      value_heads=self.num_v_heads, value_dim=self.head_v_dim,
-                                     activation=_act(self.activation))
+                                     activation=_act(self.activation), kernel=kernel)
     else:
         mixed = causal_conv1d_cp(mixed, self.conv1d.weight, self.conv1d.bias, ctx.shard, ctx.group)
         q, k, v = torch.split(_act(self.activation)(mixed), [self.key_dim, self.key_dim, self.value_dim], -1)
         out = gated_delta_rule_cp(q.reshape(N, -1, self.head_k_dim), k.reshape(N, -1, self.head_k_dim),
                                   v.reshape(N, -1, self.head_v_dim), g, beta, ctx.shard, ctx.group,
-                                  use_qk_l2norm=True)
+                                  use_qk_l2norm=True, kernel=kernel)
     z = self.in_proj_z(x)
     out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     return self.out_proj(out.reshape(N, -1)).unsqueeze(0)
 
 
-def prepare(module: nn.Module) -> None:
-    """Run ``module`` (a ``Qwen3_5GatedDeltaNet``) under CP from now on (idempotent)."""
+def prepare(module: nn.Module, *, kernel: str = "auto") -> None:
+    """Run ``module`` (a ``Qwen3_5GatedDeltaNet``) under CP from now on (idempotent).
+
+    ``kernel``: the local gated delta rule kernel, ``"auto"``, ``"torch"`` or ``"fla"``
+    (Note [vlmcp gated delta rule: the kernel choice]); a second call sets it again.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"gated delta rule kernel must be one of {KERNELS}, got {kernel!r}")
+    setattr(module, _KERNEL, kernel)
     if getattr(module, _MARK, False):
         return
     for name in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "norm", "out_proj",

@@ -48,7 +48,7 @@ __all__ = ["gated_delta_rule_cp"]
 def gated_delta_rule_cp(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     shard: RankShard, group: dist.ProcessGroup | None, *, chunk_size: int = 64, scale: float | None = None,
-    use_qk_l2norm: bool = False,
+    use_qk_l2norm: bool = False, kernel: str = "auto",
 ) -> torch.Tensor:
     """Exact gated delta rule of this rank's slots, each sample starting from a zero state.
 
@@ -58,7 +58,7 @@ def gated_delta_rule_cp(
         g: ``(N, Hv)`` log decays; beta: ``(N, Hv)``.
         shard: this rank's :class:`~vlmcp.RankShard`.
         group: the CP group (None: one process, ``shard.cp_size == 1``).
-        chunk_size, scale, use_qk_l2norm: as in :func:`vlmcp.linear.chunk_gated_delta_rule`.
+        chunk_size, scale, use_qk_l2norm, kernel: as in :func:`vlmcp.linear.chunk_gated_delta_rule`.
 
     Returns:
         ``(N, Hv, V)`` in ``v.dtype``, zero at padding slots. Differentiable; replicated
@@ -79,7 +79,7 @@ def gated_delta_rule_cp(
     layout = segment_layout(shard)
     valid = layout.valid.to(v.device)
     sm = segment_maps(*(x.index_select(0, valid) for x in (q, k, v, g, beta)), layout.local_cu, layout.fresh,
-                      chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm)
+                      chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm, kernel=kernel)
     gathered = exchange_maps(sm.maps.index_select(0, layout.export.to(v.device)), layout, group)
     incoming: dict[int, torch.Tensor] = {}
     for steps in layout.scan:

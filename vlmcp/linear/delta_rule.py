@@ -27,16 +27,95 @@ independent segments, each padded to whole chunks with ``g = beta = k = 0`` (the
 identity map). Decays stay in log space until a difference is exponentiated; the
 state and every product accumulate in float32 at least (:func:`accumulator_dtype`),
 as fla does.
+
+Note [vlmcp gated delta rule: the kernel choice]
+------------------------------------------------
+:func:`chunk_gated_delta_rule` (and so :func:`segment_maps`, the CP op, the Ulysses
+road and the HF layer) takes ``kernel``: ``"torch"`` is the chunked torch kernel above;
+``"fla"`` is flash-linear-attention's Triton ``chunk_gated_delta_rule`` (``pip install
+flash-linear-attention``; CUDA tensors, not float64) behind the same contract: a packed
+row ``(1, T, H, K)`` with ``cu_seqlens`` (empty segments dropped before the call, their
+final state is their initial state), ``g`` the log decay, ``beta``, ``scale``, the float32
+``initial_state`` per segment, ``output_final_state=True``, ``use_qk_l2norm_in_kernel``;
+its GVA maps value head ``j`` to key head ``j // (Hv / Hk)``, as here. fla tiles by its
+own chunk size (``chunk_size`` only tiles the torch kernel; the result does not depend on
+it). ``"auto"`` (the default) is fla when the tensors are on CUDA, not float64, and fla
+imports; the torch kernel otherwise (:func:`select_kernel` says which).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import NamedTuple
 
 import torch
 from torch.nn import functional as F
 
-__all__ = ["SegmentMaps", "accumulator_dtype", "chunk_gated_delta_rule", "segment_maps"]
+__all__ = ["KERNELS", "SegmentMaps", "accumulator_dtype", "chunk_gated_delta_rule", "segment_maps",
+           "select_kernel"]
+
+KERNELS = ("auto", "torch", "fla")
+"""The values of ``kernel`` (Note [vlmcp gated delta rule: the kernel choice])."""
+
+
+@functools.lru_cache(maxsize=1)
+def _fla_kernel():
+    """fla's ``chunk_gated_delta_rule``, or None when flash-linear-attention is not importable."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_kernel
+    except ImportError:
+        return None
+    return fla_kernel
+
+
+def select_kernel(kernel: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The kernel ``kernel`` resolves to for tensors on ``device`` of ``dtype``: ``"torch"`` or ``"fla"``.
+
+    ``"auto"``: fla on CUDA for float32/bfloat16/float16 when it imports, torch otherwise.
+    ``"fla"`` raises when fla is missing (naming ``pip install flash-linear-attention``), the
+    tensors are not on CUDA, or they are float64.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"gated delta rule kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "torch":
+        return "torch"
+    device = torch.device(device)
+    if kernel == "fla":
+        if _fla_kernel() is None:
+            raise ImportError("kernel='fla' needs flash-linear-attention (fla.ops.gated_delta_rule): "
+                              "pip install flash-linear-attention (or kernel='torch' / 'auto')")
+        if device.type != "cuda":
+            raise ValueError(f"kernel='fla' runs on CUDA tensors, got {device}: use kernel='torch' or 'auto'")
+        if dtype == torch.float64:
+            raise ValueError("kernel='fla' has no float64: use kernel='torch' or 'auto'")
+        return "fla"
+    if device.type == "cuda" and dtype != torch.float64 and _fla_kernel() is not None:
+        return "fla"
+    return "torch"
+
+
+def _fla_chunk_gated_delta_rule(q, k, v, g, beta, cu, initial_state, scale, use_qk_l2norm):
+    """:func:`chunk_gated_delta_rule` through fla (Note [vlmcp gated delta rule: the kernel choice])."""
+    fla = _fla_kernel()
+    T, Hk, K = k.shape
+    Hv, V = v.shape[1:]
+    S = cu.numel() - 1
+    acc = accumulator_dtype(v.dtype)
+    state0 = (torch.zeros(S, Hv, K, V, dtype=acc, device=v.device) if initial_state is None
+              else initial_state.to(acc))
+    lens = cu[1:] - cu[:-1]
+    keep = torch.nonzero(lens > 0).flatten()
+    if keep.numel() == 0:
+        return v.new_zeros((T, Hv, V)), state0
+    sub_cu = F.pad(torch.cumsum(lens[keep], 0), (1, 0))
+    keep_dev = keep.to(v.device)
+    extra = {"cu_seqlens_cpu": sub_cu} if "cu_seqlens_cpu" in inspect.signature(fla).parameters else {}
+    q, k = q.to(v.dtype), k.to(v.dtype)
+    o, final = fla(q[None], k[None], v[None], g[None].to(acc), beta[None].to(v.dtype), scale=scale,
+                   initial_state=state0.index_select(0, keep_dev).contiguous(), output_final_state=True,
+                   use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=sub_cu.to(v.device), **extra)
+    return o[0].to(v.dtype), state0.index_copy(0, keep_dev, final.to(acc))
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -68,7 +147,7 @@ def _chunk_layout(cu: torch.Tensor, chunk: int):
 def chunk_gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     cu_seqlens: torch.Tensor, initial_state: torch.Tensor | None = None, *, chunk_size: int = 64,
-    scale: float | None = None, use_qk_l2norm: bool = False,
+    scale: float | None = None, use_qk_l2norm: bool = False, kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule on a packed row of independent segments (Note above).
 
@@ -82,6 +161,7 @@ def chunk_gated_delta_rule(
         chunk_size: tokens per chunk.
         scale: query scale, default ``K ** -0.5``.
         use_qk_l2norm: l2-normalise q and k first (Qwen3.5 does, inside the kernel).
+        kernel: ``"auto"``, ``"torch"`` or ``"fla"`` (Note [vlmcp gated delta rule: the kernel choice]).
 
     Returns:
         ``(out (T, Hv, V)`` in ``v.dtype``, ``final_state (S, Hv, K, V)`` in
@@ -90,6 +170,8 @@ def chunk_gated_delta_rule(
     T, Hk, K = k.shape
     Hv, V = v.shape[1:]
     cu = cu_seqlens.to("cpu", torch.long)
+    if select_kernel(kernel, v.device, v.dtype) == "fla":
+        return _fla_chunk_gated_delta_rule(q, k, v, g, beta, cu, initial_state, scale, use_qk_l2norm)
     S = cu.numel() - 1
     out_dtype, acc = v.dtype, accumulator_dtype(v.dtype)
     if Hv != Hk:
@@ -162,12 +244,12 @@ class SegmentMaps(NamedTuple):
 def segment_maps(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     cu_seqlens: torch.Tensor, fresh: torch.Tensor, *, chunk_size: int = 64, scale: float | None = None,
-    use_qk_l2norm: bool = False,
+    use_qk_l2norm: bool = False, kernel: str = "auto",
 ) -> SegmentMaps:
     """Outputs from a zero state and the affine map of every segment (one kernel pass per kind).
 
     Args:
-        q, k, v, g, beta, cu_seqlens, chunk_size, scale, use_qk_l2norm: as in
+        q, k, v, g, beta, cu_seqlens, chunk_size, scale, use_qk_l2norm, kernel: as in
             :func:`chunk_gated_delta_rule`.
         fresh: ``BoolTensor[S]``: segments known to start from a zero state (a sample's
             first); they skip ``M`` and ``R`` (the plain kernel, width V).
@@ -185,7 +267,9 @@ def segment_maps(
     out0 = v.new_zeros((T, Hv, V), dtype=acc)
     read = v.new_zeros((T, Hv, K), dtype=acc)
     maps = v.new_zeros((fresh.numel(), Hv, K, K + V), dtype=acc)
-    kw = dict(chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    # resolved on the inputs' dtype: the passes below run in the accumulator dtype
+    kw = dict(chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm,
+              kernel=select_kernel(kernel, v.device, v.dtype))
     for kind in (True, False):
         segs = torch.nonzero(fresh == kind).flatten()
         if segs.numel() == 0:

@@ -94,7 +94,7 @@ def gated_deltanet_ulysses(
     mixed: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torch.Tensor | None, g: torch.Tensor,
     beta: torch.Tensor, shard: RankShard, group: dist.ProcessGroup, *, key_heads: int, key_dim: int,
     value_heads: int, value_dim: int, activation: Callable[[torch.Tensor], torch.Tensor],
-    chunk_size: int = 64, scale: float | None = None, use_qk_l2norm: bool = True,
+    chunk_size: int = 64, scale: float | None = None, use_qk_l2norm: bool = True, kernel: str = "auto",
 ) -> torch.Tensor:
     """Conv1d, activation and gated delta rule of this rank's slots, through head shards (Note above).
 
@@ -105,7 +105,7 @@ def gated_deltanet_ulysses(
         shard, group: this rank's shard and the CP group (P ranks, ``Hk % P == Hv % P == 0``).
         key_heads, key_dim, value_heads, value_dim: ``Hk``, ``K``, ``Hv``, ``V``.
         activation: applied after the convolution (Qwen3.5: SiLU).
-        chunk_size, scale, use_qk_l2norm: as in :func:`vlmcp.linear.chunk_gated_delta_rule`.
+        chunk_size, scale, use_qk_l2norm, kernel: as in :func:`vlmcp.linear.chunk_gated_delta_rule`.
 
     Returns:
         ``(N, Hv, V)`` in ``mixed.dtype``, zero at padding slots. Replicated slots' input
@@ -136,6 +136,7 @@ def gated_deltanet_ulysses(
     q, k, v = torch.split(x, [hk * key_dim, hk * key_dim, hv * value_dim], dim=-1)
     out, _ = chunk_gated_delta_rule(q.reshape(L, hk, key_dim), k.reshape(L, hk, key_dim),
                                     v.reshape(L, hv, value_dim), gs, bs, row.cu_seqlens,
-                                    chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm)
+                                    chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                    kernel=kernel)
     out = torch.cat([out, out.new_zeros((1, hv, value_dim))]).index_select(0, row.back.to(device))
     return all_to_all(out, group, scatter_dim=0, gather_dim=1)
