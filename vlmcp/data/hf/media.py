@@ -181,16 +181,21 @@ def resolve_video(spec: Any, root: Path, where: str) -> Media:
     return _resolve(spec, root, where, "video")
 
 
-def resolve_images(specs: Any, root: Path, where: str, key: str = "images") -> tuple[Media, ...]:
-    """A line's image column: one spec, a list of specs, or null / ``[]`` for none."""
+def _resolve_column(specs: Any, root: Path, where: str, key: str, kind: str, resolve) -> tuple[Media, ...]:
+    """A line's ``kind`` column: one spec, a list of specs, or null / ``[]`` for none."""
     if specs is None:
         return ()
     if isinstance(specs, (str, Mapping)):
         specs = [specs]
     if not isinstance(specs, list):
-        raise ValueError(f"{where}: \"{key}\" must be an image or a list of images, got "
-                         f"{type(specs).__name__}")
-    return tuple(resolve_image(s, root, where) for s in specs)
+        raise ValueError(f"{where}: \"{key}\" must be {'an' if kind == 'image' else 'a'} {kind} or a list of "
+                         f"{kind}s, got {type(specs).__name__}")
+    return tuple(resolve(s, root, where) for s in specs)
+
+
+def resolve_images(specs: Any, root: Path, where: str, key: str = "images") -> tuple[Media, ...]:
+    """A line's image column: one spec, a list of specs, or null / ``[]`` for none."""
+    return _resolve_column(specs, root, where, key, "image", resolve_image)
 
 
 def resolve_videos(specs: Any, root: Path, where: str, key: str = "videos") -> tuple[Media, ...]:
@@ -199,11 +204,4 @@ def resolve_videos(specs: Any, root: Path, where: str, key: str = "videos") -> t
     A list of strings is that many videos; a video given as its frames is a list inside
     the list (``[["f1.jpg", "f2.jpg"]]``), as LLaMA-Factory writes it.
     """
-    if specs is None:
-        return ()
-    if isinstance(specs, (str, Mapping)):
-        specs = [specs]
-    if not isinstance(specs, list):
-        raise ValueError(f"{where}: \"{key}\" must be a video or a list of videos, got "
-                         f"{type(specs).__name__}")
-    return tuple(resolve_video(s, root, where) for s in specs)
+    return _resolve_column(specs, root, where, key, "video", resolve_video)
