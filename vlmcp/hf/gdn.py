@@ -57,6 +57,32 @@ def _act(name: str):
     return ACT2FN[name]
 
 
+def cp_context(module: nn.Module, hidden_states: torch.Tensor, cache, kwargs: dict) -> CPContext:
+    """The call's :class:`CPContext`, after checking a token mixer's CP call (no cache, one row)."""
+    ctx = kwargs.get(CONTEXT_KEY)
+    if not isinstance(ctx, CPContext):
+        raise RuntimeError(
+            f"{type(module).__name__} runs under vlmcp CP but the call carries no CP layout: call "
+            "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
+    if cache is not None:
+        raise ValueError("vlmcp CP runs without a generation cache (shard_inputs sets use_cache=False)")
+    if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
+        raise ValueError(f"vlmcp CP takes one row (batch 1), got hidden states {tuple(hidden_states.shape)}")
+    return ctx
+
+
+def register_classes(classes, prepare_fn) -> None:
+    """Register with ``prepare_fn`` each (transformers module, class name) of ``classes`` whose
+    module is loaded already (so registering imports nothing); shared with :mod:`vlmcp.hf.short_conv`."""
+    from vlmcp.hf import mixers
+
+    for module, name in classes:
+        loaded = sys.modules.get(module)
+        # a class registered already (by the user, with their own implementation) keeps its registration
+        if loaded is not None and getattr(loaded, name) not in mixers._REGISTERED:
+            mixers.register_mixer(getattr(loaded, name), prepare_fn)
+
+
 def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs):
     """``Qwen3_5GatedDeltaNet.forward`` of this rank's slots over the whole row (Note above).
 
@@ -69,15 +95,7 @@ def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attenti
     Returns:
         ``(1, N, hidden)``; zero at padding slots.
     """
-    ctx = kwargs.get(CONTEXT_KEY)
-    if not isinstance(ctx, CPContext):
-        raise RuntimeError(
-            f"{type(self).__name__} runs under vlmcp CP but the call carries no CP layout: call "
-            "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
-    if cache is not None:
-        raise ValueError("vlmcp CP runs without a generation cache (shard_inputs sets use_cache=False)")
-    if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
-        raise ValueError(f"vlmcp CP takes one row (batch 1), got hidden states {tuple(hidden_states.shape)}")
+    ctx = cp_context(self, hidden_states, cache, kwargs)
     x = hidden_states[0]
     N = x.shape[0]
     mixed = self.in_proj_qkv(x)
@@ -133,10 +151,4 @@ def register() -> None:
     exist only then), so registering imports nothing; ``parallelize`` calls it before its audit.
     A class registered already keeps its registration.
     """
-    from vlmcp.hf import mixers
-
-    for module, name in CLASSES:
-        loaded = sys.modules.get(module)
-        # a class registered already (by the user, with their own implementation) keeps its registration
-        if loaded is not None and getattr(loaded, name) not in mixers._REGISTERED:
-            mixers.register_mixer(getattr(loaded, name), prepare)
+    register_classes(CLASSES, prepare)

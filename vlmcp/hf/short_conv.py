@@ -13,13 +13,12 @@ LFM2-VL's images are not served yet (no adapter for ``pixel_attention_mask`` and
 
 from __future__ import annotations
 
-import sys
 import types
 
 import torch
 from torch import nn
 
-from vlmcp.hf.attention import CONTEXT_KEY, CPContext
+from vlmcp.hf.gdn import cp_context, register_classes
 from vlmcp.linear import causal_conv1d_cp
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
@@ -29,15 +28,7 @@ _MARK = "_vlmcp_cp_short_conv"
 
 def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs):
     """``Lfm2ShortConv.forward`` of this rank's slots over the whole row: ``(1, N, d) -> (1, N, d)``."""
-    ctx = kwargs.get(CONTEXT_KEY)
-    if not isinstance(ctx, CPContext):
-        raise RuntimeError(
-            f"{type(self).__name__} runs under vlmcp CP but the call carries no CP layout: call "
-            "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
-    if cache is not None:
-        raise ValueError("vlmcp CP runs without a generation cache (shard_inputs sets use_cache=False)")
-    if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
-        raise ValueError(f"vlmcp CP takes one row (batch 1), got hidden states {tuple(hidden_states.shape)}")
+    ctx = cp_context(self, hidden_states, cache, kwargs)
     b, c, x = self.in_proj(hidden_states[0]).chunk(3, dim=-1)
     y = c * causal_conv1d_cp(b * x, self.conv.weight, self.conv.bias, ctx.shard, ctx.group)
     return self.out_proj(y).unsqueeze(0)
@@ -65,10 +56,4 @@ def register() -> None:
     Only classes whose transformers module is loaded already, so registering imports nothing;
     a class registered already keeps its registration.
     """
-    from vlmcp.hf import mixers
-
-    for module, name in CLASSES:
-        loaded = sys.modules.get(module)
-        # a class registered already (by the user, with their own implementation) keeps its registration
-        if loaded is not None and getattr(loaded, name) not in mixers._REGISTERED:
-            mixers.register_mixer(getattr(loaded, name), prepare)
+    register_classes(CLASSES, prepare)

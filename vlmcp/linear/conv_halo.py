@@ -100,7 +100,7 @@ def halo_layout(shard: RankShard, kernel_size: int) -> HaloLayout:
     sizes = tuple(int((n_owner == o).sum()) for o in range(P))
     gathered_at = {q: i for i, q in enumerate(torch.cat([needed_t[n_owner == o] for o in range(P)]).tolist())}
     inv = torch.full((shard.seq_len,), -1, dtype=torch.long)
-    valid = torch.nonzero(shard.positions >= 0).flatten()
+    valid = seg.valid
     inv[shard.positions[valid]] = valid
     export = inv[needed_t[n_owner == r]]
     N, G = shard.num_tokens, len(gathered_at)

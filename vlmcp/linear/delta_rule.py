@@ -52,6 +52,8 @@ from typing import NamedTuple
 import torch
 from torch.nn import functional as F
 
+from vlmcp.attention.merge import accumulator_dtype  # float32, or float64 for float64 inputs
+
 __all__ = ["KERNELS", "SegmentMaps", "accumulator_dtype", "chunk_gated_delta_rule", "segment_maps",
            "select_kernel"]
 
@@ -116,11 +118,6 @@ def _fla_chunk_gated_delta_rule(q, k, v, g, beta, cu, initial_state, scale, use_
                    initial_state=state0.index_select(0, keep_dev).contiguous(), output_final_state=True,
                    use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=sub_cu.to(v.device), **extra)
     return o[0].to(v.dtype), state0.index_copy(0, keep_dev, final.to(acc))
-
-
-def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype states, decays and products are computed in: float32, or float64 for float64 inputs."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
