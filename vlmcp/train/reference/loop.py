@@ -151,9 +151,9 @@ def load_resume_checkpoint(directory, report=None) -> Checkpoint | None:
     for w in caught:
         if report is not None:
             report(str(w.message))
-    if ckpt is None and list_checkpoints(directory):
+    if ckpt is None and (found := list_checkpoints(directory)):
         last = str(caught[0].message).removeprefix("skipping unreadable checkpoint: ") if caught else ""
-        raise ValueError(f"--resume: none of the {len(list_checkpoints(directory))} checkpoint(s) in "
+        raise ValueError(f"--resume: none of the {len(found)} checkpoint(s) in "
                          f"{directory} is readable ({last}); not starting over from step 0 on top of them: "
                          "move them away to start a new run")
     return ckpt
