@@ -256,7 +256,7 @@ def bad_inputs(group):
 
 def ring_comm_guards(group):
     """RingComm refuses misuse, then moves one tensor around the ring."""
-    from vlmcp.attention.comm import RingComm
+    from vlmcp.attention.ring_comm import RingComm
 
     rank, P = dist.get_rank(group), dist.get_world_size(group)
     comm = RingComm(group)

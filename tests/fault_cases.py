@@ -10,7 +10,7 @@ import torch.distributed as dist
 import vlmcp
 from tests import rows
 from vlmcp.attention import cp_attention, reference_attention, reference_mask, usp_groups
-from vlmcp.train.reference.loop import dp_cp_groups
+from vlmcp.train.groups import dp_cp_groups
 
 NAN_SAMPLES = ["t3 i5 t6", "i4 t9", (0, 7)]
 """Three packed samples (text before an image, an image first, text only); their text is

@@ -18,9 +18,9 @@ from torch.nn import functional as F
 
 import vlmcp
 import vlmcp.comm.collectives as collectives
-from vlmcp.linear import causal_conv1d_cp, chunk_gated_delta_rule, exchange_bytes, gated_delta_rule_cp
-from vlmcp.linear.segments import segment_layout
-from vlmcp.linear.ulysses import gated_deltanet_ulysses
+from vlmcp.mixers import causal_conv1d_cp, chunk_gated_delta_rule, exchange_bytes, gated_delta_rule_cp
+from vlmcp.mixers.deltanet_ulysses import gated_deltanet_ulysses
+from vlmcp.mixers.segments import segment_layout
 
 HK, HV, K, V, KERNEL = 2, 4, 8, 6, 4
 CONV = 2 * HK * K + HV * V
@@ -165,7 +165,7 @@ def _compare_short_conv(group, case: dict) -> dict:
     import copy
 
     from vlmcp.hf.attention import CPContext
-    from vlmcp.hf.short_conv import prepare
+    from vlmcp.hf.mixers.short_conv import prepare
 
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     dtype = getattr(torch, case["dtype"])

@@ -14,9 +14,7 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.hf
 from vlmcp.grads import finish_ddp_gradients
-from vlmcp.hf.rows import synthetic_row
-from vlmcp.hf.tiny import tiny_model
-from vlmcp.hf.verify import (
+from vlmcp.hf.debug.parity import (
     HFParityCase,
     compare_gradients,
     cp_step,
@@ -26,7 +24,9 @@ from vlmcp.hf.verify import (
     reference_for,
     reference_step,
 )
-from vlmcp.train.reference.loop import dp_cp_groups
+from vlmcp.hf.debug.synthetic import synthetic_row
+from vlmcp.hf.debug.tiny import tiny_model
+from vlmcp.train.groups import dp_cp_groups
 
 # The rows: prompt text before the image; two images in one sample with text
 # between; a packed row of three samples, one of them text-only (Qwen grids; LLaVA

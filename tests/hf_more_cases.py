@@ -1,10 +1,10 @@
 """Rank functions for the any-resolution HF tests (importable by name from spawned ranks).
 
-InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3 and Mistral3 (:data:`vlmcp.hf.tiny.ANYRES_ARCHS`).
+InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3 and Mistral3 (:data:`vlmcp.hf.debug.tiny.ANYRES_ARCHS`).
 Each architecture has its own rows, in its adapter's image tuples
 (:meth:`~vlmcp.hf.adapters.HFAdapter.synthetic_images`):
 
-* ``packed`` (:data:`vlmcp.hf.tiny_anyres.ANYRES_SAMPLES`, ``vlmcp verify``'s row): an
+* ``packed`` (:data:`vlmcp.hf.debug.tiny_anyres.ANYRES_SAMPLES`, ``vlmcp verify``'s row): an
   image sample with text before and after, a text-only sample, and a sample with two
   images and text between (InternVL: multi-tile images; OneVision: a
   tiled image shrunk by ``anyres_max``, then a two-image sample sent untiled; SmolVLM:
@@ -27,10 +27,10 @@ import vlmcp
 import vlmcp.hf
 from tests.hf_cases import parity_grid
 from vlmcp.grads import grad_rule
-from vlmcp.hf.rows import synthetic_row
-from vlmcp.hf.tiny import tiny_model
-from vlmcp.hf.tiny_anyres import ANYRES_SAMPLES
-from vlmcp.hf.verify import float64_exact, float64_norms
+from vlmcp.hf.debug.parity import float64_exact, float64_norms
+from vlmcp.hf.debug.synthetic import synthetic_row
+from vlmcp.hf.debug.tiny import tiny_model
+from vlmcp.hf.debug.tiny_anyres import ANYRES_SAMPLES
 
 MIXED = {
     "internvl": ((3, (1,), 5), (4, (2,), 3), (6,), (2, (1,), 6), (40, (2,), 80)),
@@ -53,7 +53,7 @@ def dummy_vision(group: dist.ProcessGroup, cases: list[tuple[str, str]]) -> list
     """Per ``(arch, mode)``, a text-only row with ``dummy_vision``: the loss against no dummy pass, the
     vision parameters (ViT, projector, image_newline) a real image step trains that got no gradient,
     and those whose gradient is not an exact zero."""
-    from vlmcp.hf.verify import reference_step
+    from vlmcp.hf.debug.parity import reference_step
 
     out = []
     for arch, mode in cases:
@@ -85,7 +85,7 @@ def newline(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
     ref = tiny_model("llava_onevision", torch.float64)
     float64_norms(ref)
     inputs, labels, cu = synthetic_row(ref, ROWS["llava_onevision"]["packed"])
-    from vlmcp.hf.verify import reference_step
+    from vlmcp.hf.debug.parity import reference_step
 
     with float64_exact(torch.float64):
         reference_step(ref, inputs, labels, cu)

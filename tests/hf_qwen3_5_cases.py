@@ -2,7 +2,7 @@
 
 Each function runs a whole grid inside one spawned group. Both the unmodified model and
 the CP model run with Qwen3.5's float32 islands in float64 (``float64_exact`` enters
-:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`).
+:func:`vlmcp.hf.debug.float64_qwen3_5.float64_qwen3_5`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vlmcp.hf import gdn
-from vlmcp.hf.rows import synthetic_row
-from vlmcp.hf.tiny import tiny_config, tiny_model
-from vlmcp.hf.verify import (
+from vlmcp.hf.debug.parity import (
     DTYPES,
     HFParityCase,
     Reference,
@@ -23,6 +20,9 @@ from vlmcp.hf.verify import (
     reference_for,
     reference_step,
 )
+from vlmcp.hf.debug.synthetic import synthetic_row
+from vlmcp.hf.debug.tiny import tiny_config, tiny_model
+from vlmcp.hf.mixers import gdn
 
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.
@@ -46,7 +46,8 @@ LFM2_TEXT = ((30,), (57,), (3,), (120,))
 
 
 def tiny_lfm2_vl():
-    """A float64 LFM2-VL (:func:`vlmcp.hf.tiny.tiny_config`): short convolutions in layers 0 and 2, attention
+    """A float64 LFM2-VL (:func:`vlmcp.hf.debug.tiny.tiny_config`): short convolutions in layers 0 and 2,
+    attention
     (4 heads) in 1 and 3."""
     return tiny_model("lfm2_vl", torch.float64)
 

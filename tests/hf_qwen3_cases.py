@@ -15,10 +15,8 @@ import torch.distributed as dist
 
 import vlmcp
 import vlmcp.hf
-import vlmcp.hf.vision as hf_vision
-from vlmcp.hf.rows import synthetic_row
-from vlmcp.hf.tiny import tiny_config, tiny_model
-from vlmcp.hf.verify import (
+import vlmcp.vision.modes as vision_modes
+from vlmcp.hf.debug.parity import (
     DTYPES,
     HFParityCase,
     Reference,
@@ -28,6 +26,8 @@ from vlmcp.hf.verify import (
     hf_parity,
     reference_step,
 )
+from vlmcp.hf.debug.synthetic import synthetic_row
+from vlmcp.hf.debug.tiny import tiny_config, tiny_model
 
 
 def _model(arch: str, dtype: torch.dtype, seed: int = 0, levels: tuple[int, ...] | None = None):
@@ -160,7 +160,7 @@ def collectives(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
 
     base = _model("qwen3_vl", torch.float64, levels=(0, 1))
     inputs, labels, cu = synthetic_row(base, PACKED)
-    saved = {n: getattr(hf_vision, n) for n in ("all_gather", "broadcast", "_all_reduce")}
+    saved = {n: getattr(vision_modes, n) for n in ("all_gather", "broadcast", "_all_reduce")}
     out = []
     for mode in modes:
         calls = []
@@ -178,13 +178,13 @@ def collectives(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
                                                            for m in visual.deepstack_merger_list]
         try:
             for n, fn in saved.items():
-                setattr(hf_vision, n, counted(n, fn))
+                setattr(vision_modes, n, counted(n, fn))
             batch = vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu)
             loss, _ = vlmcp.cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, group)
             loss.backward()
         finally:
             for n, fn in saved.items():
-                setattr(hf_vision, n, fn)
+                setattr(vision_modes, n, fn)
         out.append({"mode": mode, "calls": calls, "widths": widths})
     return out
 

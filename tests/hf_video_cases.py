@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from vlmcp.hf.verify import HFParityCase, hf_parity, reference_for
+from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
 
 # A packed row with a video sample, a text-only sample and a sample mixing an image, a video
 # (Qwen2.5-VL: 0.5 s per temporal patch group) and another image, text between; Qwen-VL grids.
@@ -42,8 +42,8 @@ def vit_units(group: dist.ProcessGroup) -> dict:
     import torch
 
     import vlmcp.hf
-    from vlmcp.hf.rows import synthetic_row
-    from vlmcp.hf.tiny import tiny_model
+    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.hf.debug.tiny import tiny_model
 
     out = {}
     for name, samples in (("long_video", LONG_VIDEO), ("two_images", ((3, (1, 4, 8), 4, (1, 4, 4), 7),))):

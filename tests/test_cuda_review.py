@@ -30,9 +30,9 @@ import torch.distributed.tensor  # noqa: F401 - registers DTensor rules on the a
 import vlmcp
 from vlmcp.attention import cp_attention, reference_attention, varlen_attention
 from vlmcp.attention import kernels as K
-from vlmcp.attention.comm import RingComm
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.masks import Block, MaskKind, dense_mask
+from vlmcp.attention.ring_comm import RingComm
 from vlmcp.testing import run_on_ranks
 
 CUDA = torch.cuda.is_available()

@@ -11,7 +11,6 @@ import torch
 pytest.importorskip("transformers")
 
 from tests.chat_templates import TOOL_TEMPLATE  # noqa: E402
-from vlmcp.data.hf.conversation import Conversation, Media, Message  # noqa: E402
 from vlmcp.data.hf.encode import (  # noqa: E402
     MediaError,
     check_pixels,
@@ -20,7 +19,8 @@ from vlmcp.data.hf.encode import (  # noqa: E402
 )
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.data.hf.rows import DataIndex, HFRow, build_index, build_row  # noqa: E402
-from vlmcp.hf.init_model import init_model  # noqa: E402
+from vlmcp.data.hf.schema import Conversation, Media, Message  # noqa: E402
+from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,7 +170,7 @@ def _agree_case(group):
     """Rank 1 fails on conversation 30 and rank 0 (rebuilding) on 40: both end with the union."""
     import torch.distributed as dist
 
-    from vlmcp.data.hf.conversation import Skipped
+    from vlmcp.data.hf.schema import Skipped
     from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
 
     rank = dist.get_rank(group)

@@ -25,8 +25,8 @@ from vlmcp.attention import cp_attention, merge_, varlen_attention
 from vlmcp.cli import main
 from vlmcp.layout import plan_cp
 from vlmcp.testing import DistributedTestError, run_on_ranks
+from vlmcp.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from vlmcp.train.lock import RunLock, RunLocked, _proc_start
-from vlmcp.train.reference.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 
 SMALL = ["--cp", "2", "--seq-len", "256", "--hidden", "32", "--layers", "1"]
 
@@ -147,7 +147,7 @@ def test_a_full_disk_is_one_clean_os_error(tmp_path, monkeypatch):
     import errno
     import io
 
-    from vlmcp.train.reference import checkpoint as ckpt_module
+    from vlmcp.train import checkpoint as ckpt_module
 
     class Full(io.FileIO):
         def write(self, b):
@@ -265,7 +265,7 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
 
     from vlmcp.cli.train_hf import _resume_preflight, plan_data, preload_model_code
     from vlmcp.data.hf.export import export_shapes
-    from vlmcp.hf.init_model import init_model
+    from vlmcp.hf.debug.init_model import init_model
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.hf.config import HFTrainConfig
     from vlmcp.train.hf.final_model import final_model_complete

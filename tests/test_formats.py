@@ -7,8 +7,6 @@ import json
 import pytest
 from PIL import Image
 
-from vlmcp.data.hf.conversation import Conversation, Media, Message, Skipped
-from vlmcp.data.hf.conversations import read_conversations
 from vlmcp.data.hf.formats import (
     DataFormat,
     Detection,
@@ -17,6 +15,8 @@ from vlmcp.data.hf.formats import (
     register_format,
     registry,
 )
+from vlmcp.data.hf.reader import read_conversations
+from vlmcp.data.hf.schema import Conversation, Media, Message, Skipped
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,8 +17,8 @@ from torch.nn import functional as F
 
 import vlmcp
 from tests.gdn_cases import row
-from vlmcp.linear import chunk_gated_delta_rule, gated_delta_rule_cp, segment_maps
-from vlmcp.linear import delta_rule as D
+from vlmcp.mixers import chunk_gated_delta_rule, gated_delta_rule_cp, segment_maps
+from vlmcp.mixers import delta_rule as D
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_fla_wrapper_with_a_stand_in_kernel(monkeypatch):
 
 
 def test_hf_prepare_validates_and_records_the_kernel():
-    from vlmcp.hf import gdn
+    from vlmcp.hf.mixers import gdn
 
     m = torch.nn.Module()
     with pytest.raises(ValueError, match="one of"):

@@ -1,6 +1,6 @@
 """InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3, Mistral3 under vlmcp: exact against the unmodified model.
 
-Tiny random models built in code (:data:`vlmcp.hf.tiny.ANYRES_ARCHS`). One spawned group
+Tiny random models built in code (:data:`vlmcp.hf.debug.tiny.ANYRES_ARCHS`). One spawned group
 per world size runs a whole grid (tests/hf_more_cases.py); the tests below read its
 results. Every architecture: every vision mode on ring, Ulysses, packed rows with a
 text-only sample, whole and auto placement, P = 2 and 3; the variants (LLaVA-NeXT,
@@ -23,9 +23,9 @@ import vlmcp.hf  # noqa: E402
 from tests import hf_more_cases  # noqa: E402
 from tests.hf_more_cases import ROWS  # noqa: E402
 from vlmcp.grads import GradRule, grad_rule, restore_grad_tags  # noqa: E402
-from vlmcp.hf.rows import synthetic_row  # noqa: E402
-from vlmcp.hf.tiny import ANYRES_ARCHS, tiny_model  # noqa: E402
-from vlmcp.hf.verify import HFParityCase  # noqa: E402
+from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
+from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.hf.debug.tiny import ANYRES_ARCHS, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")

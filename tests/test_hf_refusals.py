@@ -24,11 +24,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 
 import vlmcp.hf  # noqa: E402
 from tests import hf_cases  # noqa: E402
-from vlmcp.hf import adapters, mixers  # noqa: E402
+from vlmcp.hf import adapters  # noqa: E402
 from vlmcp.hf.adapters import HFAdapter, InputKind  # noqa: E402
 from vlmcp.hf.adapters.llava import LlavaAdapter  # noqa: E402
-from vlmcp.hf.rows import synthetic_row  # noqa: E402
-from vlmcp.hf.tiny import TINY_ARCHS, tiny_config, tiny_model  # noqa: E402
+from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.hf.debug.tiny import TINY_ARCHS, tiny_config, tiny_model  # noqa: E402
+from vlmcp.hf.mixers import audit as mixers  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,9 +87,10 @@ def _untouched(model: nn.Module) -> None:
 
 
 def test_qwen3_5_gated_deltanet_runs_under_cp_through_the_registry():
-    """vlmcp.hf.gdn registers Qwen3.5's Gated DeltaNet: all six layers prepared, the two attention layers
+    """vlmcp.hf.mixers.gdn registers Qwen3.5's Gated DeltaNet: all six layers prepared, the two attention
+    layers
     marked (parity: tests/test_hf_qwen3_5.py)."""
-    from vlmcp.hf import gdn
+    from vlmcp.hf.mixers import gdn
 
     model = tiny_qwen3_5()
     vlmcp.hf.parallelize(model, None)
@@ -169,8 +171,8 @@ def test_lfm2_vl_image_inputs_its_adapter_does_not_know_are_refused_by_name():
 
 
 def test_lfm2_vl_short_convolutions_run_under_cp_through_the_registry():
-    """vlmcp.hf.short_conv registers LFM2's short convolution (parity: tests/test_hf_qwen3_5.py)."""
-    from vlmcp.hf import short_conv
+    """vlmcp.hf.mixers.short_conv registers LFM2's short convolution (parity: tests/test_hf_qwen3_5.py)."""
+    from vlmcp.hf.mixers import short_conv
 
     model = tiny_lfm2_vl()
     vlmcp.hf.parallelize(model, None)

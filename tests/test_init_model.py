@@ -13,7 +13,7 @@ from transformers.utils import is_torchvision_available  # noqa: E402
 
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
-from vlmcp.hf.init_model import ARCHS  # noqa: E402
+from vlmcp.hf.debug.init_model import ARCHS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,9 +113,9 @@ def test_gemma3_planned_tokens_are_the_processors_expansion(model_dirs, tmp_path
     """Gemma 3 writes each image as ``\\n\\n<start_of_image>`` + 4 soft tokens + ``<end_of_image>\\n\\n``,
     whose newlines tokenize with the text around them: planning (headers only) gives the processor's
     tokens, the trained tokens are the answer's, and ``token_type_ids`` marks the soft tokens."""
-    from vlmcp.data.hf.conversations import read_conversations
     from vlmcp.data.hf.encode import encode_conversation, planned_tokens
     from vlmcp.data.hf.export import export_shapes
+    from vlmcp.data.hf.reader import read_conversations
 
     processor = load_processor(model_dirs / "gemma3")
     data = export_shapes(tmp_path / "shapes", 8)
@@ -141,9 +141,9 @@ def test_smolvlm_planned_tokens_are_the_processors_expansion(model_dirs, tmp_pat
     """SmolVLM writes each image as crops (``<fake_token_around_image><row_i_col_j>`` + 4 ``<image>``),
     a newline after each row, then ``\\n`` and the global image: planning (headers only) gives the
     processor's tokens, the trained tokens are the answer's, tiles are (1, crops + 1, 3, 8, 8)."""
-    from vlmcp.data.hf.conversations import read_conversations
     from vlmcp.data.hf.encode import encode_conversation, planned_tokens
     from vlmcp.data.hf.export import export_shapes
+    from vlmcp.data.hf.reader import read_conversations
 
     processor = load_processor(model_dirs / "smolvlm")
     convs = read_conversations(export_shapes(tmp_path / "shapes", 8)).conversations

@@ -6,7 +6,7 @@ import torch
 import vlmcp
 from tests import rows
 from vlmcp.layout import CostModel
-from vlmcp.layout.placement import lpt_assign
+from vlmcp.layout.sample_placement import lpt_assign
 
 
 def test_whole_puts_each_sample_on_one_rank_and_nothing_travels():

@@ -17,7 +17,7 @@ from vlmcp.data import ShapesDataset, pack_rows
 from vlmcp.loss import cp_cross_entropy
 from vlmcp.models import VLM
 from vlmcp.testing import run_on_ranks
-from vlmcp.train.reference.checkpoint import list_checkpoints, load_checkpoint
+from vlmcp.train.checkpoint import list_checkpoints, load_checkpoint
 from vlmcp.train.reference.config import TrainConfig
 from vlmcp.train.reference.loop import dataset_config, model_config, train_rank
 from vlmcp.train.reference.step import local_inputs

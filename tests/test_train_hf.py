@@ -21,7 +21,7 @@ from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.data.hf.rows import build_row  # noqa: E402
-from vlmcp.hf.init_model import init_model  # noqa: E402
+from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
 from vlmcp.train.hf.loop import train_hf_rank  # noqa: E402
@@ -286,8 +286,8 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
 
 def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
     from vlmcp.cli.train_hf import _report
-    from vlmcp.data.hf.conversation import Skipped
     from vlmcp.data.hf.rows import DataIndex
+    from vlmcp.data.hf.schema import Skipped
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
     assert cfg.data == ("d.jsonl",)  # one path is a one-file tuple

@@ -123,7 +123,7 @@ def _expected(r, case, travelling, late):
             ring_bwd.append(("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 2)))
         if s >= 1:
             ring_bwd.append(("p2p", ring_batch((g - s) % R, (g - s - 1) % R, 4)))
-    # a step with nothing to send or receive posts no batch (vlmcp.attention.comm)
+    # a step with nothing to send or receive posts no batch (vlmcp.attention.ring_comm)
     ring_fwd, ring_bwd = ([e for e in x if e[1]] for x in (ring_fwd, ring_bwd))
     if U == 1 or M[g] == 0:  # no all-to-all in a group where nothing travels
         return ring_fwd, ring_bwd

@@ -17,11 +17,11 @@ av = pytest.importorskip("av")
 
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.data.builtin.shapes import COLOUR_RGB  # noqa: E402
-from vlmcp.data.hf.conversation import Conversation, Media, Message  # noqa: E402
-from vlmcp.data.hf.conversations import read_conversations  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation, sample_length, video_plans  # noqa: E402
 from vlmcp.data.hf.export import export_shapes, write_video  # noqa: E402
+from vlmcp.data.hf.reader import read_conversations  # noqa: E402
 from vlmcp.data.hf.rows import build_index, build_row  # noqa: E402
+from vlmcp.data.hf.schema import Conversation, Media, Message  # noqa: E402
 from vlmcp.data.hf.video import (  # noqa: E402
     Patching,
     VideoHeader,
@@ -33,7 +33,7 @@ from vlmcp.data.hf.video import (  # noqa: E402
     sample_indices,
 )
 from vlmcp.data.hf.video_processor import video_pixels  # noqa: E402
-from vlmcp.hf.init_model import CHAT_TEMPLATES, build_processor, init_model  # noqa: E402
+from vlmcp.hf.debug.init_model import CHAT_TEMPLATES, build_processor, init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests import vlm_cases
+from vlmcp.checks.parity import builtin_row, verify_model_config
 from vlmcp.cli import main
 from vlmcp.models import VLMConfig, merge_embeddings
 from vlmcp.testing import run_on_ranks
-from vlmcp.verify import builtin_row, verify_model_config
 from vlmcp.vision import assign_images
 
 MODES = ["replicate", "broadcast", "scatter", "hidden_shard", "allreduce_hook"]

@@ -27,6 +27,7 @@ The data flow, one entry point per step:
 :func:`unshard` is the collective inverse of ``shard`` (evaluation).
 """
 
+from vlmcp import _moved
 from vlmcp.attention import cp_attention, reference_attention, varlen_attention
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, reduce_gradients
 from vlmcp.layout import (
@@ -48,7 +49,9 @@ from vlmcp.loss import CPLoss, cp_cross_entropy
 from vlmcp.models import VLM, VLMConfig, merge_embeddings
 from vlmcp.vision import VisionConfig, VisionEncoder, check_images_match, place_vision
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_moved.install()  # old import paths of moved modules, for one release (CHANGELOG.md)
 
 __all__ = [
     "IGNORE_INDEX", "VLM", "CPLoss", "CPPlan", "CostModel", "GradRule", "RankShard", "TokenKind",

@@ -19,7 +19,7 @@ subgroups) -> ``cp`` (entry, checks).
 """
 
 from vlmcp.attention.blockwise import varlen_attention
-from vlmcp.attention.cp import cp_attention
+from vlmcp.attention.dispatch import cp_attention
 from vlmcp.attention.kernels import select_kernel
 from vlmcp.attention.masks import MaskKind, block_kind
 from vlmcp.attention.merge import merge_

@@ -58,11 +58,11 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.attention.blockwise import VarlenPlan, blocks_backward, blocks_forward
-from vlmcp.attention.comm import RingComm
 from vlmcp.attention.exchange import Exchange, exchange_of
 from vlmcp.attention.kernels import AttentionKernel
 from vlmcp.attention.masks import Block, Segment, cross_blocks, image_runs, runs_of, segments, self_blocks
 from vlmcp.attention.merge import accumulator_dtype
+from vlmcp.attention.ring_comm import RingComm
 from vlmcp.layout.plan import RankShard
 
 __all__ = ["RingSchedule", "ring_attention", "ring_schedule"]

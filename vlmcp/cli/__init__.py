@@ -12,6 +12,7 @@ from vlmcp.cli import init_model as init_model_cmd
 from vlmcp.cli import plan as plan_cmd
 from vlmcp.cli import train as train_cmd
 from vlmcp.cli import verify as verify_cmd
+from vlmcp.cli.ranks import RanksFailed
 
 __all__ = ["main"]
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(_COMMANDS[args.command].run(args) or 0)
+    except RanksFailed:
+        return 1  # the failing rank's line is printed
     except (ValueError, NotImplementedError) as err:
         print(f"vlmcp {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlmcp.compare import compare_rank, markdown_table
+    from vlmcp.checks.seed_table import compare_rank, markdown_table
     from vlmcp.data import ShapesDataset, pack_row
     from vlmcp.launch import RankFailure, spawn_ranks
     from vlmcp.train.reference.config import TrainConfig

@@ -59,8 +59,8 @@ def add_parser(sub) -> None:
 def _show(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from vlmcp.data.hf.conversations import read_conversations
     from vlmcp.data.hf.processor import load_processor
+    from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.show import select_line, view_conversation
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to download

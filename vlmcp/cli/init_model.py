@@ -12,7 +12,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from vlmcp.hf.init_model import ARCHS
+    from vlmcp.hf.debug.init_model import ARCHS
 
     p = sub.add_parser("init-model", help="write a small random HF VLM directory (offline)",
                        description=__doc__)
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vlmcp.cli.paths import check_writable_dir
-    from vlmcp.hf.init_model import init_model
+    from vlmcp.hf.debug.init_model import init_model
 
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()) and not args.force:

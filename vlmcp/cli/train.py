@@ -22,22 +22,22 @@ import os
 import signal
 import sys
 import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import get_args
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
+from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
 from vlmcp.cli.train_hf import config_from_args as hf_config_from_args
-from vlmcp.train.reference.config import (
+from vlmcp.train.options import (
     AttentionBackend,
     DType,
     ImageAttention,
     ImageStrategyChoice,
     SamplePlacement,
-    TrainConfig,
     VisionMode,
 )
+from vlmcp.train.reference.config import TrainConfig
 
 _FIELDS = ("cp", "dp", "vision_mode", "attention", "ulysses_size", "image_attention", "image_strategy",
            "sample_placement",
@@ -125,7 +125,7 @@ def check_fresh(cfg: TrainConfig) -> None:
     """Refuse a fresh run in a directory that holds checkpoints (its saves would replace and
     prune that run's checkpoints); checked under the lock."""
     if cfg.checkpoint_dir:
-        from vlmcp.train.reference.checkpoint import latest_checkpoint
+        from vlmcp.train.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(cfg.checkpoint_dir)
         if latest is not None and not cfg.resume:
@@ -138,16 +138,6 @@ def _kill_at(rank: int, step: int, this_rank: int, this_step: int) -> None:
     """The hidden ``--_fault RANK STEP`` flag: that rank dies (SIGKILL) at that step."""
     if (this_rank, this_step) == (rank, step):
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
-def _say(line: str, file=None) -> None:
-    """Print once per run: under torchrun every rank runs the checks, rank 0 reports."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=file or sys.stdout, flush=True)
 
 
 def _one_line_warnings(previous):
@@ -168,18 +158,19 @@ def _resume_preflight(cfg: TrainConfig) -> bool:
     Damaged checkpoints are skipped with a warning naming the file; when checkpoints
     exist but none is good, it is an error (exit 2), never a fresh start over them.
     """
-    from vlmcp.train.reference.loop import check_resumable, load_resume_checkpoint
+    from vlmcp.train.checkpoint import load_resume_checkpoint
+    from vlmcp.train.reference.loop import check_resumable
 
     ckpt = load_resume_checkpoint(cfg.checkpoint_dir,
-                                  report=lambda line: _say(f"vlmcp train: warning: {line}", sys.stderr))
+                                  report=lambda line: say(f"vlmcp train: warning: {line}", sys.stderr))
     if ckpt is None:
-        _say(f"vlmcp train: no checkpoint in {cfg.checkpoint_dir}; starting from step 0")
+        say(f"vlmcp train: no checkpoint in {cfg.checkpoint_dir}; starting from step 0")
         return True
     check_resumable(ckpt, cfg)
     if ckpt.step == cfg.steps:
-        _say(f"vlmcp train: {ckpt.path} is at step {ckpt.step} = --steps; nothing to do")
+        say(f"vlmcp train: {ckpt.path} is at step {ckpt.step} = --steps; nothing to do")
         return False
-    _say(f"vlmcp train: resuming from {ckpt.path} (step {ckpt.step} of {cfg.steps})")
+    say(f"vlmcp train: resuming from {ckpt.path} (step {ckpt.step} of {cfg.steps})")
     return True
 
 
@@ -231,23 +222,6 @@ def run(args: argparse.Namespace) -> int:
         warnings.formatwarning = previous
 
 
-def _join_torchrun(timeout: float):
-    """Join torchrun's process group: NCCL with the flight recorder on timeouts, or gloo."""
-    import torch
-    import torch.distributed as dist
-
-    from vlmcp.train.faults import die_with_parent
-
-    die_with_parent()  # a SIGKILLed torchrun agent takes its workers along
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # what each rank waited for
-        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-    return dist
-
-
 def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
     check_outputs(cfg)
     check_fresh(cfg)
@@ -256,34 +230,14 @@ def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
     on_step = functools.partial(_kill_at, *args._fault) if args._fault else None
     from vlmcp.train.reference.loop import train_rank
 
-    if _under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if world != cfg.world_size:
-            raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but torchrun started "
-                             f"{world} ranks")
-        dist = _join_torchrun(cfg.timeout)
-        try:
-            summary = train_rank(dist.group.WORLD, cfg, on_step)
-        finally:
-            dist.destroy_process_group()
-    else:
-        from vlmcp.cli.train_hf import _forward_sigterm
-        from vlmcp.launch import RankFailure, spawn_ranks
-
-        threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
+    if not under_torchrun():
         print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}, "
-              f"{threads} thread(s) each), {cfg.steps} steps of {cfg.seq_len} tokens, "
-              f"vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
-        previous = signal.signal(signal.SIGTERM, _forward_sigterm)
-        try:
-            summary = spawn_ranks(train_rank, cfg.world_size, cfg, on_step, timeout=None,
-                                  threads_per_rank=threads, collective_timeout=cfg.timeout)[0]
-        except RankFailure as err:
-            print(f"vlmcp train: failed: {err}", file=sys.stderr)
-            return 1
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    if int(os.environ.get("RANK", 0)) == 0:
+              f"{max(1, (os.cpu_count() or 1) // cfg.world_size)} thread(s) each), {cfg.steps} steps of "
+              f"{cfg.seq_len} tokens, vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
+    summary = run_on_ranks("vlmcp train", train_rank, cfg.world_size, cfg, on_step, timeout=None,
+                           collective_timeout=cfg.timeout,
+                           world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
+    if is_rank_zero():
         losses = summary["losses"]
         if summary["stopped"]:
             print(f"vlmcp train: {summary['stopped']}")

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
+from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.video import add_video_arguments, video_sampling
 from vlmcp.data.hf.video import VideoSampling
 from vlmcp.train.hf.config import HFTrainConfig
@@ -116,8 +115,8 @@ def _plan(cfg: HFTrainConfig):
     """``(processor, index)``; with ``--strict`` every image is decoded too."""
     if not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
-    from vlmcp.data.hf.conversations import read_conversations
     from vlmcp.data.hf.processor import load_processor
+    from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
@@ -140,7 +139,7 @@ def _decode_every_image(processor, index) -> None:
     one = "image and video" if _has_videos(index) else "image"
     what = "images and videos" if _has_videos(index) else "images"
     tty = os.environ.get("RANK", "0") == "0" and sys.stdout.isatty()
-    _say(f"vlmcp train: --strict: decoding {total} {what} before training")
+    say(f"vlmcp train: --strict: decoding {total} {what} before training")
     done = 0
     for conv in index.conversations:
         try:
@@ -154,7 +153,7 @@ def _decode_every_image(processor, index) -> None:
             print(f"\rvlmcp train: --strict: {done}/{total} {what} decoded", end="", flush=True)
     if tty:
         print(flush=True)
-    _say(f"vlmcp train: --strict: all {total} {what} decode")
+    say(f"vlmcp train: --strict: all {total} {what} decode")
 
 
 def _has_videos(index) -> bool:
@@ -194,12 +193,6 @@ def _first_view(cfg: HFTrainConfig, processor, index) -> str:
     return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}"
 
 
-def _say(line: str) -> None:
-    """Print once per run: under torchrun every rank runs the checks, rank 0 reports."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, flush=True)
-
-
 def _resume_preflight(cfg: HFTrainConfig) -> bool:
     """Check ``--resume`` (or a fresh run's empty checkpoint dir); False: nothing to do.
 
@@ -223,18 +216,18 @@ def _resume_preflight(cfg: HFTrainConfig) -> bool:
             raise ValueError(f"--resume: none of the {count} checkpoint(s) in {cfg.checkpoints} is readable "
                              "(see the warnings); not starting over from step 0 on top of them: move them "
                              "away to start a new run")
-        _say(f"vlmcp train: no checkpoint in {cfg.checkpoints}; starting from step 0")
+        say(f"vlmcp train: no checkpoint in {cfg.checkpoints}; starting from step 0")
         return True
     check_resumable(found[1], cfg, found[0], cfg.checkpoints)
     if found[0] == cfg.steps:
         if final_model_complete(cfg.output_dir, cfg.steps):
-            _say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps and the model is saved; "
+            say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps and the model is saved; "
                  "nothing to do")
             return False
-        _say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps, but the model in "
+        say(f"vlmcp train: {cfg.checkpoints} is at step {found[0]} = --steps, but the model in "
              f"{cfg.output_dir} is missing or incomplete; writing it from that checkpoint")
         return True
-    _say(f"vlmcp train: resuming from step {found[0]} of {cfg.steps} in {cfg.checkpoints}")
+    say(f"vlmcp train: resuming from step {found[0]} of {cfg.steps} in {cfg.checkpoints}")
     return True
 
 
@@ -253,17 +246,6 @@ def preload_model_code(model_dir: str) -> None:
     if model_type.isidentifier():
         modules.append(f"transformers.models.{model_type}.modeling_{model_type}")
     multiprocessing.get_context("forkserver").set_forkserver_preload(modules)
-
-
-def _forward_sigterm(*_) -> None:
-    """The launcher's SIGTERM goes to every rank; they finish the step, save and exit."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        try:
-            os.kill(child.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def _peak(peak: dict | None) -> str:
@@ -296,54 +278,24 @@ def run_hf(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to download
     from vlmcp.train.hf.loop import train_hf_rank
 
-    under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     check_outputs(cfg)
     processor, index = _plan(cfg)
     if not _resume_preflight(cfg):
         return 0
     fill = index.tokens / (len(index.rows) * cfg.seq_len)
-    _say(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
+    say(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
          f"of {cfg.seq_len} tokens ({fill:.0%} filled); {_skips(cfg, index)}")
     for skip in index.unreadable[:5]:
-        _say(f"vlmcp train: warning: {skip.where}: {skip.reason}; skipped")
+        say(f"vlmcp train: warning: {skip.where}: {skip.reason}; skipped")
     if len(index.unreadable) > 5:
-        _say(f"vlmcp train: warning: ... and {len(index.unreadable) - 5} more conversations with an "
+        say(f"vlmcp train: warning: ... and {len(index.unreadable) - 5} more conversations with an "
              f"unreadable {'image or video' if _has_videos(index) else 'image'}")
-    _say(_first_view(cfg, processor, index))
-    if under_torchrun:
-        import torch
-        import torch.distributed as dist
-
-        if int(os.environ["WORLD_SIZE"]) != cfg.world_size:
-            raise ValueError(f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}, but torchrun started "
-                             f"{os.environ['WORLD_SIZE']} ranks")
-        from vlmcp.train.faults import die_with_parent
-
-        die_with_parent()  # a SIGKILLed torchrun agent takes its workers along
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")  # the flight recorder
-            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
-        try:
-            summary = train_hf_rank(dist.group.WORLD, cfg, index)
-        finally:
-            dist.destroy_process_group()
-        return _report(cfg, index, summary) if int(os.environ["RANK"]) == 0 else 0
-    from vlmcp.launch import RankFailure, spawn_ranks
-
-    threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
-    print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}"
-          f"{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
-    preload_model_code(cfg.model)
-    previous = signal.signal(signal.SIGTERM, _forward_sigterm)
-    try:
-        summary = spawn_ranks(train_hf_rank, cfg.world_size, cfg, index, timeout=None,
-                              threads_per_rank=threads, collective_timeout=cfg.timeout)[0]
-    except RankFailure as err:
-        print(f"vlmcp train: failed: {err}", file=sys.stderr)
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return _report(cfg, index, summary)
+    say(_first_view(cfg, processor, index))
+    if not under_torchrun():
+        print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}"
+              f"{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
+        preload_model_code(cfg.model)
+    summary = run_on_ranks("vlmcp train", train_hf_rank, cfg.world_size, cfg, index, timeout=None,
+                           collective_timeout=cfg.timeout,
+                           world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
+    return _report(cfg, index, summary) if is_rank_zero() else 0

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from typing import get_args
 
+from vlmcp.cli.ranks import run_on_ranks
 from vlmcp.layout.plan import ImageStrategy
-from vlmcp.train.reference.config import AttentionBackend, DType, ImageAttention, VisionMode
+from vlmcp.train.options import AttentionBackend, DType, ImageAttention, VisionMode
 
 
 def add_parser(sub) -> None:
@@ -48,8 +48,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlmcp.launch import RankFailure, spawn_ranks
-    from vlmcp.verify import ParityCase, parity_case, verify_model_config
+    from vlmcp.checks.parity import ParityCase, parity_case, verify_model_config
 
     if args.cp < 1:
         raise ValueError(f"--cp must be >= 1, got {args.cp}")
@@ -78,11 +77,7 @@ def run(args: argparse.Namespace) -> int:
                       image_strategy=args.image_strategy, image_attention=args.image_attention,
                       sample_placement=args.sample_placement,
                       seed=args.seed, ulysses_size=ulysses_size)
-    try:
-        result = spawn_ranks(parity_case, args.cp, case, timeout=args.timeout)[0]
-    except RankFailure as err:
-        print(f"vlmcp verify: failed: {err}", file=sys.stderr)
-        return 1
+    result = run_on_ranks("vlmcp verify", parity_case, args.cp, case, timeout=args.timeout, torchrun=False)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -100,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_hf(args: argparse.Namespace) -> int:
-    """``--model``: :func:`vlmcp.hf.verify.hf_parity` on P spawned ranks."""
-    from vlmcp.launch import RankFailure, spawn_ranks
+    """``--model``: :func:`vlmcp.hf.debug.parity.hf_parity` on P spawned ranks."""
 
     if args.dtype not in ("float64", "float32"):
         raise ValueError(f"--model checks float64 or float32, got --dtype {args.dtype}")
@@ -111,7 +105,14 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
         from vlmcp.hf.adapters import adapter_for
-        from vlmcp.hf.tiny import (
+        from vlmcp.hf.debug.parity import (
+            DEFAULT_SAMPLES,
+            VIDEO_ONLY_SAMPLES,
+            VIDEO_SAMPLES,
+            HFParityCase,
+            hf_parity,
+        )
+        from vlmcp.hf.debug.tiny import (
             ANYRES_ARCHS,
             HYBRID_ARCHS,
             HYBRID_SAMPLES,
@@ -122,14 +123,7 @@ def _run_hf(args: argparse.Namespace) -> int:
             WINDOW_SAMPLES,
             tiny_config,
         )
-        from vlmcp.hf.tiny_anyres import ANYRES_SAMPLES
-        from vlmcp.hf.verify import (
-            DEFAULT_SAMPLES,
-            VIDEO_ONLY_SAMPLES,
-            VIDEO_SAMPLES,
-            HFParityCase,
-            hf_parity,
-        )
+        from vlmcp.hf.debug.tiny_anyres import ANYRES_SAMPLES
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
@@ -164,11 +158,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
                         dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement,
                         image_strategy=args.image_strategy, samples=samples)
-    try:
-        result = spawn_ranks(hf_parity, args.cp, case, timeout=args.timeout)[0]
-    except RankFailure as err:
-        print(f"vlmcp verify: failed: {err}", file=sys.stderr)
-        return 1
+    result = run_on_ranks("vlmcp verify", hf_parity, args.cp, case, timeout=args.timeout, torchrun=False)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

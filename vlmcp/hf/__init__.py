@@ -18,11 +18,11 @@ LLaVA-NeXT/OneVision, InternVL, SmolVLM/Idefics3 or Mistral3 model on a CP group
   which image, video and frame group) replicated or sharded with the text.
 * :mod:`vlmcp.hf.adapters`: what each architecture needs (:class:`InputKind`: what each
   input key is); :func:`register_adapter` adds one.
-* :mod:`vlmcp.hf.mixers`: the token-mixer audit ``parallelize`` runs (anything but softmax
+* :mod:`vlmcp.hf.mixers.audit`: the token-mixer audit ``parallelize`` runs (anything but softmax
   attention mixing tokens is refused, named); :func:`register_mixer` declares a CP
   implementation of a mixer class.
-* :mod:`vlmcp.hf.tiny` (and :mod:`vlmcp.hf.tiny_anyres`): tiny random configs for tests;
-  :mod:`vlmcp.hf.rows`: synthetic rows.
+* The tooling (tiny configs, synthetic rows, float64 parity, ``init-model``) is
+  :mod:`vlmcp.hf.debug`, which this package does not import.
 """
 
 from vlmcp.hf.adapters import (
@@ -35,12 +35,27 @@ from vlmcp.hf.adapters import (
 )
 from vlmcp.hf.attention import CPContext
 from vlmcp.hf.inputs import HFBatch, shard_inputs, shift_hf_labels
-from vlmcp.hf.mixers import register_mixer
+from vlmcp.hf.mixers.audit import register_mixer
 from vlmcp.hf.parallel import HFParallel, parallel_state, parallelize
-from vlmcp.hf.tiny import TINY_ARCHS, tiny_config, tiny_model
 
 __all__ = [
-    "TINY_ARCHS", "CPContext", "HFAdapter", "HFBatch", "HFParallel", "InputKind", "PlaceholderAdapter",
+    "CPContext", "HFAdapter", "HFBatch", "HFParallel", "InputKind", "PlaceholderAdapter",
     "adapter_for", "parallel_state", "parallelize", "register_adapter", "register_mixer", "shard_inputs",
-    "shift_hf_labels", "supported_model_types", "tiny_config", "tiny_model",
+    "shift_hf_labels", "supported_model_types",
 ]
+
+
+_DEBUG_NAMES = ("TINY_ARCHS", "tiny_config", "tiny_model")
+
+
+def __getattr__(name: str):
+    """``vlmcp.hf.tiny_config`` and friends moved to :mod:`vlmcp.hf.debug.tiny` (kept for one release)."""
+    if name in _DEBUG_NAMES:
+        import warnings
+
+        from vlmcp.hf.debug import tiny
+
+        warnings.warn(f"vlmcp.hf.{name} moved to vlmcp.hf.debug.tiny.{name}; the old name goes away in the "
+                      "next release", DeprecationWarning, stacklevel=2)
+        return getattr(tiny, name)
+    raise AttributeError(f"module 'vlmcp.hf' has no attribute {name!r}")

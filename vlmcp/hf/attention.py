@@ -27,7 +27,7 @@ raises. The vision adapters strip the key before the ViT runs.
 :func:`mark` also guards the other direction at run time: a marked module whose forward
 returns without having called :func:`vlmcp_attention_forward` (it computed attention some
 other way, on this rank's shard only) raises, so the structural audit of
-:mod:`vlmcp.hf.mixers` (Note [vlmcp HF token mixers]) cannot be fooled silently.
+:mod:`vlmcp.hf.mixers.audit` (Note [vlmcp HF token mixers]) cannot be fooled silently.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def vlmcp_attention_forward(
         scaling: softmax scale (HF passes ``module.scaling``).
         sliding_window: the layer's window W (Gemma 3's ``sliding_attention`` layers): a query sees a
             key fewer than W positions before it, as transformers' sliding mask; None: no window.
-            Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.mixers` audited).
+            Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.mixers.audit` audited).
         **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; the rest is ignored.
 
     Returns:

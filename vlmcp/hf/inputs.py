@@ -47,8 +47,8 @@ from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
 from vlmcp.hf.visuals import row_visuals
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
-from vlmcp.layout.placement import SamplePlacement
 from vlmcp.layout.plan import ImageStrategy
+from vlmcp.layout.sample_placement import SamplePlacement
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = ["HFBatch", "shard_inputs", "shift_hf_labels"]

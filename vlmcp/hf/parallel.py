@@ -6,8 +6,8 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 :func:`vlmcp.hf.shard_inputs`. Every check runs before anything is changed and
 before any communication, the token-mixer audit included (Note [vlmcp HF token
 mixers]): a language model with anything mixing tokens but softmax attention and the
-mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.gdn`; LFM2's short
-convolutions, :mod:`vlmcp.hf.short_conv`; sliding-window attention whose module carries its
+mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.mixers.gdn`; LFM2's short
+convolutions, :mod:`vlmcp.hf.mixers.short_conv`; sliding-window attention whose module carries its
 ``sliding_window``, Gemma 3) is refused, module by module (Mamba, chunked attention...).
 """
 
@@ -20,10 +20,10 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.hf import attention as hf_attention
-from vlmcp.hf import gdn as hf_gdn
-from vlmcp.hf import short_conv as hf_short_conv
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
-from vlmcp.hf.mixers import audit_token_mixers
+from vlmcp.hf.mixers import gdn as hf_gdn
+from vlmcp.hf.mixers import short_conv as hf_short_conv
+from vlmcp.hf.mixers.audit import audit_token_mixers
 from vlmcp.hf.vision import place_hf_vision
 from vlmcp.vision.placement import VisionMode
 

@@ -7,16 +7,13 @@ merges the result at the image (video) placeholder tokens (``get_placeholder_mas
 ``masked_scatter``). With every visual token on every rank, that merge works unchanged on
 the local row; only *who computes* the features changes with the mode. :func:`place_hf_vision`
 replaces both calls on the base model (instance attributes bound to it, so copies rebind)
-by one code path, :func:`_placed_features`, which runs the original ViT call as the mode
-says and returns the features of all images (videos), in order, on every rank::
-
-    replicate       original call on every rank                          (SHARE)
-    allreduce_hook  original call; hook all-reduces the feature gradient (FULL)
-    broadcast       original call on src; vlmcp.comm.broadcast            (SHARE)
-    scatter         original call on this rank's ViT units (assign_images, patches^2);
-                    vlmcp.comm.all_gather of rows, back to unit order     (SHARE)
-    hidden_shard    original call with the projector's last Linear cut to this rank's
-                    1/P output columns; all_gather on the hidden dim       (ViT SHARE, slice PARTITIONED)
+by one code path, :func:`_placed_features`, which hands the original ViT call to the mode
+engine, :func:`vlmcp.vision.modes.placed_features` (Note [vlmcp vision placement modes]: the
+same five modes, collectives, duals and rules as :func:`vlmcp.place_vision`), and returns the
+features of all images (videos), in order, on every rank. Whether the features require grad
+(the broadcast receivers' placeholders, an empty scatter part) is read from the vision
+modules' parameters alone, so a frozen ViT and projector under a trained LLM run no dual and
+no rank waits for one.
 
 A ViT unit is what the ViT attends over: an image, or one temporal patch group (frame
 group) of a video (Note [vlmcp HF videos: frame groups are visual units]). ``scatter``
@@ -24,10 +21,9 @@ balances the units of one call by cost (largest first), so one long video's fram
 spread over the group and its ViT work falls by about P per rank, while an image is never
 cut. Images and videos are two calls (HF makes them), each balanced on its own.
 
-The duals are :mod:`vlmcp.comm`'s (reduce-sum, reduce-scatter), and the parameters
-carry the same rules as under :func:`vlmcp.place_vision` (Note [vlmcp gradient rules]),
-recorded per vision module so :func:`vlmcp.reduce_gradients` re-applies them. Every
-decision reads metadata the CP group shares (image and video counts and grids).
+The parameters carry the mode's rules (Note [vlmcp gradient rules]), recorded per vision
+module so :func:`vlmcp.reduce_gradients` re-applies them. Every decision reads metadata the
+CP group shares (image and video counts and grids).
 
 Qwen3-VL's class ``get_video_features`` calls ``self.get_image_features``, which is the
 stand-in: while the original call runs, a nested stand-in call passes straight through to
@@ -90,12 +86,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vlmcp.comm import all_gather, broadcast
 from vlmcp.grads import GradRule, grad_tag, set_grad_rule
 from vlmcp.hf.adapters import HFAdapter, submodule
 from vlmcp.hf.attention import CONTEXT_KEY
-from vlmcp.vision.assign import assign_images, vit_cost
-from vlmcp.vision.placement import VisionMode, _column_slice
+from vlmcp.vision.modes import VisionMode, column_slice, mode_rule, placed_features
 
 __all__ = ["HFVisionPlacement", "VisionTags", "place_hf_vision"]
 
@@ -144,10 +138,6 @@ class HFVisionPlacement:
 
     def __deepcopy__(self, memo):
         return self  # read-only; a copied model shares the CP group
-
-
-def _needs_grad(module: nn.Module) -> bool:
-    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
 
 
 def _placed_image_features(self: nn.Module, *args, **kwargs):
@@ -208,27 +198,15 @@ def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
         groups = [(v, g, n) for v, (t, n) in enumerate(adapter.frame_groups(self, pixels)) for g in range(t)]
         units = [n for _, _, n in groups]
         select = lambda index: adapter.select_frames(pixels, [groups[i][:2] for i in index])  # noqa: E731
-    group = pl.group
-    world = 1 if group is None else dist.get_world_size(group)
-    if pl.mode == "replicate" or world == 1:
-        emb = run(pixels)
-    elif pl.mode == "allreduce_hook":
-        emb = run(pixels)
-        if emb.requires_grad:
-            emb.register_hook(lambda g: _all_reduce(g, group))
-    elif pl.mode == "broadcast":
-        if dist.get_rank(group) == pl.src:
-            emb = run(pixels)
-        else:
-            w = _projector_last(self, pl).weight
-            emb = w.new_empty(sum(tokens), pl.levels, pl.out_dim).requires_grad_(_needs_grad(self))
-        emb = broadcast(emb, pl.src, group)
-    elif pl.mode == "scatter":
-        emb = _scatter(self, pl, run, select, units, world)
-    else:  # hidden_shard: this rank's columns of every image and level, gathered on the hidden dim
-        emb = run(pixels)
-        if world > 1:
-            emb = all_gather(emb, group, dim=2)
+    empty = lambda rows: _projector_last(self, pl).weight.new_empty(rows, pl.levels, pl.out_dim)  # noqa: E731
+
+    def run_units(index):
+        if index is None:
+            return run(pixels)
+        return run(select(index)) if index else empty(0)  # an empty part still joins the gather
+
+    emb = placed_features(pl.mode, pl.group, units, run_units, empty, src=pl.src,
+                          requires_grad=_vision_needs_grad(self, adapter))
     partial = ctx is not None and (ctx.shard.plan.sample_placement != "split"
                                    or ctx.shard.image_strategy == "shard")
     if partial:  # this rank's input_ids hold only some visual tokens: their rows, in order
@@ -274,32 +252,14 @@ def _projector_last(base: nn.Module, pl: HFVisionPlacement) -> nn.Module:
     return submodule(base, pl.adapter.projector_last.removeprefix(pl.adapter.base_model + "."))
 
 
-def _all_reduce(grad: torch.Tensor, group) -> torch.Tensor:
-    grad = grad.clone()  # never reduce in place into a gradient autograd may still hold
-    dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
-    return grad
-
-
-def _scatter(base, pl, run, select, units, world):
-    """``scatter``: this rank runs its ViT units (``assign_images`` by cost), then the rows of all
-    units are all-gathered and put back in unit (= feature) order."""
-    rank = dist.get_rank(pl.group)
-    owner = assign_images([vit_cost(t) for t in units], world)
-    mine = [i for i, o in enumerate(owner) if o == rank]
-    rows = [sum(t for t, o in zip(units, owner, strict=True) if o == r) for r in range(world)]
-    if mine:
-        local = run(select(mine))
-    else:  # still joins the gather (and its reduce-scatter in backward)
-        w = _projector_last(base, pl).weight
-        local = w.new_zeros(0, pl.levels, pl.out_dim)
-    if _needs_grad(base) and not local.requires_grad:
-        local = local.detach().requires_grad_()
-    gathered = all_gather(local, pl.group, dim=0, sizes=rows)  # rank-major
-    start, seen = [0] * len(units), [sum(rows[:r]) for r in range(world)]
-    for i, o in enumerate(owner):
-        start[i], seen[o] = seen[o], seen[o] + units[i]
-    order = torch.cat([torch.arange(s, s + t) for s, t in zip(start, units, strict=True)])
-    return gathered.index_select(0, order.to(gathered.device))
+def _vision_needs_grad(base: nn.Module, adapter: HFAdapter) -> bool:
+    """Whether the vision side's output requires grad, from the vision parameters alone (the same on
+    every rank): a frozen ViT and projector under a trained LLM need no dual (no rank waits for one)."""
+    prefix = adapter.base_model + "."
+    params = [p for path in adapter.vision_modules
+              for p in submodule(base, path.removeprefix(prefix)).parameters()]
+    params += [base.get_parameter(path.removeprefix(prefix)) for path in adapter.vision_params]
+    return torch.is_grad_enabled() and any(p.requires_grad for p in params)
 
 
 def _place_vision_params(model: nn.Module, adapter: HFAdapter, mode: VisionMode, group,
@@ -338,7 +298,7 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
     world = 1 if group is None else dist.get_world_size(group)
     base = submodule(model, adapter.base_model)
     modules = [submodule(model, p) for p in adapter.vision_modules]
-    rule = GradRule.FULL if mode == "allreduce_hook" else GradRule.SHARE
+    rule = mode_rule(mode)
     for m in modules:
         for p in m.parameters():
             set_grad_rule(p, rule, world)
@@ -349,7 +309,7 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
         for path in (adapter.projector_last, *deepstack):
             parent_path, _, leaf = path.rpartition(".")
             parent = submodule(model, parent_path)
-            setattr(parent, leaf, _column_slice(getattr(parent, leaf), rank, world))
+            setattr(parent, leaf, column_slice(getattr(parent, leaf), rank, world))
     for m in modules:
         m.placement = VisionTags(mode, MappingProxyType({n: grad_tag(p) for n, p in m.named_parameters()}))
     if adapter.vision_params:

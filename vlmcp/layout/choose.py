@@ -14,8 +14,8 @@ import torch
 
 from vlmcp.layout.cost import CostEstimate, CostModel, estimate_cost
 from vlmcp.layout.images import row_images
-from vlmcp.layout.placement import SamplePlacement, auto_thresholds, lpt_assign, sample_costs
 from vlmcp.layout.plan import CPPlan, ImageStrategy, build_plan
+from vlmcp.layout.sample_placement import SamplePlacement, auto_thresholds, lpt_assign, sample_costs
 from vlmcp.layout.validate import check_cp_size, check_cu_seqlens, check_is_image
 
 __all__ = ["choose_image_strategy", "choose_plan", "plan_cp"]

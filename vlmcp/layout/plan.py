@@ -189,7 +189,7 @@ class CPPlan:
         owner: ``LongTensor[L]``, the rank holding each token that is not replicated
             (zigzag-sharded, or in a whole sample); ``-1`` for replicated tokens.
         whole: ``LongTensor[S]``, the rank a sample is placed on whole, ``-1`` for a split
-            sample (see Note [vlmcp whole-sample placement] in :mod:`vlmcp.layout.placement`).
+            sample (see Note [vlmcp whole-sample placement] in :mod:`vlmcp.layout.sample_placement`).
         travelling: ``BoolTensor[L]``, tokens exchanged by CP attention: the sharded
             tokens of split samples.
         cuts: ``LongTensor[S, 2P+1]``, zigzag cut points of each sample's sharded tokens.

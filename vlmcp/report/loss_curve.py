@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on CI machines or cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vlmcp.train.progress import read_metrics  # noqa: E402
+from vlmcp.report.metrics import read_metrics  # noqa: E402
 
 __all__ = ["plot_loss_curve"]
 
@@ -31,7 +31,7 @@ def plot_loss_curve(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike
     norm stays above zero, i.e. the text loss reaches the ViT through CP.
 
     Args:
-        metrics_jsonl: a file written by :class:`vlmcp.train.MetricsWriter`.
+        metrics_jsonl: a file written by :class:`vlmcp.report.metrics.MetricsWriter`.
         out_png: the PNG to write (its directory is created).
         title: figure title (default: the metrics file name).
 

@@ -31,7 +31,7 @@ def bench_model(hidden: int = 512, layers: int = 4, vit_width: int = 256, vit_de
                 patch: int = 14, seed: int = 0) -> Any:
     """A seeded float32 Qwen2-VL: an LLM of ``hidden`` width and ``layers`` layers (8 heads over 2
     K/V heads, SwiGLU 2x), a ViT of ``vit_width`` and ``vit_depth`` blocks on ``patch``-px patches."""
-    from vlmcp.hf.tiny import tiny_config, tiny_model
+    from vlmcp.hf.debug.tiny import tiny_config, tiny_model
 
     heads = 8 if hidden % 8 == 0 and hidden >= 64 else 2
     config = tiny_config("qwen2_vl", text_config=dict(

@@ -5,7 +5,7 @@ Run: ``vlmcp bench hf-memory [--row video|images --cp 2 4 --configs shard:scatte
 A scaled-down Qwen2-VL (:func:`vlmcp.bench.hf.bench_model`: LLM hidden 512, 4 layers; ViT
 width 256, 4 blocks) trains one step on one row through ``vlmcp.hf.shard_inputs`` and
 ``cp_cross_entropy``, once per ``image_strategy:vision_mode`` pair; each rank counts the
-bytes autograd saves (:class:`vlmcp.memory.SavedTensorMeter`, exact, parameters left out)
+bytes autograd saves (:class:`vlmcp.checks.saved_tensors.SavedTensorMeter`, exact, parameters left out)
 and the table gives the largest rank's over the same step on one process (vlmcp at P=1,
 the same kernels). Rows (the issue's):
 
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.launch import spawn_ranks
-from vlmcp.memory import SavedTensorMeter
 
 NAME = "hf-memory"
 
@@ -64,7 +64,7 @@ def _saved(model, inputs, labels, cu, group, strategy) -> tuple[int, str]:
 
 def _rank(group, samples, configs, sizes):
     import vlmcp.hf
-    from vlmcp.hf.rows import synthetic_row
+    from vlmcp.hf.debug.synthetic import synthetic_row
 
     rank = dist.get_rank(group)
     base = bench_model(**sizes)

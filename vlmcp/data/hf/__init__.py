@@ -2,8 +2,8 @@
 
 The pipeline, one module per step:
 
-* :mod:`~vlmcp.data.hf.conversations`: read and check ``--data`` files into
-  :class:`~vlmcp.data.hf.conversation.Conversation` objects (the data model), one
+* :mod:`~vlmcp.data.hf.reader`: read and check ``--data`` files into
+  :class:`~vlmcp.data.hf.schema.Conversation` objects (the data model), one
   format per file in :mod:`~vlmcp.data.hf.formats`, images and videos by
   :mod:`~vlmcp.data.hf.media`;
 * :mod:`~vlmcp.data.hf.template`: one conversation through the model's chat template,

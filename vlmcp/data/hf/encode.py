@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.data.hf.conversation import Conversation
+from vlmcp.data.hf.schema import Conversation
 from vlmcp.data.hf.template import Rendered, render
 from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, plan_video, read_header, require_av
 from vlmcp.data.hf.video_processor import patching, process

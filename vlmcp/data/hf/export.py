@@ -1,7 +1,7 @@
 """The built-in shapes-and-captions data as a JSONL conversations file with PNG images and MP4 videos.
 
 One line per sample of :class:`vlmcp.data.ShapesDataset`, in the LLaMA-Factory /
-ms-swift format that :mod:`vlmcp.data.hf.conversations` reads::
+ms-swift format that :mod:`vlmcp.data.hf.reader` reads::
 
     {"messages": [{"role": "user", "content": "Describe the picture. <image>"},
                   {"role": "assistant", "content": "a red circle top left"}],

@@ -1,4 +1,4 @@
-"""Image and video specs of a ``--data`` line -> :class:`~vlmcp.data.hf.conversation.Media`.
+"""Image and video specs of a ``--data`` line -> :class:`~vlmcp.data.hf.schema.Media`.
 
 Every format names its images and videos the way LLaMA-Factory, ms-swift, LLaVA and
 transformers do; this module turns each into a local file or inline bytes, or refuses it:
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from vlmcp.data.hf.conversation import Media
+from vlmcp.data.hf.schema import Media
 
 __all__ = ["FRAME_SUFFIXES", "resolve_image", "resolve_images", "resolve_video", "resolve_videos"]
 

@@ -46,8 +46,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from vlmcp.data.hf.conversation import Conversation, ConversationSet, Skipped
 from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, sample_length
+from vlmcp.data.hf.schema import Conversation, ConversationSet, Skipped
 from vlmcp.data.hf.video import VideoSampling
 from vlmcp.layout.labels import IGNORE_INDEX
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmcp.data.hf.conversation import (
+from vlmcp.data.hf.encode import planned_tokens
+from vlmcp.data.hf.schema import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
     Conversation,
     ConversationSet,
     line_name,
 )
-from vlmcp.data.hf.encode import planned_tokens
 from vlmcp.data.hf.video import VideoSampling
 
 __all__ = ["ConversationView", "select_line", "view_conversation"]

@@ -48,7 +48,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message
+from vlmcp.data.hf.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message
 
 __all__ = ["Rendered", "chat_messages", "chat_tools", "newline_after_image", "render"]
 

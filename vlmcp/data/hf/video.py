@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vlmcp.data.hf.conversation import Media
+from vlmcp.data.hf.schema import Media
 
 __all__ = ["Patching", "VideoHeader", "VideoPlan", "VideoSampling", "decode_frames", "frame_bounds",
            "plan_video", "read_header", "require_av", "sample_indices"]

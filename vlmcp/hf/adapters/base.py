@@ -230,7 +230,7 @@ class HFAdapter:
     def synthetic_images(self, model: nn.Module, images: Sequence[tuple],
                          generator: torch.Generator) -> tuple[dict, list[list[int]]]:
         """Random per-image inputs of one sample's ``images``, as the processor gives them (tests and
-        ``vlmcp verify``; :func:`vlmcp.hf.rows.synthetic_row`).
+        ``vlmcp verify``; :func:`vlmcp.hf.debug.synthetic.synthetic_row`).
 
         Args:
             model: the top-level model (its config gives the shapes).

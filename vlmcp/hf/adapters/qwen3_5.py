@@ -6,7 +6,7 @@ Linear ``model.visual.merger.linear_fc2``, interleaved M-RoPE ``(3, L)`` from th
 own ``get_rope_index`` per sample; no deepstack levels. The language model interleaves
 Gated DeltaNet layers (three in four) with gated softmax attention: the attention goes
 through vlmcp attention like any other (its output gate and partial rotary are per-token
-steps HF does around the call), the Gated DeltaNet through :mod:`vlmcp.hf.gdn`.
+steps HF does around the call), the Gated DeltaNet through :mod:`vlmcp.hf.mixers.gdn`.
 Qwen3.5-MoE (``qwen3_5_moe``) is not served yet (no parity test).
 """
 

@@ -29,8 +29,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from vlmcp.data.hf.conversation import Skipped
 from vlmcp.data.hf.rows import DataIndex, HFRow
+from vlmcp.data.hf.schema import Skipped
 
 __all__ = ["DecodeSkips", "agree_on_skips"]
 

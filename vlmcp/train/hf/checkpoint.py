@@ -3,8 +3,8 @@
 Two kinds, by ``--fsdp``:
 
 * without FSDP every rank holds the whole model: the atomic, checksummed single file of
-  :mod:`vlmcp.train.reference.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
-  wins]) with the layout-free state of :mod:`vlmcp.train.reference.state`, so it resumes at another
+  :mod:`vlmcp.train.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
+  wins]) with the layout-free state of :mod:`vlmcp.train.state`, so it resumes at another
   CP size;
 * with FSDP each rank holds a shard: ``torch.distributed.checkpoint`` writes every rank's
   shard into ``.step_N.tmp-<pid>-<host>/`` (on a directory all ranks share; rank 0 names it),
@@ -35,8 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import local_part, partition_of
-from vlmcp.train.lock import writer_tag
-from vlmcp.train.reference.checkpoint import (
+from vlmcp.train.checkpoint import (
     checkpoint_path,
     list_checkpoints,
     load_checkpoint,
@@ -45,7 +44,8 @@ from vlmcp.train.reference.checkpoint import (
     remove_stale_temps,
     save_checkpoint,
 )
-from vlmcp.train.reference.state import full_state, load_full_state
+from vlmcp.train.lock import writer_tag
+from vlmcp.train.state import full_state, load_full_state
 
 __all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkpoint", "save_hf_checkpoint"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.data.hf.video import VideoSampling
-from vlmcp.train.reference.config import (
+from vlmcp.train.options import (
     AttentionBackend,
     DType,
     ImageStrategyChoice,

@@ -27,9 +27,9 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import partition_of
+from vlmcp.train.checkpoint import clean_os_error, remove_stale_temps
 from vlmcp.train.hf.checkpoint import gather_slice, partitioned_params
 from vlmcp.train.lock import writer_tag
-from vlmcp.train.reference.checkpoint import clean_os_error, remove_stale_temps
 
 __all__ = ["MODEL_MARKER", "final_model_complete", "save_trained_model"]
 

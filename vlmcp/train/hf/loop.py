@@ -36,14 +36,16 @@ from vlmcp.data.hf.processor import load_processor
 from vlmcp.data.hf.rows import DataIndex, RowLoader
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
 from vlmcp.loss import cp_cross_entropy
+from vlmcp.report.metrics import MetricsWriter
 from vlmcp.train.faults import stall_guard
+from vlmcp.train.groups import dp_cp_groups
 from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
 from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.hf.final_model import save_trained_model
-from vlmcp.train.progress import MetricsWriter, ProgressBar
-from vlmcp.train.reference.config import TORCH_DTYPES
-from vlmcp.train.reference.loop import dp_cp_groups, lr_at  # the reference trainer's schedule (lr, steps)
+from vlmcp.train.options import TORCH_DTYPES
+from vlmcp.train.progress import ProgressBar
+from vlmcp.train.schedule import lr_at
 
 __all__ = ["load_parallel_model", "part_of", "train_hf_rank"]
 def part_of(name: str) -> str:

@@ -9,23 +9,19 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import get_args
 
-import torch
-
-from vlmcp.attention.cp import Backend as AttentionBackend
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE
-from vlmcp.layout.placement import SamplePlacement
-from vlmcp.layout.work import ImageAttention
-from vlmcp.vision.placement import VisionMode
+from vlmcp.train.options import (
+    AttentionBackend,
+    DType,
+    ImageAttention,
+    ImageStrategyChoice,
+    SamplePlacement,
+    VisionMode,
+)
 
-__all__ = ["TORCH_DTYPES", "AttentionBackend", "DType", "ImageAttention", "ImageStrategyChoice",
-           "SamplePlacement", "TrainConfig", "VisionMode"]
-
-DType = Literal["float32", "float64", "bfloat16"]
-ImageStrategyChoice = Literal["replicate", "shard", "auto"]
-"""A layout (:data:`~vlmcp.layout.plan.ImageStrategy`) or ``"auto"`` (the cost model picks per row)."""
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+__all__ = ["TrainConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)

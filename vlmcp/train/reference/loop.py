@@ -16,10 +16,8 @@ rank with one line naming the step (Note [vlmcp stalled peers and orphaned ranks
 
 from __future__ import annotations
 
-import math
 import signal
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import timedelta
@@ -28,29 +26,29 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.attention import usp_groups
-from vlmcp.attention.usp_groups import group_timeout
 from vlmcp.data import VOCAB_SIZE, ShapesConfig, ShapesDataset, pack_rows
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import CostModel
 from vlmcp.models import VLM, LLMConfig, VLMConfig
-from vlmcp.train.faults import stall_guard
-from vlmcp.train.progress import MetricsWriter, ProgressBar
-from vlmcp.train.reference.checkpoint import (
+from vlmcp.report.metrics import MetricsWriter
+from vlmcp.train.checkpoint import (
     Checkpoint,
     capture_rng_state,
-    list_checkpoints,
-    load_latest_checkpoint,
+    load_resume_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
-from vlmcp.train.reference.config import TORCH_DTYPES, TrainConfig
-from vlmcp.train.reference.state import full_state, load_full_state
+from vlmcp.train.faults import stall_guard
+from vlmcp.train.groups import dp_cp_groups
+from vlmcp.train.options import TORCH_DTYPES
+from vlmcp.train.progress import ProgressBar
+from vlmcp.train.reference.config import TrainConfig
 from vlmcp.train.reference.step import forward_backward
+from vlmcp.train.schedule import lr_at
+from vlmcp.train.state import full_state, load_full_state
 from vlmcp.vision import VisionConfig, place_vision
 
-__all__ = ["check_resumable", "cost_model", "dataset_config", "dp_cp_groups", "load_resume_checkpoint",
-           "lr_at", "model_config", "train_rank"]
-WARMUP_STEPS = 5
+__all__ = ["check_resumable", "cost_model", "dataset_config", "model_config", "train_rank"]
 
 
 def model_config(cfg: TrainConfig) -> VLMConfig:
@@ -84,41 +82,6 @@ def cost_model(cfg: TrainConfig) -> CostModel:
                                      image_attention=cfg.image_attention)
 
 
-def lr_at(cfg: TrainConfig, step: int) -> float:
-    """Linear warm-up, then cosine decay to 10% (a pure function of the step: resumable)."""
-    if step < WARMUP_STEPS:
-        return cfg.lr * (step + 1) / WARMUP_STEPS
-    progress = (step - WARMUP_STEPS) / max(1, cfg.steps - WARMUP_STEPS)
-    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def dp_cp_groups(group: dist.ProcessGroup, cp: int,
-                 timeout: timedelta | None = None) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """Split ``group`` (D*P ranks) into CP groups of consecutive ranks and strided DP groups.
-
-    Every rank creates every subgroup in the same order (``new_group`` is collective).
-    The subgroups wait ``timeout`` for a peer, by default as long as ``group`` does
-    (:func:`vlmcp.attention.usp_groups.group_timeout`), never torch's 30-minute default.
-
-    Returns:
-        ``(cp_group, dp_group)`` of the calling rank.
-    """
-    ranks = dist.get_process_group_ranks(group)
-    if len(ranks) % cp:
-        raise ValueError(f"a group of {len(ranks)} ranks does not split into CP groups of {cp}")
-    me = ranks[dist.get_rank(group)]
-    cp_groups = [ranks[i:i + cp] for i in range(0, len(ranks), cp)]
-    dp_groups = [ranks[i::cp] for i in range(cp)]
-    timeout = group_timeout(group) if timeout is None else timeout
-    mine = {}
-    for kind, subgroups in (("cp", cp_groups), ("dp", dp_groups)):
-        for sub in subgroups:
-            pg = dist.new_group(sub, timeout=timeout)
-            if me in sub:
-                mine[kind] = pg
-    return mine["cp"], mine["dp"]
-
-
 # Fields a checkpoint must agree on to continue the same run (CP size, vision mode,
 # attention backend and step count may change: the state is stored layout-free).
 _RESUME_FIELDS = ("seed", "seq_len", "dp", "hidden", "layers", "heads", "kv_heads", "dtype")
@@ -133,30 +96,6 @@ def check_resumable(ckpt: Checkpoint, cfg: TrainConfig) -> None:
         raise ValueError(f"cannot resume {ckpt.path}: it belongs to another run ({', '.join(changed)})")
     if ckpt.step > cfg.steps:
         raise ValueError(f"cannot resume {ckpt.path}: its step {ckpt.step} is past --steps {cfg.steps}")
-
-
-def load_resume_checkpoint(directory, report=None) -> Checkpoint | None:
-    """The newest good checkpoint of ``directory`` for ``--resume``; None when there is none at all.
-
-    Damaged checkpoints are skipped; ``report(line)`` gets one line per skipped file
-    (None: they are dropped).
-
-    Raises:
-        ValueError: checkpoints exist but none is good: starting over from step 0 would
-            silently throw the run away and overwrite them.
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ckpt = load_latest_checkpoint(directory)
-    for w in caught:
-        if report is not None:
-            report(str(w.message))
-    if ckpt is None and (found := list_checkpoints(directory)):
-        last = str(caught[0].message).removeprefix("skipping unreadable checkpoint: ") if caught else ""
-        raise ValueError(f"--resume: none of the {len(found)} checkpoint(s) in "
-                         f"{directory} is readable ({last}); not starting over from step 0 on top of them: "
-                         "move them away to start a new run")
-    return ckpt
 
 
 def _resume(cfg: TrainConfig, model, optimizer, group, device: torch.device) -> tuple[int, int]:

@@ -1,8 +1,8 @@
 """What one ``--data`` format is (:class:`DataFormat`), and the checks every format ends with.
 
 A format says whether a line is written in it (:meth:`DataFormat.detect`) and turns the
-line into a :class:`~vlmcp.data.hf.conversation.Conversation` or, by a documented rule of
-the format, a :class:`~vlmcp.data.hf.conversation.Skipped` (:meth:`DataFormat.read`).
+line into a :class:`~vlmcp.data.hf.schema.Conversation` or, by a documented rule of
+the format, a :class:`~vlmcp.data.hf.schema.Skipped` (:meth:`DataFormat.read`).
 Everything it cannot honour is a ``ValueError`` that starts with ``file:line: ``
 (:meth:`Line.error`): a key, role or part it does not know is refused, never dropped.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from vlmcp.data.hf.conversation import (
+from vlmcp.data.hf.schema import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
     Conversation,

@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message, Skipped
 from vlmcp.data.hf.formats.base import DataFormat, Detection, Line, build_conversation, check_keys, string
 from vlmcp.data.hf.media import resolve_images, resolve_videos
+from vlmcp.data.hf.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Conversation, Message, Skipped
 
 __all__ = ["LLAVA", "LlavaFormat", "place_image"]
 

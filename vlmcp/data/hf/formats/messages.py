@@ -40,10 +40,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from vlmcp.data.hf.conversation import Conversation, Message
 from vlmcp.data.hf.formats.base import DataFormat, Detection, Line, build_conversation, check_keys, string
 from vlmcp.data.hf.formats.parts import read_parts
 from vlmcp.data.hf.media import resolve_image, resolve_images, resolve_video, resolve_videos
+from vlmcp.data.hf.schema import Conversation, Message
 
 __all__ = ["MESSAGES", "ROLE_NAMES", "MessagesFormat"]
 
@@ -54,7 +54,7 @@ ROLE_NAMES: dict[str, str] = {
     "tool_call": "tool_call", "function_call": "tool_call",
     "tool_response": "tool_response", "tool": "tool_response", "observation": "tool_response",
 }
-"""A message's role or sharegpt tag -> its :data:`~vlmcp.data.hf.conversation.Role`."""
+"""A message's role or sharegpt tag -> its :data:`~vlmcp.data.hf.schema.Role`."""
 
 _KEY_STYLES = (("role", "content"), ("from", "value"))
 _LINE_KEYS = ("messages", "conversations", "system", "images", "tools", "videos")

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vlmcp.data.hf.conversation import Conversation, Message
 from vlmcp.data.hf.formats.base import DataFormat, Detection, Line, build_conversation, check_keys, string
 from vlmcp.data.hf.media import resolve_images, resolve_videos
+from vlmcp.data.hf.schema import Conversation, Message
 
 __all__ = ["QUERY_RESPONSE", "QueryResponseFormat"]
 

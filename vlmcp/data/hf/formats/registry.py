@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vlmcp.data.hf.conversation import Conversation, Skipped
 from vlmcp.data.hf.formats.base import DataFormat, Line
+from vlmcp.data.hf.schema import Conversation, Skipped
 
 __all__ = ["certain_formats", "data_formats", "read_record", "register_format"]
 

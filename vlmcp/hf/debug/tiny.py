@@ -8,8 +8,8 @@ and a small ViT, so a float64 training step runs in milliseconds on a CPU.
 same way and tested in ``tests/test_hf_qwen3.py``; :data:`HYBRID_ARCHS` (Qwen3.5: Gated DeltaNet
 layers between gated attention layers; LFM2-VL: short convolutions between attention layers) in
 ``tests/test_hf_qwen3_5.py`` and ``tests/test_hf_lfm2_vl.py``;
-:data:`~vlmcp.hf.tiny_anyres.ANYRES_ARCHS` (InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3,
-Mistral3) in :mod:`vlmcp.hf.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``; :data:`MLA_ARCHS`
+:data:`~vlmcp.hf.debug.tiny_anyres.ANYRES_ARCHS` (InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3,
+Mistral3) in :mod:`vlmcp.hf.debug.tiny_anyres`, tested in ``tests/test_hf_more_archs.py``; :data:`MLA_ARCHS`
 (Kimi-K2.5: DeepSeek-V3 MLA and MoE) in ``tests/test_hf_kimi.py``.
 
 ``tiny_config("qwen2_vl")`` -> ``Qwen2VLConfig``; ``tiny_model("llava", torch.float64)``
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.tiny_anyres import ANYRES_ARCHS, anyres_config
+from vlmcp.hf.debug.tiny_anyres import ANYRES_ARCHS, anyres_config
 
 __all__ = ["ANYRES_ARCHS", "HYBRID_ARCHS", "HYBRID_SAMPLES", "MLA_ARCHS", "MROPE_ARCHS", "TINY_ARCHS",
            "WINDOW_ARCHS", "WINDOW_SAMPLES", "tiny_config", "tiny_model"]
@@ -242,7 +242,7 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         ``Qwen2VLConfig``, ``Qwen2_5_VLConfig``, ``LlavaConfig``, ``Qwen3VLConfig``,
         ``Qwen3VLMoeConfig``, ``Glm4vConfig``, ``Qwen3_5Config``, ``Lfm2VlConfig``, ``Gemma3Config``,
         ``Kimi_K25Config`` or an
-        any-resolution config (:mod:`vlmcp.hf.tiny_anyres`). Token ids: vocabulary 128, image token 120
+        any-resolution config (:mod:`vlmcp.hf.debug.tiny_anyres`). Token ids: vocabulary 128, image token 120
         (Qwen, Kimi-K2.5: video 121, vision start 122, vision end 123; GLM: video 121, image start/end
         122/123, video start/end 124/125; Gemma 3: start/end of image 121/122), pad 0.
     """

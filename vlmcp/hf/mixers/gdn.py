@@ -18,7 +18,7 @@ token-mixing steps swapped for their CP versions::
 Per-token steps (projections, norm, gate) need nothing: every rank runs them on its own
 slots, replicated image slots included (their gradients are shares). Under
 ``attention="ulysses"``, when P divides both the key and the value heads, the conv and
-the recurrence take the all-to-all road instead (:func:`vlmcp.linear.gated_deltanet_ulysses`,
+the recurrence take the all-to-all road instead (:func:`vlmcp.mixers.gated_deltanet_ulysses`,
 Note [vlmcp Gated DeltaNet under Ulysses]): head shards holding the whole row, no
 redundant work, bytes that grow with L; otherwise (heads not divisible) the state passing
 above, which is exact under either backend. A call without the context raises.
@@ -27,7 +27,7 @@ The local kernel is :func:`prepare`'s ``kernel`` (default ``"auto"``: fla's Trit
 on CUDA when flash-linear-attention is installed, the torch kernel otherwise; Note [vlmcp
 gated delta rule: the kernel choice]).
 
-:func:`register` declares the classes to :mod:`vlmcp.hf.mixers`, so ``parallelize``
+:func:`register` declares the classes to :mod:`vlmcp.hf.mixers.audit`, so ``parallelize``
 prepares every instance (it calls :func:`register` before its token-mixer audit).
 """
 
@@ -42,8 +42,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
-from vlmcp.linear import causal_conv1d_cp, gated_delta_rule_cp, gated_deltanet_ulysses
-from vlmcp.linear.delta_rule import KERNELS, accumulator_dtype
+from vlmcp.mixers import causal_conv1d_cp, gated_delta_rule_cp, gated_deltanet_ulysses
+from vlmcp.mixers.delta_rule import KERNELS, accumulator_dtype
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
 
@@ -73,8 +73,9 @@ def cp_context(module: nn.Module, hidden_states: torch.Tensor, cache, kwargs: di
 
 def register_classes(classes, prepare_fn) -> None:
     """Register with ``prepare_fn`` each (transformers module, class name) of ``classes`` whose
-    module is loaded already (so registering imports nothing); shared with :mod:`vlmcp.hf.short_conv`."""
-    from vlmcp.hf import mixers
+    module is loaded already (so registering imports nothing); shared with
+    :mod:`vlmcp.hf.mixers.short_conv`."""
+    from vlmcp.hf.mixers import audit as mixers
 
     for module, name in classes:
         loaded = sys.modules.get(module)
@@ -145,7 +146,7 @@ CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNe
 
 
 def register() -> None:
-    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.mixers`).
+    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.mixers.audit`).
 
     Only classes whose transformers module is loaded already (a model of that class can
     exist only then), so registering imports nothing; ``parallelize`` calls it before its audit.

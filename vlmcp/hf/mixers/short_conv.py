@@ -2,7 +2,7 @@
 
 ``Lfm2ShortConv`` is ``out_proj(C * conv(B * x))`` with ``B, C, x = in_proj(h)`` and a
 depthwise causal conv1d of kernel ``conv_L_cache`` (3): per-token steps around one
-token-mixing step. :func:`cp_forward` swaps that step for :func:`vlmcp.linear.causal_conv1d_cp`
+token-mixing step. :func:`cp_forward` swaps that step for :func:`vlmcp.mixers.causal_conv1d_cp`
 (Note [vlmcp causal conv1d halo]); the layout comes from the ``vlmcp_cp`` keyword, as
 for attention (Note [vlmcp HF Gated DeltaNet]). :func:`register` declares the class to
 the token-mixer registry (``parallelize`` calls it before its audit).
@@ -18,8 +18,8 @@ import types
 import torch
 from torch import nn
 
-from vlmcp.hf.gdn import cp_context, register_classes
-from vlmcp.linear import causal_conv1d_cp
+from vlmcp.hf.mixers.gdn import cp_context, register_classes
+from vlmcp.mixers import causal_conv1d_cp
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
 
@@ -51,7 +51,7 @@ CLASSES = (("transformers.models.lfm2.modeling_lfm2", "Lfm2ShortConv"),)
 
 
 def register() -> None:
-    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.mixers`).
+    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.mixers.audit`).
 
     Only classes whose transformers module is loaded already, so registering imports nothing;
     a class registered already keeps its registration.

@@ -2,7 +2,7 @@
 
 Note [vlmcp gated delta rule under CP: the segment schedule]
 ------------------------------------------------------------
-The row's segments (:mod:`vlmcp.linear.segments`) in global order; each is an affine
+The row's segments (:mod:`vlmcp.mixers.segments`) in global order; each is an affine
 map ``S_out = M S_in + U`` of the recurrent state (Note [vlmcp gated delta rule: a
 segment is an affine map of its incoming state]). P = 2, one sample, text chunks
 ``a b c d`` (rank 0 holds a and d, rank 1 b and c), an image after the prompt::
@@ -38,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.layout.plan import RankShard
-from vlmcp.linear.delta_rule import accumulator_dtype, segment_maps
-from vlmcp.linear.exchange import exchange_maps
-from vlmcp.linear.segments import segment_layout
+from vlmcp.mixers.delta_rule import accumulator_dtype, segment_maps
+from vlmcp.mixers.segments import segment_layout
+from vlmcp.mixers.state_exchange import exchange_maps
 
 __all__ = ["gated_delta_rule_cp"]
 
@@ -58,7 +58,7 @@ def gated_delta_rule_cp(
         g: ``(N, Hv)`` log decays; beta: ``(N, Hv)``.
         shard: this rank's :class:`~vlmcp.RankShard`.
         group: the CP group (None: one process, ``shard.cp_size == 1``).
-        chunk_size, scale, use_qk_l2norm, kernel: as in :func:`vlmcp.linear.chunk_gated_delta_rule`.
+        chunk_size, scale, use_qk_l2norm, kernel: as in :func:`vlmcp.mixers.chunk_gated_delta_rule`.
 
     Returns:
         ``(N, Hv, V)`` in ``v.dtype``, zero at padding slots. Differentiable; replicated

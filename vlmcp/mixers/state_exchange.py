@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.comm import all_gather
-from vlmcp.linear.segments import SegmentLayout
+from vlmcp.mixers.segments import SegmentLayout
 
 __all__ = ["exchange_bytes", "exchange_maps"]
 

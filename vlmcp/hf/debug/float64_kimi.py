@@ -6,7 +6,7 @@ group top-k), the ViT's ``apply_rotary_pos_emb_vision`` (``q.float()``) and the 
 ``temporal_merge`` (a float32 ``index_add_`` of ``hidden.float()``). In a float64 model
 each rounds the gradient to float32; a replicated token's gradient then arrives in P
 shares, each rounded on its own, and CP and one process differ by ~1e-8 relative: float32
-noise, not a CP error (as :func:`vlmcp.hf.verify.float64_norms` explains for RMSNorm,
+noise, not a CP error (as :func:`vlmcp.hf.debug.parity.float64_norms` explains for RMSNorm,
 which also covers DeepSeek-V3's norms). :func:`float64_kimi_k25` keeps those steps in the
 input dtype, for the duration only. The router's expert choice is a top-k of its scores,
 as in float32; the tiny test models are far from ties.
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from vlmcp.hf.qwen3_5_float64 import in_dtype
+from vlmcp.hf.debug.float64_qwen3_5 import in_dtype
 
 __all__ = ["float64_kimi_k25"]
 
@@ -50,7 +50,7 @@ def float64_kimi_k25(dtype: torch.dtype = torch.float64):
     Patches, class- and module-wide: ``DeepseekV3TopkRouter.forward`` (its ``torch.float32``
     read as ``dtype``), ``Kimi_K25VisionModel.temporal_merge`` and the Kimi module's
     ``apply_rotary_pos_emb_vision``; the router alone while Kimi's module is not loaded, nothing
-    while neither is. :func:`vlmcp.hf.verify.float64_exact` enters it.
+    while neither is. :func:`vlmcp.hf.debug.parity.float64_exact` enters it.
     """
     ds = sys.modules.get("transformers.models.deepseek_v3.modeling_deepseek_v3")
     kimi = sys.modules.get("transformers.models.kimi_k25.modeling_kimi_k25")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
 from vlmcp.grads import grad_norms, local_part, reduce_gradients
 from vlmcp.models import VLM, LLMConfig, VLMConfig
-from vlmcp.train.reference.config import TORCH_DTYPES
+from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.reference.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 

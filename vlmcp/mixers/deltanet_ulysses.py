@@ -18,7 +18,7 @@ j takes q/k heads ``[j Hk/P, (j+1) Hk/P)`` and value heads ``[j Hv/P, (j+1) Hv/P
 
 Exact and simple, but the bytes grow with L (about ``N x (C + 2 Hv)`` out and ``N x Hv x V``
 back per rank, padding and replicated slots included) where the state passing of
-:mod:`vlmcp.linear.cp` sends a fixed ``Hv x K x (K + V)`` per segment; in exchange each
+:mod:`vlmcp.mixers.delta_rule_cp` sends a fixed ``Hv x K x (K + V)`` per segment; in exchange each
 rank computes exactly its 1/P of the heads, with no redundant image work and no affine
 maps (which cost the state passing up to ``(K + V) / V`` times the recurrence). Needs
 ``Hk`` and ``Hv`` divisible by P.
@@ -36,8 +36,8 @@ import torch.distributed as dist
 from vlmcp.comm import all_to_all
 from vlmcp.layout.choose import plan_cp
 from vlmcp.layout.plan import RankShard
-from vlmcp.linear.conv_halo import causal_conv1d_cp
-from vlmcp.linear.delta_rule import chunk_gated_delta_rule
+from vlmcp.mixers.conv_halo import causal_conv1d_cp
+from vlmcp.mixers.delta_rule import chunk_gated_delta_rule
 
 __all__ = ["UlyssesRow", "gated_deltanet_ulysses", "ulysses_row"]
 
@@ -80,11 +80,11 @@ def ulysses_row(shard: RankShard) -> UlyssesRow:
     mine = torch.nonzero(shard.replicated & (shard.positions >= 0)).flatten()
     order[shard.positions[mine]] = P * N + mine
     if bool((order < 0).any()):
-        raise AssertionError("vlmcp.linear.ulysses: a position of the row is held by no rank")
+        raise AssertionError("vlmcp.mixers.deltanet_ulysses: a position of the row is held by no rank")
     cu = plan.cu_seqlens.long()
     whole_row = plan_cp(torch.zeros(L, dtype=torch.bool), 1, cu).for_rank(0)
     if not torch.equal(whole_row.positions, torch.arange(L)):
-        raise AssertionError("vlmcp.linear.ulysses: a one-rank plan is not the row in order")
+        raise AssertionError("vlmcp.mixers.deltanet_ulysses: a one-rank plan is not the row in order")
     row = UlyssesRow(order=order, back=torch.cat(back), cu_seqlens=cu, whole_row=whole_row)
     _CACHE[shard] = row
     return row
@@ -105,7 +105,7 @@ def gated_deltanet_ulysses(
         shard, group: this rank's shard and the CP group (P ranks, ``Hk % P == Hv % P == 0``).
         key_heads, key_dim, value_heads, value_dim: ``Hk``, ``K``, ``Hv``, ``V``.
         activation: applied after the convolution (Qwen3.5: SiLU).
-        chunk_size, scale, use_qk_l2norm, kernel: as in :func:`vlmcp.linear.chunk_gated_delta_rule`.
+        chunk_size, scale, use_qk_l2norm, kernel: as in :func:`vlmcp.mixers.chunk_gated_delta_rule`.
 
     Returns:
         ``(N, Hv, V)`` in ``mixed.dtype``, zero at padding slots. Replicated slots' input

@@ -151,7 +151,7 @@ class HFParityCase:
     """One CP-vs-unmodified-model comparison."""
 
     model: str = "hf:qwen2_vl"
-    """``hf:ARCH`` (a tiny random model, :mod:`vlmcp.hf.tiny`) or a local model directory."""
+    """``hf:ARCH`` (a tiny random model, :mod:`vlmcp.hf.debug.tiny`) or a local model directory."""
     attention: str = "ring"
     vision_mode: str = "replicate"
     dtype: str = "float64"
@@ -299,22 +299,22 @@ def float64_islands():
 @contextlib.contextmanager
 def float64_exact(dtype: torch.dtype):
     """:func:`float64_vision_rotary`, :func:`float64_islands`, Qwen3.5's and Kimi-K2.5's islands
-    (:func:`vlmcp.hf.qwen3_5_float64.float64_qwen3_5`, :func:`vlmcp.hf.kimi_float64.float64_kimi_k25`)
+    (:func:`vlmcp.hf.debug.float64_qwen3_5.float64_qwen3_5`, :func:`vlmcp.hf.debug.float64_kimi.float64_kimi_k25`)
     for float64, else nothing."""
     if dtype != torch.float64:
         yield
         return
-    from vlmcp.hf.kimi_float64 import float64_kimi_k25
-    from vlmcp.hf.qwen3_5_float64 import float64_qwen3_5
+    from vlmcp.hf.debug.float64_kimi import float64_kimi_k25
+    from vlmcp.hf.debug.float64_qwen3_5 import float64_qwen3_5
 
     with float64_vision_rotary(), float64_islands(), float64_qwen3_5(dtype), float64_kimi_k25(dtype):
         yield
 
 
 def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:
-    """``hf:ARCH`` -> :func:`vlmcp.hf.tiny.tiny_model`; a directory -> ``from_pretrained`` (offline)."""
+    """``hf:ARCH`` -> :func:`vlmcp.hf.debug.tiny.tiny_model`; a directory -> ``from_pretrained`` (offline)."""
     if spec.startswith("hf:"):
-        from vlmcp.hf.tiny import tiny_model
+        from vlmcp.hf.debug.tiny import tiny_model
 
         return tiny_model(spec[3:], dtype, seed=seed)
     from transformers import AutoModelForImageTextToText
@@ -388,6 +388,6 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
 
 
 def _row(model, case: HFParityCase):
-    from vlmcp.hf.rows import synthetic_row
+    from vlmcp.hf.debug.synthetic import synthetic_row
 
     return synthetic_row(model, case.samples, seed=case.seed, markers=case.markers)

@@ -19,12 +19,12 @@ rank) -> ``exchange`` (the maps' all-gather) -> ``cp`` (the op); ``conv_halo`` (
 convolution's halo exchange); ``ulysses`` (the all-to-all road).
 """
 
-from vlmcp.linear.conv_halo import causal_conv1d_cp
-from vlmcp.linear.cp import gated_delta_rule_cp
-from vlmcp.linear.delta_rule import SegmentMaps, chunk_gated_delta_rule, segment_maps
-from vlmcp.linear.exchange import exchange_bytes
-from vlmcp.linear.segments import RowSegments, SegmentLayout, row_segments, segment_layout
-from vlmcp.linear.ulysses import gated_deltanet_ulysses
+from vlmcp.mixers.conv_halo import causal_conv1d_cp
+from vlmcp.mixers.delta_rule import SegmentMaps, chunk_gated_delta_rule, segment_maps
+from vlmcp.mixers.delta_rule_cp import gated_delta_rule_cp
+from vlmcp.mixers.deltanet_ulysses import gated_deltanet_ulysses
+from vlmcp.mixers.segments import RowSegments, SegmentLayout, row_segments, segment_layout
+from vlmcp.mixers.state_exchange import exchange_bytes
 
 __all__ = ["RowSegments", "SegmentLayout", "SegmentMaps", "causal_conv1d_cp", "chunk_gated_delta_rule",
            "exchange_bytes", "gated_delta_rule_cp", "gated_deltanet_ulysses", "row_segments",

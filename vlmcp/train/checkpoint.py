@@ -313,3 +313,27 @@ def _as_tuples(value):
     # random.setstate needs tuples; a state that went through JSON or a list-only
     # serializer comes back as lists.
     return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def load_resume_checkpoint(directory, report=None) -> Checkpoint | None:
+    """The newest good checkpoint of ``directory`` for ``--resume``; None when there is none at all.
+
+    Damaged checkpoints are skipped; ``report(line)`` gets one line per skipped file
+    (None: they are dropped).
+
+    Raises:
+        ValueError: checkpoints exist but none is good: starting over from step 0 would
+            silently throw the run away and overwrite them.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = load_latest_checkpoint(directory)
+    for w in caught:
+        if report is not None:
+            report(str(w.message))
+    if ckpt is None and (found := list_checkpoints(directory)):
+        last = str(caught[0].message).removeprefix("skipping unreadable checkpoint: ") if caught else ""
+        raise ValueError(f"--resume: none of the {len(found)} checkpoint(s) in "
+                         f"{directory} is readable ({last}); not starting over from step 0 on top of them: "
+                         "move them away to start a new run")
+    return ckpt

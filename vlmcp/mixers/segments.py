@@ -7,7 +7,7 @@ held by every rank), or a whole sample placed on one rank. A rank's local row ho
 its own and the replicated segments, each contiguous and in global order (padding
 apart), so a token's recurrent state is its segment's incoming state advanced within
 the segment. See Note [vlmcp gated delta rule under CP: the segment schedule] in
-:mod:`vlmcp.linear.cp`.
+:mod:`vlmcp.mixers.delta_rule_cp`.
 
 Everything here is metadata computed identically on every rank from the plan (no
 communication) and cached per :class:`~vlmcp.RankShard`.
@@ -142,7 +142,7 @@ def segment_layout(shard: RankShard) -> SegmentLayout:
                         zip(row.starts[local].tolist(), row.ends[local].tolist(), strict=True)]) \
         if local.numel() else torch.zeros(0, dtype=torch.long)
     if not torch.equal(shard.positions[valid], expect):
-        raise AssertionError("vlmcp.linear: a rank's slots are not its segments in global order")
+        raise AssertionError("vlmcp.mixers: a rank's slots are not its segments in global order")
     exported = torch.nonzero(row.exported).flatten()
     ex_owner = row.owners[exported]
     sizes = tuple(int((ex_owner == o).sum()) for o in range(P))

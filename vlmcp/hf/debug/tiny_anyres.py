@@ -1,6 +1,6 @@
 """Tiny any-resolution VLM configs: InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3, Mistral3.
 
-Built in code like :mod:`vlmcp.hf.tiny` (whose :func:`~vlmcp.hf.tiny.tiny_config` dispatches
+Built in code like :mod:`vlmcp.hf.debug.tiny` (whose :func:`~vlmcp.hf.debug.tiny.tiny_config` dispatches
 here): the same small GQA language model, 8x8-pixel image tiles in 2x2-pixel patches.
 What each image gives the language model depends on its metadata, as in the real models:
 
@@ -29,7 +29,7 @@ from typing import Any
 __all__ = ["ANYRES_ARCHS", "ANYRES_SAMPLES", "anyres_config"]
 
 ANYRES_ARCHS = ("internvl", "llava_onevision", "llava_next", "smolvlm", "idefics3", "mistral3")
-"""Any-resolution architectures :func:`vlmcp.hf.tiny.tiny_config` builds (``tests/test_hf_more_archs.py``)."""
+"""Any-resolution architectures :func:`vlmcp.hf.debug.tiny.tiny_config` builds (``tests/test_hf_more_archs.py``)."""
 
 ANYRES_SAMPLES = {
     "internvl": ((5, (2,), 9), (12,), (3, (1,), 4, (3,), 7)),
@@ -37,7 +37,7 @@ ANYRES_SAMPLES = {
     "smolvlm": ((5, (2, 1), 9), (12,), (3, (1, 1), 4, (1, 3), 7)),
     "mistral3": ((5, (2, 3), 9), (12,), (3, (4, 1), 4, (1, 2), 7)),
 }
-"""The verification row of each family (``vlmcp verify --model``; :func:`vlmcp.hf.rows.synthetic_row`
+"""The verification row of each family (``vlmcp verify --model``; :func:`vlmcp.hf.debug.synthetic.synthetic_row`
 samples in the adapter's image tuples): an image after a prompt, a text-only sample, two images
 with text between. InternVL ``(tiles,)``; LLaVA-OneVision/NeXT ``(height, width)`` in eighths
 of a tile (a wide image shrunk by ``anyres_max``; a two-image sample, untiled in OneVision);
@@ -63,7 +63,7 @@ def _vit(**extra: Any) -> dict[str, Any]:
 def anyres_config(arch: str, text: dict[str, Any], overrides: dict[str, Any]) -> Any:
     """The tiny config of ``arch`` (one of :data:`ANYRES_ARCHS`) with the language model ``text``.
 
-    ``overrides`` as :func:`vlmcp.hf.tiny.tiny_config` takes them (``text_config`` and
+    ``overrides`` as :func:`vlmcp.hf.debug.tiny.tiny_config` takes them (``text_config`` and
     ``vision_config`` update field by field, other keys are top-level).
     """
     import transformers

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.attention import varlen_attention
+from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import RankShard
-from vlmcp.memory import SavedTensorMeter
 from vlmcp.models import VLM, VLMConfig
 from vlmcp.train.reference.step import forward_backward
 from vlmcp.vision import place_vision

@@ -6,7 +6,7 @@ output, the decay ``g`` (``A_log.float()``, ``a.float()``), both gated-delta-rul
 kernels (``.to(torch.float32)``) and the ViT rotary embedding. In a float64 model each
 rounds the gradient to float32; a replicated token's gradient then arrives in P shares,
 each rounded on its own, and CP and one process differ by ~1e-8 relative: float32
-noise, not a CP error (as :func:`vlmcp.hf.verify.float64_norms` explains for RMSNorm).
+noise, not a CP error (as :func:`vlmcp.hf.debug.parity.float64_norms` explains for RMSNorm).
 :func:`float64_qwen3_5` keeps those steps in the input dtype, for the duration only.
 
 :func:`in_dtype` runs one of transformers' functions unchanged except that its
@@ -100,7 +100,7 @@ def float64_qwen3_5(dtype: torch.dtype = torch.float64):
     ``Qwen3_5GatedDeltaNet`` forwards (a module whose forward vlmcp replaced on the
     instance keeps vlmcp's), and the module's ``apply_rotary_pos_emb_vision``; nothing
     while transformers' Qwen3.5 module is not loaded (no Qwen3.5 model exists then).
-    :func:`vlmcp.hf.verify.float64_exact` enters it.
+    :func:`vlmcp.hf.debug.parity.float64_exact` enters it.
     """
     m = sys.modules.get("transformers.models.qwen3_5.modeling_qwen3_5")
     if dtype != torch.float64 or m is None:

@@ -38,7 +38,7 @@ from torch.nn import functional as F
 
 from vlmcp.comm import all_gather
 from vlmcp.layout.plan import RankShard
-from vlmcp.linear.segments import segment_layout
+from vlmcp.mixers.segments import segment_layout
 
 __all__ = ["HaloLayout", "causal_conv1d_cp", "halo_layout"]
 

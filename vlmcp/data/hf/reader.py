@@ -26,11 +26,11 @@ Containers: ``.jsonl`` (one object per line, blank lines skipped) and ``.json`` 
 of objects, or one object); UTF-8 with or without a BOM, any line endings. Several files
 are read in the order given and concatenated. A JSONL line is named ``file:line``; an
 object of a JSON list ``file.json:[N]`` (N from 1, the object's place in the list: a
-``.json`` file is often one line), as :func:`~vlmcp.data.hf.conversation.line_name` says;
+``.json`` file is often one line), as :func:`~vlmcp.data.hf.schema.line_name` says;
 a syntax error in a ``.json`` file names its text line. JSON Lines in a ``.json`` file is
 refused (rename it ``.jsonl``) rather than guessed.
 
-Each line becomes a :class:`~vlmcp.data.hf.conversation.Conversation` (the format's rules
+Each line becomes a :class:`~vlmcp.data.hf.schema.Conversation` (the format's rules
 are in :mod:`vlmcp.data.hf.formats`, images and videos in :mod:`vlmcp.data.hf.media`) or, by a
 documented rule (LLaVA: nothing to train), a recorded skip. Everything else is a
 ``ValueError`` naming the file and line, raised while reading, so ``vlmcp train``
@@ -47,8 +47,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vlmcp.data.hf.conversation import IMAGE_PLACEHOLDER, Conversation, ConversationSet, Skipped, line_name
 from vlmcp.data.hf.formats import Line, certain_formats, read_record
+from vlmcp.data.hf.schema import IMAGE_PLACEHOLDER, Conversation, ConversationSet, Skipped, line_name
 
 __all__ = ["IMAGE_PLACEHOLDER", "Conversation", "ConversationSet", "read_conversations"]
 

@@ -1,0 +1,229 @@
+"""transformers' float32 islands, lifted for float64 parity (the reference and the CP model alike).
+
+Note [vlmcp float64 parity: float32 islands]
+--------------------------------------------
+Several HF modules compute in float32 whatever the model dtype: RMSNorms (``x.float()``),
+the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and SigLIP2's
+position interpolation, MoE routers (Qwen3-VL-MoE's softmax, DeepSeek-V3's sigmoid and group
+top-k), Qwen3.5's zero-centred and gated norms, its decay and gated-delta-rule kernel, and
+Kimi-K2.5's temporal merge. In a float64 model each rounds the gradient to float32; a
+replicated token's gradient arrives in P shares, each rounded on its own, so CP and one
+process then differ by ~1e-8 relative: float32 noise, not a CP error. float64 parity
+therefore runs both models with those steps in the input dtype, for the duration only::
+
+    with float64_exact(torch.float64):      # every island of every loaded transformers module
+        reference and CP forward/backward   # (class- and module-wide, restored on exit)
+
+:data:`ISLANDS` is the one table: (transformers module, attribute path, replacement). An entry
+applies when its module is loaded (a model of it exists); a replacement named by a string is
+built by :func:`in_dtype` (the original function with its ``torch.float32`` read as float64).
+:func:`float64_norms` makes one model's RMSNorm instances compute in their input dtype.
+A router's expert choice is a top-k of its scores, as in float32; the tiny test models are
+far from ties.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import types
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["ISLANDS", "float64_exact", "float64_norms", "in_dtype"]
+
+
+class _TorchWithFloat32As(types.ModuleType):
+    def __init__(self, dtype: torch.dtype):
+        super().__init__("torch")
+        self.float32 = dtype
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def in_dtype(fn: Callable, dtype: torch.dtype) -> Callable:
+    """``fn`` (decorators unwrapped) with every ``torch.float32`` it names read as ``dtype``."""
+    raw = inspect.unwrap(fn)
+    namespace = dict(raw.__globals__)
+    namespace["torch"] = _TorchWithFloat32As(dtype)
+    out = types.FunctionType(raw.__code__, namespace, raw.__name__, raw.__defaults__, raw.__closure__)
+    out.__kwdefaults__ = raw.__kwdefaults__
+    return out
+
+
+def _rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _zero_centred_norm(self, x: torch.Tensor) -> torch.Tensor:
+    """Gemma's and Qwen3.5's RMSNorm, ``x * (1 + w)``, in the input dtype."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+def float64_norms(model: nn.Module) -> int:
+    """Make the HF RMSNorms of ``model`` compute in their input dtype (in place); returns the count."""
+    n = 0
+    for m in model.modules():
+        name = type(m).__name__
+        if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
+            m.forward = types.MethodType(_rms_norm, m)
+            n += 1
+        elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
+            m.forward = types.MethodType(_zero_centred_norm, m)
+            n += 1
+    return n
+
+
+def _rotary_vision(module: str) -> Callable:
+    """``apply_rotary_pos_emb_vision`` of ``module`` in the input dtype."""
+
+    def rotary(q, k, cos, sin):
+        rotate_half = sys.modules[module].rotate_half
+        cos, sin = cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype)
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+    return rotary
+
+
+def _glm4v_positions(self, embeddings, lengths, image_shapes, h_coords, w_coords):
+    """``Glm4vVisionEmbeddings.forward`` with the bicubic interpolation in the table's dtype."""
+    table = self.position_embedding.weight
+    side = int(table.shape[0] ** 0.5)
+    grid_2d = table.view(side, side, -1).permute(2, 0, 1).unsqueeze(0)
+    ends = torch.as_tensor(lengths, device=embeddings.device).cumsum(0)
+    token = torch.arange(embeddings.shape[0], device=embeddings.device)
+    image = (token.unsqueeze(0) >= ends.unsqueeze(1)).sum(0)
+    h, w = image_shapes[image, 1].to(table.dtype), image_shapes[image, 2].to(table.dtype)
+    grid = torch.stack(((w_coords + 0.5) / w * 2 - 1, (h_coords + 0.5) / h * 2 - 1), -1)[None, :, None]
+    pos = F.grid_sample(grid_2d, grid.to(table.dtype), mode=self.interpolated_method, align_corners=False,
+                        padding_mode="border")
+    return embeddings + pos[0, :, :, 0].T.to(embeddings.device)
+
+
+def _siglip2_positions(positional_embeddings, spatial_shapes, max_length):
+    """``Siglip2VisionEmbeddings.resize_positional_embeddings`` in the table's dtype: the same bilinear
+    antialiased weights as ``F.interpolate``'s, computed in that dtype."""
+    dtype, device = positional_embeddings.dtype, spatial_shapes.device
+    grid_size = positional_embeddings.shape[0]
+    sizes = spatial_shapes.to(dtype)[:, None]
+    positions = torch.arange(max_length, device=device, dtype=dtype)[None, :, None]
+    rows = torch.div(positions, sizes[..., 1:], rounding_mode="floor")
+    index = torch.cat([rows, positions - rows * sizes[..., 1:]], dim=-1)
+    index = index * (positions < sizes.prod(-1, keepdim=True))
+    scale = grid_size / sizes
+    center = (index + 0.5) * scale - 0.5
+    source = torch.arange(grid_size, device=device, dtype=dtype)
+    weights = (1 - (source - center[..., None]).abs().div(scale.clamp(min=1)[..., None])).clamp(min=0)
+    weights = weights / weights.sum(-1, keepdim=True)
+    weights = (weights[..., 0, :, None] * weights[..., 1, None, :]).flatten(-2)
+    flat = positional_embeddings.reshape(-1, positional_embeddings.shape[-1])
+    return weights.to(flat.device) @ flat
+
+
+def _softmax_router(self, hidden_states):
+    """``Qwen3VLMoeTextTopKRouter.forward`` with the softmax in the logits' dtype."""
+    logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    top, index = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+    return logits, top / top.sum(-1, keepdim=True), index
+
+
+def _gated_norm(self, hidden_states, gate):
+    """``Qwen3_5RMSNormGated.forward`` in the input dtype."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon)) * F.silu(gate)
+
+
+def _qwen3_5_gated_deltanet(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+    """``Qwen3_5GatedDeltaNet.forward`` of a whole sequence, ``g`` and the kernel in the input dtype.
+
+    A cache is left untouched: the reference's single forward never reads it back.
+    """
+    m = sys.modules["transformers.models.qwen3_5.modeling_qwen3_5"]
+    if cache is not None and cache.get_seq_length() > 0:
+        raise NotImplementedError("the float64 reference runs one whole forward, not cached decoding")
+    hidden_states = m.apply_mask_to_padding_states(hidden_states, attention_mask)
+    batch, seq_len, _ = hidden_states.shape
+    mixed = m.causal_conv1d_fn(self.in_proj_qkv(hidden_states).transpose(1, 2), self.conv1d.weight.squeeze(1),
+                               self.conv1d.bias, activation=self.activation).transpose(1, 2)
+    q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    q = q.reshape(batch, seq_len, -1, self.head_k_dim)
+    k = k.reshape(batch, seq_len, -1, self.head_k_dim)
+    v = v.reshape(batch, seq_len, -1, self.head_v_dim)
+    z = self.in_proj_z(hidden_states).reshape(batch, seq_len, -1, self.head_v_dim)
+    beta = self.in_proj_b(hidden_states).sigmoid()
+    g = -self.A_log.exp() * F.softplus(self.in_proj_a(hidden_states) + self.dt_bias)
+    kernel = in_dtype(m.torch_chunk_gated_delta_rule, hidden_states.dtype)
+    out, _ = kernel(q, k, v, g=g, beta=beta, initial_state=None, output_final_state=False,
+                    use_qk_l2norm_in_kernel=True)
+    out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(out.reshape(batch, seq_len, -1))
+
+
+def _kimi_temporal_merge(self, hidden_states, grid_thw, kernel_height, kernel_width, kwargs=None):
+    """``Kimi_K25VisionModel.temporal_merge`` in the input dtype."""
+    m = sys.modules["transformers.models.kimi_k25.modeling_kimi_k25"]
+    index, frame_weight, n = m.get_vision_temporal_merge_index(grid_thw, kernel_height, kernel_width,
+                                                               kwargs=kwargs)
+    kernel = kernel_height * kernel_width
+    pooled = hidden_states.new_zeros(n * kernel, hidden_states.shape[-1])
+    pooled.index_add_(0, index, hidden_states * frame_weight[:, None].to(hidden_states.dtype))
+    return pooled.view(n, kernel, -1)
+
+
+def _modeling(name: str) -> str:
+    return f"transformers.models.{name}.modeling_{name}"
+
+
+ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
+    *((_modeling(m), "apply_rotary_pos_emb_vision", _rotary_vision(_modeling(m)))
+      for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "kimi_k25")),
+    (_modeling("glm4v"), "Glm4vVisionEmbeddings.forward", _glm4v_positions),
+    (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
+     staticmethod(_siglip2_positions)),
+    (_modeling("qwen3_vl_moe"), "Qwen3VLMoeTextTopKRouter.forward", _softmax_router),
+    (_modeling("qwen3_5"), "Qwen3_5RMSNorm.forward", _zero_centred_norm),
+    (_modeling("qwen3_5"), "Qwen3_5RMSNormGated.forward", _gated_norm),
+    (_modeling("qwen3_5"), "Qwen3_5GatedDeltaNet.forward", _qwen3_5_gated_deltanet),
+    (_modeling("deepseek_v3"), "DeepseekV3TopkRouter.forward", "in_dtype"),
+    (_modeling("kimi_k25"), "Kimi_K25VisionModel.temporal_merge", _kimi_temporal_merge),
+)
+"""(transformers module, attribute path within it, replacement or ``"in_dtype"``): every float32
+island vlmcp's float64 parity lifts (Note [vlmcp float64 parity: float32 islands])."""
+
+
+@contextlib.contextmanager
+def float64_exact(dtype: torch.dtype) -> Iterator[None]:
+    """While active and ``dtype`` is float64, every :data:`ISLANDS` entry of a loaded module is patched.
+
+    Class-level patches (a module whose forward vlmcp replaced on the instance keeps vlmcp's);
+    everything is restored on exit. Nothing happens for other dtypes.
+    """
+    if dtype != torch.float64:
+        yield
+        return
+    patches = []
+    for module_name, path, replacement in ISLANDS:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue  # no model of it exists
+        *owners, name = path.split(".")
+        owner = module
+        for part in owners:
+            owner = getattr(owner, part)
+        if replacement == "in_dtype":
+            replacement = in_dtype(getattr(owner, name), dtype)
+        patches.append((owner, name, replacement))
+    saved = [owner.__dict__[name] for owner, name, _ in patches]
+    try:
+        for owner, name, replacement in patches:
+            setattr(owner, name, replacement)
+        yield
+    finally:
+        for (owner, name, _), original in zip(patches, saved, strict=True):
+            setattr(owner, name, original)
