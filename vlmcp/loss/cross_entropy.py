@@ -1,4 +1,4 @@
-"""Step 5 of the data flow: the token loss of a CP rank, normalized over the whole group.
+"""Cross-entropy of a CP rank's logits, normalized over the whole group.
 
 Each rank returns ``sum(its token losses) / (target tokens over the CP group)``, so
 the losses of the ranks add up to the mean over the row and every gradient is a
