@@ -13,13 +13,7 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.data.hf.video import VideoSampling
-from vlmcp.train.options import (
-    AttentionBackend,
-    DType,
-    ImageStrategyChoice,
-    SamplePlacement,
-    VisionMode,
-)
+from vlmcp.train.options import AttentionBackend, DType, ImageStrategyChoice, SamplePlacement, VisionMode
 
 __all__ = ["HFTrainConfig"]
 
