@@ -140,7 +140,8 @@ def test_every_note_the_code_and_the_docs_cite_exists():
         for name in set(NOTE_REF.findall(_joined(path.read_text()))) - defined:
             dangling.append(f"{path.relative_to(ROOT)}: Note [{name}]")
     for page in MARKDOWN:
-        prose = _joined(CODE_SPAN.sub("", _prose(page.read_text())))  # `Note [vlmcp ...]` in code is an example
+        # a `Note [vlmcp ...]` in a code span is an example, not a citation
+        prose = _joined(CODE_SPAN.sub("", _prose(page.read_text())))
         for name in set(re.findall(r"\[(vlmcp [^\]]+)\](?!\()", prose)) - defined:
             dangling.append(f"{page.relative_to(ROOT)}: [{name}]")
     assert not dangling, "Notes cited but defined nowhere:\n" + "\n".join(sorted(dangling))
@@ -188,7 +189,7 @@ def test_the_changelog_names_every_moved_path():
 
     text = (ROOT / "CHANGELOG.md").read_text()
     heads = re.findall(r"^## (.+)$", text, re.M)
-    assert heads and "unreleased" in heads[0], f"CHANGELOG.md's first section is {heads[:1]}, not the unreleased one"
+    assert heads and "unreleased" in heads[0], f"CHANGELOG.md opens with {heads[:1]}, not the unreleased one"
     unreleased = _section(text, f"## {heads[0]}")
     assert re.search(r"^### Added$", unreleased, re.M), "the unreleased section has no '### Added' list"
     lines = unreleased.splitlines()
