@@ -41,6 +41,7 @@ from typing import Any, Literal, get_args
 import torch
 import torch.distributed as dist
 from torch import nn
+
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
@@ -140,6 +141,7 @@ def _is_fsdp(model: nn.Module) -> bool:
 
 def _sharded_partitions(model: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
+
     from vlmcp.grads import GradRule, grad_rule, restore_grad_tags
 
     restore_grad_tags(model)

@@ -111,7 +111,7 @@ def __getattr__(name: str):
 
         from vlmcp.report import metrics
 
-        warnings.warn(f"vlmcp.train.progress.{name} moved to vlmcp.report.metrics.{name}; the old name goes away "
-                      "in the next release", DeprecationWarning, stacklevel=2)
+        warnings.warn(f"vlmcp.train.progress.{name} moved to vlmcp.report.metrics.{name}; the old name goes "
+                      "away in the next release", DeprecationWarning, stacklevel=2)
         return getattr(metrics, name)
     raise AttributeError(f"module 'vlmcp.train.progress' has no attribute {name!r}")
