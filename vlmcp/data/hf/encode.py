@@ -21,8 +21,8 @@ import torch
 
 from vlmcp.data.hf.schema import Conversation
 from vlmcp.data.hf.template import Rendered, render
-from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, plan_video, read_header, require_av
-from vlmcp.data.hf.video_processor import patching, process
+from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, read_header, require_av, video_rules
+from vlmcp.data.hf.video_processor import process, replacement_texts
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["EncodedSample", "MediaError", "check_pixels", "encode_conversation", "image_sizes",
@@ -97,11 +97,17 @@ def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = 
     """
     if not conv.videos:
         return []
+    sampling = sampling or VideoSampling()
     try:
-        patches = patching(processor)
+        rules = video_rules(processor)
+        rules.check(processor, sampling)  # a flag or a processor config it cannot use: never a video's fault
     except ValueError as err:
         raise ValueError(f"{conv.where}: {len(conv.videos)} video(s): {err}") from None
-    sampling = sampling or VideoSampling()
+    if conv.images and not rules.mixes_images_and_videos:
+        raise ValueError(f"{conv.where}: {len(conv.images)} image(s) and {len(conv.videos)} video(s): "
+                         f"{type(processor).__name__}'s model fills images and videos at the same "
+                         "placeholder, so its forward cannot take both in one conversation; put them in "
+                         "different lines")
     plans = []
     for media in conv.videos:
         if media.frames is None:
@@ -111,7 +117,7 @@ def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = 
         except Exception as err:  # PyAV's and PIL's errors on a bad header
             raise MediaError(conv.where, media.name, "cannot read video", err) from None
         try:
-            plans.append(plan_video(header, sampling, patches))
+            plans.append(rules.plan(processor, header, sampling))
         except Exception as err:
             raise MediaError(conv.where, media.name, "cannot sample video", err) from None
     return plans
@@ -149,47 +155,80 @@ def _image_texts(processor, sizes: list[tuple[int, int]]) -> list[str] | None:
     return [sequence] * len(sizes) if isinstance(sequence, str) else None
 
 
-def _expand_text(processor, conv: Conversation, rendered: Rendered, counts: list[int], sequences: list[str]
+def _expand_text(processor, conv: Conversation, rendered: Rendered, items: dict[int, tuple[str, list[str]]]
                  ) -> tuple[list[int], list[bool]]:
-    """:func:`_expand` where each image placeholder becomes its text in ``sequences``: the expanded
-    text is tokenized as the processor tokenizes it; a token is trained where its first
-    character came from a trained token of ``rendered``."""
-    tokenizer = processor.tokenizer
-    placeholder = tokenizer.convert_tokens_to_ids(processor.image_token)
-    spans = [off for token, off in zip(rendered.ids, rendered.offsets, strict=True) if token == placeholder]
-    if len(spans) != len(counts):
-        raise ValueError(f"{conv.where}: the chat template wrote {len(spans)} image placeholder(s) for "
-                         f"{len(counts)} image(s)")
-    per_image = [sequence.count(tokenizer.image_token) for sequence in sequences]
-    if counts != per_image:
-        raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes {per_image}")
+    """:func:`_expand` where each placeholder becomes text: ``items`` maps a placeholder token to its
+    kind (``"image"``, ``"video"``) and the text of each of its items, in order. The expanded text
+    is tokenized as the processor tokenizes it; a token is trained where its first character came
+    from a trained token of ``rendered``."""
+    spans = [(off, t) for t, off in zip(rendered.ids, rendered.offsets, strict=True) if t in items]
+    for token, (what, texts) in items.items():
+        n = sum(t == token for _, t in spans)
+        if n != len(texts):
+            raise ValueError(f"{conv.where}: the chat template wrote {n} {what} placeholder(s) for "
+                             f"{len(texts)} {what}(s)" + (_VIDEO_HINT if what == "video" else ""))
     trained_char = [False] * len(rendered.text)
     for (s, e), trained in zip(rendered.offsets, rendered.trained, strict=True):
         trained_char[s:e] = [trained] * (e - s)
-    text, origin, cursor = [], [], 0
-    for (s, e), sequence in zip(spans, sequences, strict=True):
+    text, origin, cursor, seen = [], [], 0, dict.fromkeys(items, 0)
+    for (s, e), token in spans:
+        sequence = items[token][1][seen[token]]
+        seen[token] += 1
         text += [rendered.text[cursor:s], sequence]
         origin += [*range(cursor, s), *[-1] * len(sequence)]
         cursor = e
     text.append(rendered.text[cursor:])
     origin += range(cursor, len(rendered.text))
-    enc = tokenizer("".join(text), return_offsets_mapping=True)
+    enc = processor.tokenizer("".join(text), return_offsets_mapping=True)
     trained = [s < len(origin) and origin[s] >= 0 and trained_char[origin[s]]
                for s, _ in enc["offset_mapping"]]
     return list(enc["input_ids"]), trained
 
 
-def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], video_counts: list[int],
+_VIDEO_HINT = ("; this model's chat template does not render video parts (the hub's Qwen2-VL template writes "
+               "<|vision_start|><|video_pad|><|vision_end|> for each)")
+
+
+def _video_texts(processor, conv: Conversation, plans: list[VideoPlan]) -> list[str] | None:
+    """The text the processor writes for each video when one is more than a run of its placeholder
+    (Qwen3-VL's timestamps, GLM-4.1V's frames), else None; each checked against its plan's tokens."""
+    texts = replacement_texts(processor, plans)
+    token = processor.video_token
+    if all(text == token * plan.tokens for text, plan in zip(texts, plans, strict=True)):
+        return None
+    placeholder = processor.image_token if not video_rules(processor).mixes_images_and_videos else token
+    for k, (text, plan) in enumerate(zip(texts, plans, strict=True)):
+        if text.count(placeholder) != plan.tokens:
+            raise ValueError(f"{conv.where}: video {k} planned as {plan.tokens} tokens, but the processor "
+                             f"writes {text.count(placeholder)} {placeholder}")
+    return texts
+
+
+def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], plans: list[VideoPlan],
             sizes: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
-    """Each image (video) token -> the image's (video's) count of them (images of ``sizes``); their
-    labels off: ``(ids, trained)``."""
-    sequences = _image_texts(processor, sizes)
-    if sequences is not None and not video_counts:
-        return _expand_text(processor, conv, rendered, counts, sequences)
+    """Each image (video) token -> the tokens the processor writes for the image (video): the image's
+    count of them (images of ``sizes``) or its text, the video's plan; their labels off:
+    ``(ids, trained)``."""
     tokenizer = processor.tokenizer
-    runs = {tokenizer.convert_tokens_to_ids(processor.image_token): ("image", counts)}
-    if video_counts:
-        runs[tokenizer.convert_tokens_to_ids(processor.video_token)] = ("video", video_counts)
+    image_token = tokenizer.convert_tokens_to_ids(processor.image_token)
+    sequences = _image_texts(processor, sizes)
+    videos = _video_texts(processor, conv, plans) if plans else None
+    if sequences is not None or videos is not None:
+        if sequences is not None:
+            per_image = [sequence.count(processor.image_token) for sequence in sequences]
+            if counts != per_image:
+                raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes "
+                                 f"{per_image}")
+        if plans and sequences is not None:
+            raise ValueError(f"{conv.where}: videos with {type(processor).__name__}'s images are not encoded")
+        items = {image_token: ("image", sequences or [processor.image_token * n for n in counts])}
+        if plans:
+            items[tokenizer.convert_tokens_to_ids(processor.video_token)] = (
+                "video", videos or [processor.video_token * p.tokens for p in plans])
+        return _expand_text(processor, conv, rendered, items)
+    runs = {image_token: ("image", counts)}
+    if plans:
+        runs[tokenizer.convert_tokens_to_ids(processor.video_token)] = ("video", [p.tokens for p in plans])
     ids, mask, seen = [], [], dict.fromkeys(runs, 0)
     for token, trained in zip(rendered.ids, rendered.trained, strict=True):
         if token in runs:
@@ -205,10 +244,8 @@ def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int]
             mask.append(trained)
     for token, (what, n) in runs.items():
         if seen[token] != len(n):
-            hint = ("; this model's chat template does not render video parts (the hub's Qwen2-VL template "
-                    "writes <|vision_start|><|video_pad|><|vision_end|> for each)") if what == "video" else ""
             raise ValueError(f"{conv.where}: the chat template wrote {seen[token]} {what} placeholder(s) for "
-                             f"{len(n)} {what}(s){hint}")
+                             f"{len(n)} {what}(s)" + (_VIDEO_HINT if what == "video" else ""))
     return ids, mask
 
 
@@ -231,7 +268,7 @@ def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = 
     counts = image_token_counts(processor, conv, sizes)
     plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    return (rendered, *_expand(processor, conv, rendered, counts, [p.tokens for p in plans], sizes))
+    return (rendered, *_expand(processor, conv, rendered, counts, plans, sizes))
 
 
 def sample_length(processor, conv: Conversation, video: VideoSampling | None = None) -> int:
@@ -243,14 +280,18 @@ def sample_length(processor, conv: Conversation, video: VideoSampling | None = N
     return len(planned_tokens(processor, conv, video)[1])
 
 
-def _decode_videos(processor, conv: Conversation, plans: list[VideoPlan]) -> list:
-    resample = int(processor.image_processor.resample) if plans else 0
+def _decode_videos(processor, conv: Conversation, plans: list[VideoPlan]) -> list[tuple[dict, VideoPlan]]:
+    """Each video's model inputs and plan: one video's planned frames decoded at a time, turned into
+    its pixels and dropped (a row never holds more than one video's frames)."""
+    rules = video_rules(processor) if plans else None
     out = []
     for media, plan in zip(conv.videos, plans, strict=True):
         try:
-            out.append((decode_frames(media, plan, resample), plan))
+            frames = decode_frames(media, plan, rules.resample(processor))
         except Exception as err:  # a truncated file: header fine, frames not
             raise MediaError(conv.where, media.name, "cannot decode video", err) from None
+        out.append((rules.pixels(processor, frames, plan), plan))
+        del frames
     return out
 
 
@@ -329,7 +370,7 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
     counts = image_token_counts(processor, conv, sizes)
     plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    ids, mask = _expand(processor, conv, rendered, counts, [p.tokens for p in plans], sizes)
+    ids, mask = _expand(processor, conv, rendered, counts, plans, sizes)
     videos = _decode_videos(processor, conv, plans)
     try:
         out = process(processor, rendered.text, images, videos)

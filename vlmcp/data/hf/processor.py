@@ -1,14 +1,17 @@
 """Loading and saving a model directory's processor, with or without torchvision.
 
-transformers 5 builds the Qwen2-VL / Qwen2.5-VL processor from three parts: tokenizer,
-image processor and video processor, and the video processor needs torchvision. vlmcp
-trains on images only, so where torchvision is missing (CPU-only machines: there is no
-CPU torchvision wheel for every torch) :func:`load_processor` assembles the same
-processor class without its video part. Where torchvision is installed it is
-``AutoProcessor.from_pretrained`` unchanged, and :func:`save_processor` writes the files
-``save_pretrained`` writes (``processor_config.json`` with both sub-processors, the
-tokenizer files, ``chat_template.jinja``), so either way the directory loads with
-``AutoProcessor`` wherever the model's own dependencies are installed.
+transformers 5 builds a VLM processor from three parts: tokenizer, image processor and
+video processor, and loading a video processor through ``AutoProcessor`` needs torchvision,
+which is not installable for every torch (CPU-only machines). vlmcp makes video pixels
+itself (:mod:`vlmcp.data.hf.video`), so where torchvision is missing :func:`load_processor`
+assembles the same processor class from its parts: Qwen2-VL's without a video part (its
+videos are sized by the image processor), the others with their video processor built from
+the saved config (:func:`video_processor_from_config`: Qwen3-VL's, GLM-4.1V's and
+LLaVA-OneVision's import without torchvision and hold the directory's frame sampling). Where
+torchvision is installed it is ``AutoProcessor.from_pretrained`` unchanged, and
+:func:`save_processor` writes the files ``save_pretrained`` writes (``processor_config.json``
+with both sub-processors, the tokenizer files, ``chat_template.jinja``), so either way the
+directory loads with ``AutoProcessor`` wherever the model's own dependencies are installed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["build_without_video", "load_processor", "processor_without_video", "save_processor"]
+__all__ = ["build_without_video", "load_processor", "processor_without_video", "save_processor",
+           "video_processor_from_config"]
 
 _IMAGE_KEYS_FOR_VIDEO = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
                          "size", "image_mean", "image_std", "do_normalize", "do_rescale", "rescale_factor",
@@ -65,11 +69,54 @@ def build_without_video(cls, tokenizer, image_processor, chat_template, **kwargs
     return proc
 
 
-_QWEN_STYLE = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
+_QWEN_STYLE = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
+"""Processors assembled by :func:`processor_without_video` (the others run their own ``__init__``)."""
+_SAVED_AS_DICT = _QWEN_STYLE + ("Qwen3VLProcessor", "Glm4vProcessor")
+"""Processors with no arguments of their own beside the sub-processors (their saved config has none)."""
+
+
+def video_processor_from_config(config: dict | None):
+    """The video processor a saved config describes, built without torchvision; None when its class
+    needs torchvision to import (Qwen2-VL's) or there is no config.
+
+    transformers' Qwen3-VL, GLM-4.1V and LLaVA-OneVision video processors import and hold their
+    parameters without torchvision (only their resize needs it, and vlmcp resizes with PIL), so
+    the frame sampling and sizes vlmcp reads from them are the directory's own.
+    """
+    if not config or "video_processor_type" not in config:
+        return None
+    import importlib
+
+    import transformers.models
+
+    name = config["video_processor_type"]
+    # transformers' top-level name (and its auto mapping) is a torchvision-gated stand-in: the class
+    # itself lives in some models/<model>/video_processing_<model>.py
+    for file in sorted(Path(transformers.models.__file__).parent.glob("*/video_processing_*.py")):
+        if f"class {name}(" in file.read_text():
+            try:
+                module = importlib.import_module(f"transformers.models.{file.parent.name}.{file.stem}")
+            except ImportError:  # its module imports torchvision (Qwen2-VL's)
+                return None
+            return getattr(module, name)(**{k: v for k, v in config.items() if k != "video_processor_type"})
+    return None
+
+
+def _saved_video_config(model_dir: Path, saved: dict) -> dict | None:
+    """The video processor's config: ``processor_config.json``'s (transformers 5) or the hub's
+    ``video_preprocessor_config.json``."""
+    if "video_processor" in saved:
+        return saved["video_processor"]
+    hub = model_dir / "video_preprocessor_config.json"
+    return json.loads(hub.read_text()) if hub.exists() else None
 
 
 def load_processor(model_dir: str | os.PathLike):
     """The processor of ``model_dir`` (``AutoProcessor.from_pretrained``; see the module doc).
+
+    Without torchvision, a processor with a video part is assembled from its tokenizer, image
+    processor and template, with the video processor attached where it imports without
+    torchvision (:func:`video_processor_from_config`: it holds the directory's video sampling).
 
     Raises:
         ValueError: if the directory has no processor files (the message names it).
@@ -80,7 +127,8 @@ def load_processor(model_dir: str | os.PathLike):
     model_dir = Path(model_dir)
     config_file = model_dir / "processor_config.json"
     saved = json.loads(config_file.read_text()) if config_file.exists() else {}
-    if is_torchvision_available() or "video_processor" not in saved:
+    video_config = _saved_video_config(model_dir, saved)
+    if is_torchvision_available() or video_config is None:
         try:
             return AutoProcessor.from_pretrained(model_dir)
         except OSError as err:
@@ -88,16 +136,24 @@ def load_processor(model_dir: str | os.PathLike):
     import transformers
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    cls = getattr(transformers, saved["processor_class"])
+    name = saved.get("processor_class") or video_config.get("processor_class")
+    if name is None:
+        preprocessor = model_dir / "preprocessor_config.json"
+        name = json.loads(preprocessor.read_text()).get("processor_class") if preprocessor.exists() else None
+    if name is None:
+        raise ValueError(f"cannot load a processor from {model_dir}: no processor_class in its configs")
+    cls = getattr(transformers, name)
     template_file = model_dir / "chat_template.jinja"
     template = template_file.read_text() if template_file.exists() else None
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     images = AutoImageProcessor.from_pretrained(model_dir)
-    if saved["processor_class"] in _QWEN_STYLE:
+    if name in _QWEN_STYLE:
         return processor_without_video(cls, tokenizer, images, template)
     parts = ("image_processor", "video_processor", "processor_class")
     own = {k: v for k, v in saved.items() if k not in parts}
-    return build_without_video(cls, tokenizer, images, template, **own)
+    proc = build_without_video(cls, tokenizer, images, template, **own)
+    proc.video_processor = video_processor_from_config(video_config)
+    return proc
 
 
 def save_processor(processor, out: str | os.PathLike) -> None:
@@ -119,7 +175,7 @@ def save_processor(processor, out: str | os.PathLike) -> None:
     if cls not in _QWEN_STYLE:  # InternVLProcessor -> InternVLVideoProcessor
         video["video_processor_type"] = cls.replace("Processor", "VideoProcessor")
     config = {"image_processor": image, "video_processor": video, "processor_class": cls}
-    if cls not in _QWEN_STYLE:  # the processor's own arguments (image_seq_length, ...)
+    if cls not in _SAVED_AS_DICT:  # the processor's own arguments (image_seq_length, ...)
         own = processor.to_dict()
         for key in ("image_processor", "video_processor", "processor_class", "tokenizer", "chat_template",
                     "audio_tokenizer"):

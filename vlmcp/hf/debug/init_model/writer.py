@@ -133,6 +133,9 @@ MAX_TILES = 4
 """InternVL: an image is cut into at most this many 8x8 tiles (plus a thumbnail when more than one)."""
 MAX_PIXELS = 64 * 64
 """Qwen images larger than this are scaled down (a 64x64 image is 16 tokens)."""
+VIDEO_PIXELS = 16 * MAX_PIXELS
+"""Qwen3-VL and Qwen3.5: a whole video's pixel budget (its video processor's ``size["longest_edge"]``,
+``t * H' * W'``): 16 frames of 64x64, 256 tokens."""
 
 
 def _corpus() -> list[str]:
@@ -214,16 +217,22 @@ def build_processor(arch: Arch):
         from transformers import Qwen3VLProcessor as cls
     from transformers.utils import is_torchvision_available
 
-    if not is_torchvision_available():  # see vlmcp.data.hf.processor
+    patching = dict(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2)
+    if arch in ("qwen3_vl", "qwen3_5"):  # its video processor bounds a whole video's pixels by size
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        from vlmcp.data.hf.processor import build_without_video
+
+        video = Qwen3VLVideoProcessor(**patching, size={"shortest_edge": 4 * factor * factor,
+                                                        "longest_edge": VIDEO_PIXELS})
+        if not is_torchvision_available():  # its video processor imports without torchvision
+            proc = build_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch])
+            proc.video_processor = video
+            return proc
+    elif not is_torchvision_available():  # see vlmcp.data.hf.processor
         from vlmcp.data.hf.processor import processor_without_video
 
         return processor_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch])
-    patching = dict(patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2)
-    if arch in ("qwen3_vl", "qwen3_5"):  # its video processor bounds pixels by size, not min/max_pixels
-        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-        video = Qwen3VLVideoProcessor(**patching, size={"shortest_edge": factor * factor,
-                                                        "longest_edge": MAX_PIXELS})
     else:
         from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
@@ -258,7 +267,14 @@ def _anyres_processor(arch: Arch, tokenizer):
         own = dict(num_image_tokens=16, vision_feature_select_strategy="full",
                    vision_aspect_ratio="anyres_max_1")
     if not is_torchvision_available():
-        return build_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch], **own)
+        proc = build_without_video(cls, tokenizer, images, CHAT_TEMPLATES[arch], **own)
+        if arch == "llava_onevision":  # its video processor imports without torchvision (InternVL's does not)
+            from transformers.models.llava_onevision.video_processing_llava_onevision import (
+                LlavaOnevisionVideoProcessor,
+            )
+
+            proc.video_processor = LlavaOnevisionVideoProcessor(size=tile)
+        return proc
     if arch == "internvl":
         from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor as video_cls
     else:
