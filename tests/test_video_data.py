@@ -313,7 +313,8 @@ def test_models_that_cannot_take_videos_say_so(media):
                                          r"parts"):
         sample_length(plain, conv)
     with pytest.raises(ValueError, match=r"d.jsonl:3: 1 video\(s\): vlmcp encodes videos for "
-                                         r"Qwen2VLProcessor and Qwen2_5_VLProcessor, not LlavaProcessor"):
+                                         r"Qwen2VLProcessor, Qwen2_5_VLProcessor, Qwen3VLProcessor, "
+                                         r"Glm4vProcessor, LlavaOnevisionProcessor, not LlavaProcessor"):
         sample_length(build_processor("llava"), conv)
 
 

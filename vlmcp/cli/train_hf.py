@@ -12,7 +12,7 @@ every rank of its CP group. Each is named (``file:line`` and the file) and count
 opening plan line and the final summary. ``--strict`` turns all of them into one-line
 errors before any rank starts (it decodes every image and video up front).
 
-Videos are sampled by the ``--video-*`` flags (:mod:`vlmcp.cli.video`), as qwen-vl-utils does.
+Videos are sampled by the ``--video-*`` flags (:mod:`vlmcp.cli.video`), as the model's processor does.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
                    help="recompute each decoder block in backward")
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
     add_video_arguments(p.add_argument_group(
-        "videos (with --model)", "How a video becomes frames, as qwen-vl-utils samples them for Qwen2-VL and "
-        "Qwen2.5-VL: frames at --video-fps, a multiple of 2 of them, each resized to a multiple of F = "
-        "patch_size*merge_size pixels per side within the pixel bounds."))
+        "videos (with --model)", "How a video becomes frames, as the model's own processor samples them "
+        "(qwen-vl-utils for Qwen2-VL and Qwen2.5-VL; the video processor for Qwen3-VL, Qwen3.5 and GLM-4.1V; "
+        "a fixed count for LLaVA-OneVision): frames at --video-fps within the frame bounds, each resized to "
+        "a multiple of F = patch_size*merge_size pixels per side within the pixel bounds."))
 
 
 def check_reference_args(args: argparse.Namespace) -> None:
