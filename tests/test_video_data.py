@@ -401,8 +401,8 @@ def test_help_names_every_video_default(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         text = " ".join(capsys.readouterr().out.split())
-        for flag, default in (("--video-fps FPS", "(default: 2.0)"), ("--video-min-frames N", "(default: 4)"),
-                              ("--video-max-frames N", "(default: 768)"),
+        for flag, default in (("--video-fps FPS", "(default: the model's: 2.0 for Qwen2-VL"),
+                              ("--video-min-frames N", "(default: 4"), ("--video-max-frames N", "(default: 768"),
                               ("--video-min-pixels PX", "(default: 128*F^2, F = patch_size*merge_size: "
                                                         "100352"),
                               ("--video-max-pixels PX", "(default: 768*F^2: 602112"),
