@@ -387,11 +387,15 @@ def test_data_show_json_on_a_video_line(model, shapes, capsys):
         "text": ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nDescribe the "
                  "video. <|vision_start|><video><|vision_end|><|im_end|>\n<|im_start|>assistant\n"
                  f"{caption}<|im_end|>\n"),
-        "trained": [f"{caption}<|im_end|>\n"], "tokens": 77, "images": 0, "videos": 1}
+        "trained": [f"{caption}<|im_end|>\n"], "tokens": 77, "images": 0, "videos": 1,
+        "video_plans": [{"video": str(shapes.parent / "videos" / "000000.mp4"), "frames": 4, "of": 8,
+                         "size": [64, 64], "grid": [2, 8, 8], "tokens": 32, "timestamps": []}]}
     # 8 frames at 4 fps: 4 taken, 64x64 each (the tiny model's 4096-pixel bound): 2 x 8 x 8 / 4 = 32 tokens
     assert main(argv[:-1]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == \
-        f"{shapes}:3: 77 tokens (19 trained, in [[ ]]), 0 image(s) (0 tokens), 1 video(s) (32 tokens)"
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        f"{shapes}:3: 77 tokens (19 trained, in [[ ]]), 0 image(s) (0 tokens), 1 video(s) (32 tokens)",
+        f"  video 1 ({shapes.parent / 'videos' / '000000.mp4'}): 4 of 8 frames (2 per second of video), 64x64, "
+        "grid (2, 8, 8): 32 tokens"]
     assert main([*argv, "--video-fps", "4"]) == 0  # all 8 frames: 64 tokens
     assert json.loads(capsys.readouterr().out)["tokens"] == 77 + 32
 

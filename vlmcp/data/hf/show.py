@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmcp.data.hf.encode import planned_tokens
+from vlmcp.data.hf.encode import planned_tokens, video_plans
 from vlmcp.data.hf.schema import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
@@ -27,7 +27,7 @@ from vlmcp.data.hf.schema import (
     ConversationSet,
     line_name,
 )
-from vlmcp.data.hf.video import VideoSampling
+from vlmcp.data.hf.video import VideoSampling, video_rules
 
 __all__ = ["ConversationView", "select_line", "view_conversation"]
 
@@ -49,6 +49,11 @@ class ConversationView:
         trained_tokens: tokens that carry loss.
         images: images; ``image_tokens`` the tokens they take.
         videos: videos; ``video_tokens`` the tokens they take.
+        video_lines: per video, one line of its plan (:meth:`VideoPlan.describe`).
+        video_plans: per video, ``{"video", "frames", "of", "size", "grid", "tokens", "timestamps"}``:
+            its name, the frames taken of how many, the resized ``[width, height]``, its
+            ``video_grid_thw`` row (None without), its tokens and the seconds its processor
+            writes before (after) each frame group (empty where it writes none).
     """
 
     where: str
@@ -61,11 +66,17 @@ class ConversationView:
     image_tokens: int
     videos: int
     video_tokens: int = 0
+    video_plans: tuple[dict, ...] = ()
+    video_lines: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        """``{"text", "trained", "tokens", "images", "videos"}`` (``vlmcp data show --json``)."""
-        return {"text": self.text, "trained": self.trained, "tokens": self.tokens, "images": self.images,
-                "videos": self.videos}
+        """``{"text", "trained", "tokens", "images", "videos"}`` and, with videos, ``"video_plans"``
+        (``vlmcp data show --json``)."""
+        out = {"text": self.text, "trained": self.trained, "tokens": self.tokens, "images": self.images,
+               "videos": self.videos}
+        if self.video_plans:
+            out["video_plans"] = list(self.video_plans)
+        return out
 
     def plain(self, max_lines: int | None = None, max_chars: int | None = None, more: str = "") -> str:
         """A header line and the marked text, cut after ``max_lines`` lines or ``max_chars``
@@ -73,6 +84,8 @@ class ConversationView:
         head = (f"{self.where}: {self.tokens} tokens ({self.trained_tokens} trained, in {OPEN} {CLOSE}), "
                 f"{self.images} image(s) ({self.image_tokens} tokens), {self.videos} video(s)"
                 + (f" ({self.video_tokens} tokens)" if self.videos else ""))
+        for k, (plan, line) in enumerate(zip(self.video_plans, self.video_lines, strict=True), start=1):
+            head += f"\n  video {k} ({plan['video']}): {line}"
         body = self.marked
         cut = len(body)
         if max_lines is not None and body.count("\n") >= max_lines:
@@ -96,8 +109,17 @@ def view_conversation(processor, conv: Conversation, video: VideoSampling | None
         ValueError: naming ``file:line``, as planning would (:func:`planned_tokens`).
     """
     rendered, ids, trained = planned_tokens(processor, conv, video)
+    planned = video_plans(processor, conv, video)
+    plans = [{"video": media.name, "frames": len(plan.indices), "of": plan.total,
+              "size": [plan.width, plan.height],
+              "grid": None if plan.grid_thw is None else list(plan.grid_thw), "tokens": plan.tokens,
+              "timestamps": list(plan.timestamps)}
+             for media, plan in zip(conv.videos, planned, strict=True)]
     tokenizer = processor.tokenizer
     image_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+    # GLM-4.1V writes video frames with the image placeholder: those are the video's tokens
+    frames_as_images = sum(p.tokens for p in planned) if conv.videos and not \
+        video_rules(processor).mixes_images_and_videos else 0
     video_id = tokenizer.convert_tokens_to_ids(processor.video_token) if conv.videos else None
     markers = {image_id: IMAGE_PLACEHOLDER, video_id: VIDEO_PLACEHOLDER}
     edits = []  # (start, end, replacement) on rendered.text
@@ -133,8 +155,9 @@ def view_conversation(processor, conv: Conversation, video: VideoSampling | None
     decode = lambda run: tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     return ConversationView(where=conv.where, text=apply(False), marked=apply(True),
                             trained=[decode(r) for r in runs], tokens=len(ids), trained_tokens=sum(trained),
-                            images=len(conv.images), image_tokens=ids.count(image_id),
-                            videos=len(conv.videos), video_tokens=ids.count(video_id) if conv.videos else 0)
+                            images=len(conv.images), image_tokens=ids.count(image_id) - frames_as_images,
+                            videos=len(conv.videos), video_tokens=sum(p["tokens"] for p in plans),
+                            video_plans=tuple(plans), video_lines=tuple(p.describe() for p in planned))
 
 
 def select_line(data: ConversationSet, line: int | None, files: list[str]) -> Conversation:
