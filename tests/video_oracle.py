@@ -78,13 +78,24 @@ def torchvision_free():
                 setattr(module, attr, old)
 
 
-def transformers_inputs(processor, text: str, frames, fps: float):
-    """transformers' processor on a whole decoded video ``uint8[N, H, W, 3]`` of frame rate ``fps``:
-    its own sampling (``do_sample_frames``), resize, normalize, patches and text."""
+def transformers_inputs(processor, text: str, frames, video_fps: float, **kwargs):
+    """transformers' processor on a whole decoded video ``uint8[N, H, W, 3]`` of ``video_fps`` frames a second:
+    its own sampling (``do_sample_frames``), resize, normalize, patches and text; ``kwargs`` go to
+    the call (``fps=``, ``size=``, ...)."""
     from transformers.video_utils import VideoMetadata
 
-    metadata = VideoMetadata(total_num_frames=len(frames), fps=fps, duration=len(frames) / fps,
+    metadata = VideoMetadata(total_num_frames=len(frames), fps=video_fps, duration=len(frames) / video_fps,
                              height=frames.shape[1], width=frames.shape[2])
     with torchvision_free():
         return processor(text=[text], videos=[frames], video_metadata=[metadata], do_sample_frames=True,
-                         do_convert_rgb=False, return_tensors="pt")
+                         do_convert_rgb=False, return_tensors="pt", **kwargs)
+
+
+def decoded(path):
+    """Every frame of a video file ``uint8[N, H, W, 3]`` and its frame rate (transformers' PyAV reader's)."""
+    import av
+    import numpy as np
+
+    with av.open(str(path)) as container:
+        fps = float(container.streams.video[0].average_rate)
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]), fps
