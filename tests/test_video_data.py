@@ -394,8 +394,8 @@ def test_data_show_json_on_a_video_line(model, shapes, capsys):
     assert main(argv[:-1]) == 0
     assert capsys.readouterr().out.splitlines()[:2] == [
         f"{shapes}:3: 77 tokens (19 trained, in [[ ]]), 0 image(s) (0 tokens), 1 video(s) (32 tokens)",
-        f"  video 1 ({shapes.parent / 'videos' / '000000.mp4'}): 4 of 8 frames (2 per second of video), 64x64, "
-        "grid (2, 8, 8): 32 tokens"]
+        f"  video 1 ({shapes.parent / 'videos' / '000000.mp4'}): 4 of 8 frames (2 per second of video), "
+        "64x64, grid (2, 8, 8): 32 tokens"]
     assert main([*argv, "--video-fps", "4"]) == 0  # all 8 frames: 64 tokens
     assert json.loads(capsys.readouterr().out)["tokens"] == 77 + 32
 
@@ -406,7 +406,8 @@ def test_help_names_every_video_default(capsys):
             main(argv)
         text = " ".join(capsys.readouterr().out.split())
         for flag, default in (("--video-fps FPS", "(default: the model's: 2.0 for Qwen2-VL"),
-                              ("--video-min-frames N", "(default: 4"), ("--video-max-frames N", "(default: 768"),
+                              ("--video-min-frames N", "(default: 4"),
+                              ("--video-max-frames N", "(default: 768"),
                               ("--video-min-pixels PX", "(default: 128*F^2, F = patch_size*merge_size: "
                                                         "100352"),
                               ("--video-max-pixels PX", "(default: 768*F^2: 602112"),

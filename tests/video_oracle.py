@@ -39,7 +39,8 @@ def _resize(image: torch.Tensor, size, interpolation=InterpolationMode.BILINEAR,
         return image
     shape = image.shape
     flat = image.reshape(-1, *shape[-3:])
-    if interpolation not in (InterpolationMode.BICUBIC, InterpolationMode.BILINEAR) or flat.dtype != torch.uint8:
+    if interpolation not in (InterpolationMode.BICUBIC, InterpolationMode.BILINEAR) or \
+            flat.dtype != torch.uint8:
         raise NotImplementedError(f"the test stand-in resizes uint8 bicubic/bilinear, not {interpolation}")
     out = F.interpolate(flat, size=[new_h, new_w], mode=interpolation.value, align_corners=False,
                         antialias=antialias)
@@ -79,7 +80,7 @@ def torchvision_free():
 
 
 def transformers_inputs(processor, text: str, frames, video_fps: float, **kwargs):
-    """transformers' processor on a whole decoded video ``uint8[N, H, W, 3]`` of ``video_fps`` frames a second:
+    """transformers' processor on a whole decoded video ``uint8[N, H, W, 3]`` (``video_fps`` a second):
     its own sampling (``do_sample_frames``), resize, normalize, patches and text; ``kwargs`` go to
     the call (``fps=``, ``size=``, ...)."""
     from transformers.video_utils import VideoMetadata
