@@ -107,7 +107,7 @@ def test_qwen3_flags_are_the_video_processors_settings(qwen3, media):
     text = render(processor, conv).text
     cases = [(VideoSampling(fps=3.0), {"fps": 3.0}, {}),
              (VideoSampling(max_frames=5), {}, {"max_frames": 5}),
-             (VideoSampling(total_pixels=8 * 1024), {"size": {"shortest_edge": 1024, "longest_edge": 8192}}, {}),
+             (VideoSampling(total_pixels=8192), {"size": {"shortest_edge": 1024, "longest_edge": 8192}}, {}),
              (VideoSampling(min_pixels=96 * 128),
               {"size": {"shortest_edge": 96 * 128 * 15, "longest_edge": 65536}}, {})]
     for sampling, kwargs, attrs in cases:

@@ -33,7 +33,8 @@ def add_video_arguments(group) -> None:
     group.add_argument("--video-min-pixels", type=int, default=argparse.SUPPRESS, metavar="PX",
                        help="least pixels of a frame (default: 128*F^2, F = patch_size*merge_size: 100352 "
                             "for Qwen2-VL, qwen-vl-utils' VIDEO_MIN_PIXELS, bounded by the model's "
-                            "min_pixels and max_pixels; Qwen3-VL, GLM-4.1V: the video processor's size bounds)")
+                            "min_pixels and max_pixels; Qwen3-VL, GLM-4.1V: the video processor's size "
+                            "bounds)")
     group.add_argument("--video-max-pixels", type=int, default=argparse.SUPPRESS, metavar="PX",
                        help="most pixels of a frame (default: 768*F^2: 602112 for Qwen2-VL, "
                             "VIDEO_MAX_PIXELS, bounded by the model's max_pixels; Qwen3-VL, GLM-4.1V: no "
