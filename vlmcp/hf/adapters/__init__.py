@@ -17,7 +17,7 @@ from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
 from vlmcp.hf.adapters.mistral3 import MISTRAL3
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
-from vlmcp.hf.adapters.qwen3_5 import QWEN3_5
+from vlmcp.hf.adapters.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
 
 __all__ = ["HFAdapter", "InputKind", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
@@ -34,8 +34,8 @@ def register_adapter(adapter: HFAdapter) -> None:
         _ADAPTERS[t] = adapter
 
 
-for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT, LLAVA_ONEVISION,
-           SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
+for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, QWEN3_5_MOE, GLM4V, LLAVA, INTERNVL, LLAVA_NEXT,
+           LLAVA_ONEVISION, SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
     register_adapter(_a)
 
 

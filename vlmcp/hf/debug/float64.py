@@ -4,12 +4,13 @@ Note [vlmcp float64 parity: float32 islands]
 --------------------------------------------
 Several HF modules compute in float32 whatever the model dtype: RMSNorms (``x.float()``),
 the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and SigLIP2's
-position interpolation, MoE routers (Qwen3-VL-MoE's softmax, DeepSeek-V3's sigmoid and group
-top-k), Qwen3.5's zero-centred and gated norms, its decay and gated-delta-rule kernel, and
-Kimi-K2.5's temporal merge. In a float64 model each rounds the gradient to float32; a
-replicated token's gradient arrives in P shares, each rounded on its own, so CP and one
-process then differ by ~1e-8 relative: float32 noise, not a CP error. float64 parity
-therefore runs both models with those steps in the input dtype, for the duration only::
+position interpolation, MoE routers (Qwen3-VL-MoE's and Qwen3.5-MoE's softmax, DeepSeek-V3's
+sigmoid and group top-k), Qwen3.5's (and Qwen3.5-MoE's) zero-centred and gated norms, its decay
+and gated-delta-rule kernel, and Kimi-K2.5's temporal merge. In a float64 model each rounds
+the gradient to float32; a replicated token's gradient arrives in P shares, each rounded on
+its own, so CP and one process then differ by ~1e-8 relative: float32 noise, not a CP error.
+float64 parity therefore runs both models with those steps in the input dtype, for the duration
+only::
 
     with float64_exact(torch.float64):      # every island of every loaded transformers module
         reference and CP forward/backward   # (class- and module-wide, restored on exit)
@@ -127,7 +128,8 @@ def _siglip2_positions(positional_embeddings, spatial_shapes, max_length):
 
 
 def _softmax_router(self, hidden_states):
-    """``Qwen3VLMoeTextTopKRouter.forward`` with the softmax in the logits' dtype."""
+    """``Qwen3VLMoeTextTopKRouter.forward`` (and ``Qwen3_5MoeTopKRouter``'s, the same steps) with the
+    softmax in the logits' dtype."""
     logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
     top, index = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
     return logits, top / top.sum(-1, keepdim=True), index
@@ -139,12 +141,21 @@ def _gated_norm(self, hidden_states, gate):
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon)) * F.silu(gate)
 
 
-def _qwen3_5_gated_deltanet(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """``Qwen3_5GatedDeltaNet.forward`` of a whole sequence, ``g`` and the kernel in the input dtype.
+def _gated_deltanet(module: str) -> Callable:
+    """``Qwen3_5GatedDeltaNet.forward`` of ``module`` (Qwen3.5's or Qwen3.5-MoE's) in the input dtype."""
+
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        return _qwen3_5_gated_deltanet(sys.modules[module], self, hidden_states, cache, attention_mask)
+
+    return forward
+
+
+def _qwen3_5_gated_deltanet(m, self, hidden_states, cache=None, attention_mask=None):
+    """``Qwen3_5GatedDeltaNet.forward`` of a whole sequence, ``g`` and the kernel in the input dtype
+    (``m``: the transformers module of the class).
 
     A cache is left untouched: the reference's single forward never reads it back.
     """
-    m = sys.modules["transformers.models.qwen3_5.modeling_qwen3_5"]
     if cache is not None and cache.get_seq_length() > 0:
         raise NotImplementedError("the float64 reference runs one whole forward, not cached decoding")
     hidden_states = m.apply_mask_to_padding_states(hidden_states, attention_mask)
@@ -180,16 +191,22 @@ def _modeling(name: str) -> str:
     return f"transformers.models.{name}.modeling_{name}"
 
 
+_QWEN3_5 = (("qwen3_5", "Qwen3_5"), ("qwen3_5_moe", "Qwen3_5Moe"))
+"""Qwen3.5 and Qwen3.5-MoE: the same norms and Gated DeltaNet, each in its own module."""
+
+
 ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     *((_modeling(m), "apply_rotary_pos_emb_vision", _rotary_vision(_modeling(m)))
-      for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "kimi_k25")),
+      for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "qwen3_5_moe",
+                "kimi_k25")),
     (_modeling("glm4v"), "Glm4vVisionEmbeddings.forward", _glm4v_positions),
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
      staticmethod(_siglip2_positions)),
     (_modeling("qwen3_vl_moe"), "Qwen3VLMoeTextTopKRouter.forward", _softmax_router),
-    (_modeling("qwen3_5"), "Qwen3_5RMSNorm.forward", _zero_centred_norm),
-    (_modeling("qwen3_5"), "Qwen3_5RMSNormGated.forward", _gated_norm),
-    (_modeling("qwen3_5"), "Qwen3_5GatedDeltaNet.forward", _qwen3_5_gated_deltanet),
+    *((_modeling(m), f"{prefix}RMSNorm.forward", _zero_centred_norm) for m, prefix in _QWEN3_5),
+    *((_modeling(m), f"{prefix}RMSNormGated.forward", _gated_norm) for m, prefix in _QWEN3_5),
+    *((_modeling(m), f"{p}GatedDeltaNet.forward", _gated_deltanet(_modeling(m))) for m, p in _QWEN3_5),
+    (_modeling("qwen3_5_moe"), "Qwen3_5MoeTopKRouter.forward", _softmax_router),
     (_modeling("deepseek_v3"), "DeepseekV3TopkRouter.forward", "in_dtype"),
     (_modeling("kimi_k25"), "Kimi_K25VisionModel.temporal_merge", _kimi_temporal_merge),
 )

@@ -92,7 +92,7 @@ def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attenti
 
 
 def prepare(module: nn.Module, *, kernel: str = "auto") -> None:
-    """Run ``module`` (a ``Qwen3_5GatedDeltaNet``) under CP from now on (idempotent).
+    """Run ``module`` (a ``Qwen3_5GatedDeltaNet`` or Qwen3.5-MoE's) under CP from now on (idempotent).
 
     ``kernel``: the local gated delta rule kernel, ``"auto"``, ``"torch"`` or ``"fla"``
     (Note [vlmcp gated delta rule: the kernel choice]); a second call sets it again.
@@ -105,7 +105,8 @@ def prepare(module: nn.Module, *, kernel: str = "auto") -> None:
     install_forward(module, cp_forward, _MARK, needs, "transformers' Qwen3_5GatedDeltaNet")
 
 
-CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),)
+CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),
+           ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"))
 """The Gated DeltaNet classes :func:`cp_forward` runs: (transformers module, class name)."""
 
 

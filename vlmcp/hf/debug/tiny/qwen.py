@@ -1,8 +1,9 @@
-"""Tiny Qwen-VL family configs: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and its MoE), GLM-4.1V, Qwen3.5.
+"""Tiny Qwen-VL family configs: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (and its MoE), GLM-4.1V, Qwen3.5 (and its MoE).
 
 Images are patch grids ``(t, h, w)`` of 2x2-pixel patches merged 2x2 into LLM tokens; the
 M-RoPE sections run over 4 rotary frequencies. Qwen3-VL has deepstack at ViT block 0; Qwen3.5
-has three Gated DeltaNet layers, then one gated attention layer.
+has three Gated DeltaNet layers, then one gated attention layer; the MoE variants make every
+MLP sparse (4 experts, top 2).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def _mrope(arch: str, overrides: dict[str, Any]) -> Any:
     return cls(**kw)
 
 
-def _qwen3_5(overrides: dict[str, Any]) -> Any:
-    from transformers import Qwen3_5Config
+def _qwen3_5(overrides: dict[str, Any], moe: bool = False) -> Any:
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
 
     # Layers: three Gated DeltaNet, then one gated attention (Qwen3.5's default full_attention_interval 4).
     # Attention: 6 heads of 32 (q_proj gives query and gate); partial rotary 1/4 -> 8 dims, 4 frequencies
@@ -95,13 +96,18 @@ def _qwen3_5(overrides: dict[str, Any]) -> Any:
                                         "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
                                         "mrope_interleaved": True},
                     **overrides.pop("text_config", {})})
+    if moe:  # every layer's MLP sparse: 4 experts, top 2, and a gated shared expert
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=32)
     vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, in_channels=3, patch_size=2,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
                   num_position_embeddings=16)
     vision.update(overrides.pop("vision_config", {}))
     kw = dict(text_config=text, vision_config=vision, **_QWEN_TOKENS, tie_word_embeddings=False)
     kw.update(overrides)
-    return Qwen3_5Config(**kw)
+    if moe:  # the default grouped_mm experts take no float64
+        kw["experts_implementation"] = "eager"
+    return (Qwen3_5MoeConfig if moe else Qwen3_5Config)(**kw)
 
 
 for _arch in ("qwen2_vl", "qwen2_5_vl"):
@@ -109,3 +115,5 @@ for _arch in ("qwen2_vl", "qwen2_5_vl"):
 for _arch in ("qwen3_vl", "qwen3_vl_moe", "glm4v"):
     register_tiny(_arch, functools.partial(_mrope, _arch), summary="interleaved M-RoPE; Qwen3-VL: deepstack")
 register_tiny("qwen3_5", _qwen3_5, summary="3 Gated DeltaNet layers, then 1 gated attention layer")
+register_tiny("qwen3_5_moe", functools.partial(_qwen3_5, moe=True),
+              summary="Qwen3.5's layers with sparse MoE MLPs (4 experts, top 2, a shared expert)")
