@@ -143,8 +143,10 @@ def _run_hf(args: argparse.Namespace) -> int:
         adapter = adapter_for(types.SimpleNamespace(config=config, model=None))
         if not adapter.takes_videos:
             raise ValueError(f"--video: {args.model} (model_type={config.model_type!r}) takes no videos "
-                             "under vlmcp; Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.1V do")
-        samples = VIDEO_SAMPLES if adapter.mixes_images_and_videos else VIDEO_ONLY_SAMPLES
+                             "under vlmcp; Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V and "
+                             "LLaVA-OneVision do")
+        own = tiny_arch(model_type).video_samples if model_type in tiny_archs() else None
+        samples = own or (VIDEO_SAMPLES if adapter.mixes_images_and_videos else VIDEO_ONLY_SAMPLES)
     case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
                         dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement,
                         image_strategy=args.image_strategy, samples=samples)

@@ -211,15 +211,19 @@ def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
                                    or ctx.shard.image_strategy == "shard")
     if partial:  # this rank's input_ids hold only some visual tokens: their rows, in order
         emb, tokens = _local_features(emb, tokens, ctx, 1 if modality == "image" else 2)
-    return _output(pl, emb, tokens)
+    return _output(pl, emb, tokens, modality)
 
 
-def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int]):
-    """``get_*_features``' output: ``emb (tokens, levels, D)`` unstacked, each level split per image/video."""
+def _output(pl: HFVisionPlacement, emb: torch.Tensor, tokens: list[int], modality: str = "image"):
+    """``get_*_features``' output: ``emb (tokens, levels, D)`` unstacked, each level split per image/video
+    (or, where the forward flattens one batch of videos, ``(1, tokens, D)``: LLaVA-OneVision)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     levels = [tuple(f.split(tokens, 0)) for f in emb.unbind(1)]
-    out = BaseModelOutputWithPooling(pooler_output=levels[0] if pl.adapter.features_per_image else emb[:, 0])
+    main = levels[0] if pl.adapter.features_per_image else emb[:, 0]
+    if modality == "video" and pl.adapter.video_features_batched:
+        main = emb[:, 0].unsqueeze(0)
+    out = BaseModelOutputWithPooling(pooler_output=main)
     if pl.adapter.deepstack_output is not None:
         setattr(out, pl.adapter.deepstack_output, levels[1:])
     return out

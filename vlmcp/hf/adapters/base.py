@@ -164,6 +164,9 @@ class HFAdapter:
     features_per_image: bool = True
     """``get_image_features``' ``pooler_output`` is a tuple of per-image tensors (HF's usual
     form); False: one tensor of every image token (InternVL's forward calls ``.to`` on it)."""
+    video_features_batched: bool = False
+    """``get_video_features``' ``pooler_output`` is one ``(videos, tokens, D)`` tensor the forward
+    flattens (LLaVA-OneVision), not a tuple per video."""
     deepstack_output: str | None = None
     """Field of ``get_image_features``' output holding extra feature levels besides
     ``pooler_output`` (Qwen3-VL's ``deepstack_features``: one entry per level, split per
@@ -326,6 +329,11 @@ class HFAdapter:
         :meth:`select_images` takes apart again): by default every key concatenated on dim 0."""
         parts = [p for p in parts if p]
         return {k: torch.cat([p[k] for p in parts]) for k in (parts[0] if parts else {})}
+
+    def concat_videos(self, parts: Sequence[Mapping[str, torch.Tensor]]) -> dict:
+        """The per-video inputs of several videos packed into one row, in row order (what
+        :meth:`select_videos` takes apart again): every key concatenated on dim 0."""
+        return HFAdapter.concat_images(self, parts)
 
     def deepstack_projectors(self, model: nn.Module) -> tuple[str, ...]:
         """The last ``nn.Linear`` of each ``deepstack_output`` level, in level order

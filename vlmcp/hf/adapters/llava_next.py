@@ -24,6 +24,15 @@ processor compute it (``side = image_size // patch_size``; CLS dropped by ``"def
 The unit vlmcp splits and places (``image_tokens``, ``select_images``) is what the ViT call
 can take on its own: one image, or all images of a multi-image sample together (their
 ``batch_num_images`` entry; one of them alone would be tiled). Positions are 1-D.
+
+LLaVA-OneVision videos: ``pixel_values_videos (videos, frames, 3, S, S)``, every video of a
+row with the same frame count (one tensor). ``get_video_features`` runs every frame through
+the ViT and projector, pools each frame's ``side x side`` features 2x2 (bilinear, to
+``ceil(side / 2)`` per side) and appends one ``image_newline`` per video: ``frames *
+ceil(side / 2)^2 + 1`` ``<video>`` tokens, returned as one ``(videos, tokens, D)`` tensor the
+forward flattens (``video_features_batched``). The newline is appended per call, so a video's
+frames cannot be split between calls: a whole video is one ViT unit (``frame_groups`` gives
+it one group), and ``scatter`` balances whole videos.
 """
 
 from __future__ import annotations
@@ -148,6 +157,46 @@ class LlavaNextAdapter(HFAdapter):
             out["batch_num_images"] = torch.tensor([len(units[u]) for u in index], dtype=torch.long)
         return out
 
+    def _video_frame_tokens(self, config) -> int:
+        """LLM tokens of one video frame: its ``side x side`` features pooled to ``ceil(side / 2)`` a side."""
+        vc = config.vision_config
+        if config.vision_feature_select_strategy == "full" and vc.model_type == "clip_vision_model":
+            raise ValueError(f"{self.name} videos with vision_feature_select_strategy='full' keep the CLIP "
+                             "CLS, which the model's frame pooling cannot take")
+        return math.ceil(vc.image_size // vc.patch_size / 2) ** 2
+
+    def _videos(self, config, videos) -> torch.Tensor:
+        pv = videos.get("pixel_values_videos")
+        side = config.vision_config.image_size
+        if pv is None or pv.dim() != 5 or tuple(pv.shape[-2:]) != (side, side):
+            raise ValueError(f"{self.name} pixel_values_videos must be (videos, frames, 3, {side}, {side}), "
+                             f"got {None if pv is None else tuple(pv.shape)}")
+        return pv
+
+    def video_tokens(self, model, videos):
+        pv = self._videos(model.config, videos)
+        return [pv.shape[1] * self._video_frame_tokens(model.config) + 1] * pv.shape[0]
+
+    def select_videos(self, videos, index):
+        pv = videos["pixel_values_videos"]
+        return {"pixel_values_videos": pv[torch.as_tensor(index, dtype=torch.long).to(pv.device)]}
+
+    def frame_groups(self, model, videos):
+        return [(1, n) for n in self.video_tokens(model, videos)]  # a whole video: one call's newline
+
+    def select_frames(self, videos, units):
+        return self.select_videos(videos, [v for v, _ in units])
+
+    def synthetic_video(self, model, video, generator, text):
+        """``(frames, ...)``: random frames of the tile size; ``frames * ceil(side / 2)^2 + 1`` video
+        tokens."""
+        vc = model.config.vision_config
+        frames = int(video[0])
+        pv = torch.randn(1, frames, vc.num_channels, vc.image_size, vc.image_size, generator=generator,
+                         dtype=torch.float64)
+        tokens = frames * self._video_frame_tokens(model.config) + 1
+        return {"pixel_values_videos": pv}, [([self.video_token_id(model.config)] * tokens, 2)]
+
     def concat_images(self, parts):
         parts = [p for p in parts if p]
         if not parts:
@@ -196,4 +245,6 @@ class LlavaNextAdapter(HFAdapter):
 
 LLAVA_NEXT = LlavaNextAdapter(name="llava_next", model_types=("llava_next",))
 LLAVA_ONEVISION = LlavaNextAdapter(name="llava_onevision", model_types=("llava_onevision",), onevision=True,
-                                   pixel_keys=("pixel_values", "image_sizes", "batch_num_images"))
+                                   pixel_keys=("pixel_values", "image_sizes", "batch_num_images"),
+                                   video_keys=("pixel_values_videos",),
+                                   video_pixel_keys=("pixel_values_videos",), video_features_batched=True)

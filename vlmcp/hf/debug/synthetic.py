@@ -77,7 +77,7 @@ def _inputs(row: _Row, adapter: HFAdapter, dtype: torch.dtype) -> dict[str, Any]
     input_ids = torch.tensor([row.ids], dtype=torch.long)
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     timing = set(adapter.video_keys) - set(adapter.video_pixel_keys)  # second_per_grid_ts keeps its dtype
-    for media in (adapter.concat_images(row.images), adapter.concat_images(row.videos)):
+    for media in (adapter.concat_images(row.images), adapter.concat_videos(row.videos)):
         inputs.update({k: v.to(dtype) if v.is_floating_point() and k not in timing else v
                        for k, v in media.items()})
     if "mm_token_type_ids" in adapter.consumed_keys:  # Qwen-VL: 1 image, 2 video

@@ -30,7 +30,7 @@ from typing import Any
 from vlmcp.hf.debug.tiny.common import IMAGE_TOKEN, text_config
 from vlmcp.hf.debug.tiny.registry import register_tiny
 
-__all__ = ["PINPOINTS", "SIDE"]
+__all__ = ["ONEVISION_VIDEO_SAMPLES", "PINPOINTS", "SIDE"]
 
 SIDE = 8
 """Pixels per side of a tile (and of a Pixtral merge unit's multiples)."""
@@ -104,9 +104,13 @@ LLaVA-OneVision/NeXT ``(height, width)`` in eighths of a tile (a wide image shru
 two-image sample, untiled in OneVision); SmolVLM/Idefics3 ``(rows, cols)`` of crops (``(1, 1)``: the
 global image alone); Mistral3 ``(rows, cols)`` of tokens. Keyed by ``config.model_type``."""
 _SAMPLES["llava_next"] = _SAMPLES["llava_onevision"]
+ONEVISION_VIDEO_SAMPLES = ((5, ("video", 3), 9), (12,), (3, (16, 5), 4, ("video", 3), 2, (8, 8), 7))
+"""LLaVA-OneVision's ``vlmcp verify --video`` row: videos of 3 frames (every video of a row has the same
+count), a text-only sample, two images (untiled: one sample's) around a video."""
 _SAMPLES["idefics3"] = _SAMPLES["smolvlm"]
 
 for _arch, _summary in (("internvl", "4 tokens per tile"), ("llava_onevision", "base tile + anyres grid"),
                         ("llava_next", "CLIP, anyres grid"), ("smolvlm", "global image + crops"),
                         ("idefics3", "global image + crops"), ("mistral3", "Pixtral at native size")):
-    register_tiny(_arch, functools.partial(_anyres, _arch), samples=_SAMPLES[_arch], summary=_summary)
+    register_tiny(_arch, functools.partial(_anyres, _arch), samples=_SAMPLES[_arch], summary=_summary,
+                  video_samples=ONEVISION_VIDEO_SAMPLES if _arch == "llava_onevision" else None)

@@ -51,16 +51,20 @@ class TinyArch:
     """One line: what the tiny model has (layers, mixers, image rule)."""
     post_init: Callable[[Any], None] | None = None
     """Applied to every fresh model of it, under the model's seed (e.g. a weight HF initializes to zero)."""
+    video_samples: tuple | None = None
+    """``vlmcp verify --video``'s row in the adapter's terms; None: :data:`VIDEO_SAMPLES` (Qwen grids),
+    or :data:`VIDEO_ONLY_SAMPLES` where the model cannot mix images and videos."""
 
 
 _TINY: dict[str, TinyArch] = {}
 
 
 def register_tiny(model_type: str, build: ConfigBuilder, *, samples: tuple = DEFAULT_SAMPLES,
-                  summary: str = "", post_init: Callable[[Any], None] | None = None) -> None:
+                  summary: str = "", post_init: Callable[[Any], None] | None = None,
+                  video_samples: tuple | None = None) -> None:
     """Register (or replace) the tiny config of ``model_type`` (see :class:`TinyArch` for the fields)."""
     _TINY[model_type] = TinyArch(model_type=model_type, build=build, samples=samples, summary=summary,
-                                 post_init=post_init)
+                                 post_init=post_init, video_samples=video_samples)
 
 
 def tiny_arch(model_type: str) -> TinyArch:
