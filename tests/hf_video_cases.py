@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
+from vlmcp.hf.debug.tiny.anyres import ONEVISION_VIDEO_SAMPLES
 
 # A packed row with a video sample, a text-only sample and a sample mixing an image, a video
 # (Qwen2.5-VL: 0.5 s per temporal patch group) and another image, text between; Qwen-VL grids.
@@ -21,8 +22,10 @@ VIDEO_MIXED = ((3, ("video", 2, 4, 4), 5), (4, (1, 4, 4), 3), (6,), (2, ("video"
                (40, ("video", 3, 4, 4), 80))
 # One long video and little text: the row `auto` shards.
 LONG_VIDEO = ((4, ("video", 8, 8, 8), 12),)
+# LLaVA-OneVision: videos of 3 frames each (one tensor of videos), two untiled images around one.
+ONEVISION_VIDEO = ONEVISION_VIDEO_SAMPLES
 ROWS = {"video_packed": VIDEO_PACKED, "video_only": VIDEO_ONLY, "video_mixed": VIDEO_MIXED,
-        "long_video": LONG_VIDEO}
+        "long_video": LONG_VIDEO, "onevision_video": ONEVISION_VIDEO}
 
 
 def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:
