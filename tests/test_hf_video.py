@@ -58,7 +58,8 @@ P2_CASES = (
        _case("glm4v", "ulysses", "replicate", rows="video_only")]
     # issue 26: Qwen3.5 (hybrid LM) and its MoE, LLaVA-OneVision, Qwen3-VL replicated
     + [_case("qwen3_5", "ring"), _case("qwen3_5", "ulysses", "scatter", "shard"),
-       _case("qwen3_5_moe", "ulysses", "replicate", "shard"), _case("qwen3_5_moe", "ring", "scatter", "shard"),
+       _case("qwen3_5_moe", "ulysses", "replicate", "shard"),
+       _case("qwen3_5_moe", "ring", "scatter", "shard"),
        _case("llava_onevision", "ring", rows="onevision_video"),
        _case("llava_onevision", "ulysses", "scatter", "shard", rows="onevision_video"),
        _case("qwen3_vl", "ulysses")]
