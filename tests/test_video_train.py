@@ -35,7 +35,7 @@ def data(tmp_path_factory):
     """Three moving-shapes clips and a bar moving right as mp4 and avi (12 frames of 64x48 at 6 fps)."""
     root = tmp_path_factory.mktemp("videos")
     shapes = export_shapes(root / "shapes", 0, videos=3)
-    lines = [line.replace('"videos/', f'"{shapes.parent}/videos/') for line in shapes.read_text().splitlines()]
+    lines = shapes.read_text().replace('"videos/', f'"{shapes.parent}/videos/').splitlines()
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 60, (12, 48, 64, 3), dtype=np.uint8)
     for i in range(12):
