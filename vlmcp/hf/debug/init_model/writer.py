@@ -22,7 +22,9 @@ a thumbnail when more than one), 4 tokens each between ``<img>`` and ``</img>``;
 LLaVA-OneVision gives a base tile (16 tokens) and the anyres grid, one newline per row.
 Without torchvision their processors are built without the video part
 (:mod:`vlmcp.data.hf.processor`). Gemma 3 (:mod:`vlmcp.hf.debug.init_model.gemma3`): 32x32 images of 4 tokens,
-sliding-window and full layers, bidirectional images. SmolVLM (:mod:`vlmcp.hf.debug.init_model.smolvlm`):
+sliding-window and full layers, bidirectional images. GLM-4.1V
+(:mod:`vlmcp.hf.debug.init_model.glm4v`): 8-pixel patches merged 2x2, videos as frame groups of
+image placeholders. SmolVLM (:mod:`vlmcp.hf.debug.init_model.smolvlm`):
 images split into up to 3x3 8x8-pixel crops and a global image, 4 tokens each, framed by
 ``<fake_token_around_image>`` and ``<row_i_col_j>`` / ``<global-img>``.
 """
@@ -37,12 +39,13 @@ import torch
 
 from vlmcp.data.hf.processor import save_processor
 from vlmcp.hf.debug.init_model import gemma3 as init_gemma3
+from vlmcp.hf.debug.init_model import glm4v as init_glm4v
 from vlmcp.hf.debug.init_model import smolvlm as init_smolvlm
 
 __all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
 
 Arch = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl", "llava_onevision",
-               "gemma3", "smolvlm"]
+               "gemma3", "smolvlm", "glm4v"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 
 _QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -53,7 +56,7 @@ _INTERNVL_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "<
                       "<video>")
 _ONEVISION_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>")
 _SPECIALS = {"llava": _LLAVA_SPECIALS, "internvl": _INTERNVL_SPECIALS, "llava_onevision": _ONEVISION_SPECIALS,
-             "gemma3": init_gemma3.SPECIALS, "smolvlm": init_smolvlm.SPECIALS}
+             "gemma3": init_gemma3.SPECIALS, "smolvlm": init_smolvlm.SPECIALS, "glm4v": init_glm4v.SPECIALS}
 
 # Qwen2-VL's template (as on the hub), structured content: images where they occur.
 _QWEN_TEMPLATE = (
@@ -124,7 +127,7 @@ _ONEVISION_TEMPLATE = (
 CHAT_TEMPLATES = {"qwen2_vl": _QWEN_TEMPLATE, "qwen2_5_vl": _QWEN_TEMPLATE, "qwen3_vl": _QWEN3_TEMPLATE,
                   "qwen3_5": _QWEN3_TEMPLATE, "llava": _LLAVA_TEMPLATE, "internvl": _INTERNVL_TEMPLATE,
                   "llava_onevision": _ONEVISION_TEMPLATE, "gemma3": init_gemma3.CHAT_TEMPLATE,
-                  "smolvlm": init_smolvlm.CHAT_TEMPLATE}
+                  "smolvlm": init_smolvlm.CHAT_TEMPLATE, "glm4v": init_glm4v.CHAT_TEMPLATE}
 """The chat template each architecture's directory gets."""
 
 PATCH_SIZE = 8
@@ -160,12 +163,15 @@ def _tokenizer(arch: Arch):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    extra = {"gemma3": init_gemma3.CORPUS, "smolvlm": init_smolvlm.CORPUS}.get(arch, [])
+    extra = {"gemma3": init_gemma3.CORPUS, "smolvlm": init_smolvlm.CORPUS,
+             "glm4v": init_glm4v.CORPUS}.get(arch, [])
     tok.train_from_iterator(_corpus() + extra, trainer)
     if arch == "gemma3":
         return init_gemma3.tokenizer(tok)
     if arch == "smolvlm":
         return init_smolvlm.tokenizer(tok)
+    if arch == "glm4v":
+        return init_glm4v.tokenizer(tok)
     if arch == "llava":
         return TokenizersBackend(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                  pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
@@ -204,6 +210,8 @@ def build_processor(arch: Arch):
         return init_gemma3.processor(tokenizer)
     if arch == "smolvlm":
         return init_smolvlm.processor(tokenizer)
+    if arch == "glm4v":
+        return init_glm4v.processor(tokenizer)
     from transformers import Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -302,6 +310,8 @@ def _config(arch: Arch, tokenizer):
         return init_gemma3.config(tokenizer, text)
     if arch == "smolvlm":
         return init_smolvlm.config(tokenizer, text)
+    if arch == "glm4v":
+        return init_glm4v.config(tokenizer, text)
     text["bos_token_id"] = None
     if arch == "internvl":
         return tiny_config(arch, text_config=text, image_token_id=ids("<IMG_CONTEXT>"))
