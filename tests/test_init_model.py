@@ -57,7 +57,8 @@ def test_directory_loads_offline_and_runs(model_dirs, arch):
                                         "qwen3_vl": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor",
                                         "llava": "LlavaProcessor", "internvl": "InternVLProcessor",
                                         "llava_onevision": "LlavaOnevisionProcessor",
-                                        "gemma3": "Gemma3Processor", "smolvlm": "SmolVLMProcessor"}[arch]
+                                        "gemma3": "Gemma3Processor", "smolvlm": "SmolVLMProcessor",
+                                        "glm4v": "Glm4vProcessor"}[arch]
     text = processor.apply_chat_template(_conversation(), tokenize=False)
     inputs = processor(text=[text], images=[_image(32, 48)], return_tensors="pt")
     logits = model(**inputs).logits
@@ -103,7 +104,9 @@ def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens)
                 "gemma3": ["<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
                            "<image_soft_token>"],
                 "smolvlm": ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<global-img>",
-                            "<image>", "<row_1_col_1>", "<row_3_col_3>"]}.get(
+                            "<image>", "<row_1_col_1>", "<row_3_col_3>"],
+                "glm4v": ["[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|begin_of_image|>", "<|image|>",
+                          "<|end_of_image|>", "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]}.get(
         arch, ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|endoftext|>"])
     for token in specials:  # single ids
         assert len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1

@@ -156,3 +156,77 @@ def test_a_two_hour_video_plans_from_its_header(qwen3, tmp_path, monkeypatch):
     (plan,) = video_plans(qwen3["qwen3_vl"], _conv(media))
     assert len(plan.indices) == 768 and plan.grid_thw[0] == 384 and len(plan.timestamps) == 384
     assert plan.timestamps[-1] == 7190.0  # frames 1437 and 1439, 5 s apart
+
+
+@pytest.fixture(scope="module")
+def others(tmp_path_factory):
+    """Processors of init-model GLM-4.1V and LLaVA-OneVision directories, loaded as vlmcp loads them."""
+    root = tmp_path_factory.mktemp("others")
+    return {arch: load_processor(init_model(arch, root / arch)) for arch in ("glm4v", "llava_onevision")}
+
+
+@pytest.mark.parametrize("name", ["bar.mp4", "tall.mp4"])
+def test_glm4v_videos_match_transformers_processor(others, media, name):
+    processor = others["glm4v"]
+    conv = _conv(Media("video", path=media / name))
+    (plan,) = video_plans(processor, conv)
+    ours = encode_conversation(processor, conv)
+    assert len(ours) == sample_length(processor, conv)
+    frames, fps = decoded(media / name)
+    theirs = transformers_inputs(processor, render(processor, conv).text, frames, fps)
+    _compare(ours, theirs, std=min(processor.video_processor.image_std))
+    # every frame group is image placeholders, typed 2 (video) by the processor, its whole second after it
+    text = processor.tokenizer.decode(ours.input_ids)
+    stamps = [f"<|end_of_image|>{int(t)}" for t in plan.timestamps]
+    assert all(s in text for s in stamps) and len(stamps) == plan.grid_thw[0]
+    image_id = processor.tokenizer.convert_tokens_to_ids("<|image|>")
+    assert int((ours.mm_token_type_ids == 2).sum()) == int((ours.input_ids == image_id).sum()) == plan.tokens
+    if name == "bar.mp4":  # its sampler: frames ceil(i * 10 / 2), i < 5, the last repeated to an even count
+        assert plan.indices == (0, 5, 10, 15, 20, 20) and plan.timestamps == (0.0, 1.0, 2.0)
+
+
+def test_glm4v_keeps_images_and_videos_out_of_one_row(others, media):
+    """Its forward fills both at one placeholder: a conversation with both is refused at planning, and
+    rows pack the image and video conversations apart."""
+    from PIL import Image
+
+    from vlmcp.data.hf.rows import build_index, build_row
+
+    processor = others["glm4v"]
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(media / "black.png")
+    image = Media("image", path=media / "black.png")
+    both = Conversation(line=4, source="d.jsonl", images=(image,),
+                        videos=(Media("video", path=media / "bar.mp4"),),
+                        messages=(Message("user", "<image><video>Same?"), Message("assistant", "no")))
+    with pytest.raises(ValueError, match=r"d.jsonl:4: 1 image\(s\) and 1 video\(s\): Glm4vProcessor's model "
+                                         r"fills images and videos at the same placeholder"):
+        sample_length(processor, both)
+    pictures = [Conversation(line=k, source="d.jsonl", images=(image,), messages=(
+        Message("user", "<image>What?"), Message("assistant", "black"))) for k in (5, 6)]
+    index = build_index(processor, [_conv(Media("video", path=media / "bar.mp4")), *pictures], 4096)
+    assert index.rows == [[1, 2], [0]]  # they would fit in one row
+    row = build_row(processor, index, 1)
+    assert "pixel_values_videos" in row.inputs and "pixel_values" not in row.inputs
+
+
+def test_llava_onevision_videos_match_transformers_processor(others, media):
+    """A fixed 32 frames (LLaVA's uniform sampling), resized to the video processor's size; the processor
+    writes 32 * 4 + 1 <video> tokens (frames pooled to 2x2, one newline)."""
+    processor = others["llava_onevision"]
+    conv = _conv(Media("video", path=media / "tall.mp4"))
+    (plan,) = video_plans(processor, conv)
+    assert plan.indices == tuple(np.linspace(0, 29, 32, dtype=int).tolist()) and plan.tokens == 32 * 4 + 1
+    ours = encode_conversation(processor, conv)
+    assert len(ours) == sample_length(processor, conv)
+    frames, fps = decoded(media / "tall.mp4")
+    theirs = transformers_inputs(processor, render(processor, conv).text, frames[list(plan.indices)], fps,
+                                 do_sample_frames=False)
+    assert ours.input_ids.tolist() == theirs["input_ids"][0].tolist()
+    assert ours.pixels["pixel_values_videos"].shape == theirs["pixel_values_videos"].shape == (1, 32, 3, 8, 8)
+    levels = (ours.pixels["pixel_values_videos"] - theirs["pixel_values_videos"]).abs() * 255 * 0.26
+    assert float(levels.max()) <= 1.05 and float((levels > 0.5).float().mean()) < 0.05
+    shorter = video_plans(processor, conv, VideoSampling(max_frames=6, total_pixels=4 * 64))[0]
+    assert len(shorter.indices) == 4 and shorter.tokens == 4 * 4 + 1  # the budget: 4 frames of 8x8
+    with pytest.raises(ValueError, match=r"d.jsonl:2: 1 video\(s\): --video-fps: LLaVA-OneVision takes a "
+                                         r"fixed count of frames"):
+        video_plans(processor, conv, VideoSampling(fps=1.0))

@@ -88,8 +88,8 @@ def transformers_inputs(processor, text: str, frames, video_fps: float, **kwargs
     metadata = VideoMetadata(total_num_frames=len(frames), fps=video_fps, duration=len(frames) / video_fps,
                              height=frames.shape[1], width=frames.shape[2])
     with torchvision_free():
-        return processor(text=[text], videos=[frames], video_metadata=[metadata], do_sample_frames=True,
-                         do_convert_rgb=False, return_tensors="pt", **kwargs)
+        return processor(text=[text], videos=[frames], video_metadata=[metadata], do_convert_rgb=False,
+                         return_tensors="pt", **{"do_sample_frames": True, **kwargs})
 
 
 def decoded(path):

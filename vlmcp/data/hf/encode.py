@@ -215,7 +215,8 @@ def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int]
     videos = _video_texts(processor, conv, plans) if plans else None
     if sequences is not None or videos is not None:
         if sequences is not None:
-            per_image = [sequence.count(processor.image_token) for sequence in sequences]
+            soft = getattr(tokenizer, "image_token", None) or processor.image_token  # Gemma 3: its soft token
+            per_image = [sequence.count(soft) for sequence in sequences]
             if counts != per_image:
                 raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes "
                                  f"{per_image}")

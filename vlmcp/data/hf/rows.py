@@ -8,8 +8,9 @@ sizes and its videos' frame counts, frame rates and sizes (file headers only; No
 [vlmcp data: video frames, sizes and tokens]). Conversations longer than ``seq_len`` and
 conversations with an image or video whose header cannot be read (or whose size the
 processor refuses) are skipped, counted and named (with ``strict``, an error). The rest are
-packed first-fit by length, longest first, into rows; an image is never cut because a
-conversation is never cut::
+packed first-fit by length, longest first, into rows (for GLM-4.1V, whose forward cannot take
+images and videos in one row, conversations with videos and the others apart); an image is
+never cut because a conversation is never cut::
 
     seq_len = 100, lengths 70 60 40 30 20  ->  row 0: [70 | 30]   row 1: [60 | 40]   row 2: [20 | pad 80]
 
@@ -48,7 +49,7 @@ import torch
 
 from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, sample_length
 from vlmcp.data.hf.schema import Conversation, ConversationSet, Skipped
-from vlmcp.data.hf.video import VideoSampling
+from vlmcp.data.hf.video import VideoSampling, video_rules
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]
@@ -151,10 +152,22 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
                          f"{len(too_long)} longer than --seq-len {seq_len}, {len(unreadable)} with an "
                          "unusable image or video"
                          + (f" (the first, {first.where}: {first.reason})" if first else ""))
-    return DataIndex(conversations=kept, lengths=lengths, rows=pack_first_fit(lengths, seq_len),
+    return DataIndex(conversations=kept, lengths=lengths, rows=_pack(processor, kept, lengths, seq_len),
                      seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
                      format_skipped=tuple(data.skipped),
                      dropped_turns=sum(c.dropped_turns for c in kept), video=video)
+
+
+def _pack(processor, conversations: list[Conversation], lengths: list[int], seq_len: int) -> list[list[int]]:
+    """:func:`pack_first_fit`; for a model whose forward cannot take images and videos in one row
+    (GLM-4.1V), the conversations with videos and the others packed apart, rows of each kind in turn."""
+    if not any(c.videos for c in conversations) or video_rules(processor).mixes_images_and_videos:
+        return pack_first_fit(lengths, seq_len)
+    rows = []
+    for kind in (False, True):
+        keep = [i for i, c in enumerate(conversations) if bool(c.videos) == kind]
+        rows += [[keep[j] for j in row] for row in pack_first_fit([lengths[i] for i in keep], seq_len)]
+    return rows
 
 
 def row_at(index: DataIndex, seed: int, position: int) -> int:
