@@ -20,6 +20,7 @@ from vlmcp.data.hf.rows import build_row  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
+from vlmcp.train.hf.loop import train_hf_rank  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 STEPS, EVERY = 6, 3
@@ -97,3 +98,31 @@ def test_cp2_trains_videos_and_resumes_exactly(data, tmp_path, arch, options):
             want = loaded(input_ids=sample.input_ids[None], mm_token_type_ids=sample.mm_token_type_ids[None],
                           **sample.pixels).logits[0]
         torch.testing.assert_close(probe["logits"][int(cu[k]):int(cu[k + 1])], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_long_moving_shapes_videos_train_at_cp4_with_auto_and_frame_group_scatter(tmp_path):
+    """``vlmcp data shapes --videos 3 --video-frames 64``: 16 s clips, 16 frame groups each at 2 fps.
+    At CP=4 with ``image_strategy auto`` the cost model shards the long video rows, ``scatter`` spreads
+    each video's frame groups over the 4 ranks' ViTs, and the loss falls."""
+    from tests.video_train_cases import long_video_probe
+    from vlmcp.cli import main
+    from vlmcp.data.hf.video import VideoSampling
+
+    assert main(["data", "shapes", "--out", str(tmp_path / "shapes"), "--samples", "0", "--videos", "3",
+                 "--video-frames", "64"]) == 0
+    model = init_model("qwen3_vl", tmp_path / "qwen3_vl")
+    cfg = HFTrainConfig(model=str(model), data=str(tmp_path / "shapes" / "train.jsonl"),
+                        output_dir=str(tmp_path / "out"), seq_len=512, lr=3e-3, timeout=200.0, steps=4, cp=4,
+                        image_strategy="auto", vision_mode="scatter",
+                        video=VideoSampling(total_pixels=32 * 64 * 64))  # 64x64 frames: 16 tokens a group
+    preload_model_code(cfg.model)
+    index = plan_data(cfg)
+    assert len(index.rows) == 3 and all(n > 300 for n in index.lengths)
+    summary = spawn_ranks(train_hf_rank, 4, cfg, index, long_video_probe, timeout=280, threads_per_rank=1)[0]
+    losses = summary["losses"]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    probe = summary["probe"]
+    assert probe["strategy"] == "shard" and probe["frame_groups"] == 16
+    per_group = probe["patch_rows"] // 16
+    assert sorted(probe["vit_rows"]) == [4 * per_group] * 4  # 4 frame groups on each rank's ViT

@@ -3,7 +3,8 @@
 ``vlmcp data shapes --out DIR --samples N [--videos V]`` exports the built-in
 shapes-and-captions data as ``DIR/train.jsonl`` (LLaMA-Factory / ms-swift ``messages`` +
 ``images``) and ``DIR/images/*.png``, then V videos of moving shapes captioned with their
-motion ("a red square moves left") in ``DIR/videos/*.mp4``.
+motion ("a red square moves left") in ``DIR/videos/*.mp4`` (``--video-frames`` and
+``--video-size`` make them long: ``--video-frames 2400`` is ten minutes at 4 fps).
 
 ``vlmcp data show --model DIR --data FILE [--line N] [--json]`` prints one conversation
 as the model's chat template renders it, with the tokens that carry loss between ``[[``
@@ -33,8 +34,12 @@ def add_parser(sub) -> None:
                         help="writes DIR/train.jsonl, DIR/images/ and (with --videos) DIR/videos/")
     shapes.add_argument("--samples", type=int, default=1000, help="image and text conversations to write")
     shapes.add_argument("--videos", type=int, default=0, metavar="N",
-                        help="then N conversations about a video of moving shapes (MP4, 8 frames of 64x64 at "
-                             "4 fps; needs PyAV)")
+                        help="then N conversations about a video of moving shapes (MP4 at 4 fps, "
+                             "--video-frames frames of --video-size pixels a side; needs PyAV)")
+    shapes.add_argument("--video-frames", type=int, default=8, metavar="N",
+                        help="frames of each video (at 4 fps: 240 are a minute; long videos for CP)")
+    shapes.add_argument("--video-size", type=int, default=64, metavar="PX",
+                        help="side of each video's frames in pixels (even)")
     shapes.add_argument("--seed", type=int, default=0, help="dataset seed")
     show = kinds.add_parser(
         "show", help="one conversation as the model sees it, trained tokens marked",
@@ -85,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--samples must be an integer >= 1 (>= 0 with --videos), got {args.samples}")
     check_writable_dir("--out", args.out)
 
-    path = export_shapes(args.out, args.samples, seed=args.seed, videos=args.videos)
+    path = export_shapes(args.out, args.samples, seed=args.seed, videos=args.videos,
+                         video_frames=args.video_frames, video_size=args.video_size)
     videos = f" (the last {args.videos} about videos)" if args.videos else ""
     print(f"vlmcp data shapes: wrote {args.samples + args.videos} conversations{videos} to {path}")
     return 0

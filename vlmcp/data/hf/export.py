@@ -13,7 +13,8 @@ a built-in "video" its frames as images. Text-only samples (every ``text_only_ev
 become a conversation without images.
 
 With ``videos``, that many real videos follow (:mod:`vlmcp.data.builtin.motion`: shapes
-crossing the frame, 8 frames of 64x64 at 4 fps, H.264 in MP4, written with PyAV)::
+crossing the frame, by default 8 frames of 64x64 at 4 fps, H.264 in MP4, written with PyAV;
+``video_frames`` and ``video_size`` make them longer and larger: 2400 frames are 10 minutes)::
 
     {"messages": [{"role": "user", "content": "Describe the video. <video>"},
                   {"role": "assistant", "content": "a red square moves left"}],
@@ -46,9 +47,14 @@ PROMPTS = {"caption": IMAGE_PROMPT, "compare": COMPARE_PROMPT, "video": VIDEO_PR
 
 VIDEO_FPS = 4
 """Frame rate of the exported videos (8 frames: 2 seconds, 4 frames at ``--video-fps 2``)."""
+VIDEO_FRAMES = 8
+"""Frames of an exported video by default (``vlmcp data shapes --video-frames``)."""
+VIDEO_SIZE = 64
+"""Side of its frames in pixels by default (``--video-size``)."""
 
 
-def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos: int = 0) -> Path:
+def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos: int = 0,
+                  video_frames: int = VIDEO_FRAMES, video_size: int = VIDEO_SIZE) -> Path:
     """Write ``samples`` conversations to ``out/train.jsonl`` and their images to ``out/images/``,
     then ``videos`` video conversations with their videos in ``out/videos/``.
 
@@ -57,12 +63,18 @@ def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos
         samples: how many samples of the stream to write (>= 0; >= 1 without videos).
         seed: the dataset seed (:attr:`ShapesConfig.seed`).
         videos: how many moving-shapes videos to write (>= 0; needs PyAV).
+        video_frames: frames of each video, at :data:`VIDEO_FPS` (>= 2).
+        video_size: its frames' side in pixels (even, >= 16).
 
     Returns:
         The path of ``train.jsonl``; image and video paths in it are relative to its directory.
     """
     if isinstance(videos, bool) or not isinstance(videos, int) or videos < 0:
         raise ValueError(f"--videos must be an integer >= 0, got {videos!r}")
+    if isinstance(video_frames, bool) or not isinstance(video_frames, int) or video_frames < 2:
+        raise ValueError(f"--video-frames must be an integer >= 2, got {video_frames!r}")
+    if isinstance(video_size, bool) or not isinstance(video_size, int) or video_size < 16 or video_size % 2:
+        raise ValueError(f"--video-size must be an even integer >= 16, got {video_size!r}")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < (0 if videos else 1):
         raise ValueError(f"--samples must be an integer >= 1 (>= 0 with --videos), got {samples!r}")
     from PIL import Image
@@ -89,7 +101,7 @@ def export_shapes(out: str | os.PathLike, samples: int, *, seed: int = 0, videos
                                    {"role": "assistant", "content": sample.text}], "images": names}
             f.write(json.dumps(record) + "\n")
         for i in range(videos):
-            clip = motion_clip(seed, i)
+            clip = motion_clip(seed, i, frames=video_frames, height=video_size, width=video_size)
             name = f"videos/{i:06d}.mp4"
             frames = (clip.frames.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
             write_video(out / name, frames, VIDEO_FPS)
