@@ -22,8 +22,10 @@ _HELP = {
     "attention": "CP attention time and saved bytes per rank against one process, ring and ulysses",
     "memory": "saved-for-backward bytes per rank of one VLM training step against one process",
     "vision": "ViT time per rank, replicate against scatter",
-    "hf-memory": "a HF Qwen2-VL's saved bytes per rank: videos, image_strategy replicate/shard/auto",
-    "hf-vision": "a HF Qwen2-VL's ViT time per rank for one long video, replicate against scatter",
+    "hf-memory": "a HF Qwen2-VL/Qwen3-VL/Qwen3.5 saved bytes per rank: videos, image_strategy "
+                 "replicate/shard/auto",
+    "hf-vision": "a HF Qwen2-VL/Qwen3-VL/Qwen3.5 ViT time per rank for one long video, replicate "
+                 "against scatter",
 }
 
 

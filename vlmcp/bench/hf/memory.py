@@ -1,9 +1,11 @@
 """Busiest rank's saved-for-backward bytes of a Hugging Face VLM's training step, over one process.
 
-Run: ``vlmcp bench hf-memory [--row video|images --cp 2 4 --configs shard:scatter ...]``.
+Run: ``vlmcp bench hf-memory [--arch qwen2_vl|qwen3_vl|qwen3_5 --row video|images --cp 2 4
+--configs shard:scatter ...]``.
 
-A scaled-down Qwen2-VL (:func:`vlmcp.bench.hf.bench_model`: LLM hidden 512, 4 layers; ViT
-width 256, 4 blocks) trains one step on one row through ``vlmcp.hf.shard_inputs`` and
+A scaled-down Qwen2-VL, Qwen3-VL or Qwen3.5 (``--arch``; :func:`vlmcp.bench.hf.bench_model`:
+LLM hidden 512, 4 layers, Qwen3.5's three in four Gated DeltaNet; ViT width 256, 4 blocks,
+Qwen3-VL's deepstack after the first) trains one step on one row through ``vlmcp.hf.shard_inputs`` and
 ``cp_cross_entropy``, once per ``image_strategy:vision_mode`` pair; each rank counts the
 bytes autograd saves (:class:`vlmcp.checks.saved_tensors.SavedTensorMeter`, exact, parameters left out)
 and the table gives the largest rank's over the same step on one process (vlmcp at P=1,
@@ -11,7 +13,8 @@ the same kernels). Rows (the issue's):
 
 * ``video``: one sample, ``--text-tokens`` text (default 148, the vision markers
   included) around one video of ``--video-groups`` frame groups of 16x16 patches (64 LLM
-  tokens each; default 16: 1,024 video tokens);
+  tokens each; default 16: 1,024 video tokens; Qwen3-VL and Qwen3.5 add each group's
+  timestamp and markers, 5 text tokens);
 * ``images``: ``--images`` samples (default 4), each one 28x48-patch image (336 tokens)
   and ``--text-tokens / images`` text (default 2,544 in all): 1,344 image tokens in a
   3,888-token row.
@@ -28,7 +31,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.bench.hf import ARCHS, bench_model, needs_transformers
 from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.launch import spawn_ranks
 
@@ -84,6 +87,7 @@ def _rank(group, samples, configs, sizes):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", choices=ARCHS, default="qwen2_vl", help="the model (default qwen2_vl)")
     parser.add_argument("--row", choices=("video", "images"), default="video", help="the row (default video)")
     parser.add_argument("--cp", type=int, nargs="+", default=[2, 4], help="CP sizes (default 2 4)")
     parser.add_argument("--configs", nargs="+", default=None, metavar="STRATEGY:MODE",
@@ -108,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if any(len(p) != 2 for p in pairs):
         raise ValueError(f"--configs takes STRATEGY:MODE pairs, got {configs}")
     samples = _samples(args)
-    sizes = dict(hidden=args.hidden, layers=args.layers, vit_width=args.vit_width, vit_depth=args.vit_depth)
-    print(f"row {args.row}: {samples}; Qwen2-VL LLM hidden {args.hidden} x {args.layers} layers, ViT "
+    sizes = dict(hidden=args.hidden, layers=args.layers, vit_width=args.vit_width, vit_depth=args.vit_depth,
+                 arch=args.arch)
+    print(f"row {args.row}: {samples}; {args.arch} LLM hidden {args.hidden} x {args.layers} layers, ViT "
           f"{args.vit_width} x {args.vit_depth}; saved-for-backward bytes of one step, float32")
     print("| P | image_strategy (chosen) | vision_mode | largest rank | one process | ratio | "
           "ideal replicated |")

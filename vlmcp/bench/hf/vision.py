@@ -1,9 +1,11 @@
 """ViT time per rank for one long video: ``replicate`` (every rank encodes every frame) against ``scatter``.
 
-Run: ``vlmcp bench hf-vision [--cp 2 4 --frame-groups 32 --repeats 5 --json]``.
+Run: ``vlmcp bench hf-vision [--arch qwen2_vl|qwen3_vl|qwen3_5 --cp 2 4 --frame-groups 32
+--repeats 5 --json]``.
 
 One video of ``--frame-groups`` temporal patch groups of ``--side`` x ``--side`` patches
-through a Qwen2-VL ViT + merger (:func:`vlmcp.bench.hf.bench_model`; width 256, 4 blocks),
+through a Qwen2-VL, Qwen3-VL (deepstack mergers included) or Qwen3.5 ViT + merger
+(:func:`vlmcp.bench.hf.bench_model`; width 256, 4 blocks),
 forward and backward, called as vlmcp's vision wrapper calls it (the class's
 ``get_video_features`` on the selected frames, :meth:`HFAdapter.select_frames`). Under
 ``scatter`` each rank encodes the frame groups :func:`vlmcp.vision.assign_images` gives it
@@ -26,7 +28,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.bench.hf import ARCHS, bench_model, needs_transformers
 from vlmcp.bench.turns import time_in_turns
 from vlmcp.launch import spawn_ranks
 from vlmcp.vision import assign_images, vit_cost
@@ -51,7 +53,9 @@ def _rank(group, groups, side, repeats, sizes):
 
     def run(sub):
         out = call(base, sub["pixel_values_videos"], sub["video_grid_thw"])
-        torch.cat(out.pooler_output).square().mean().backward()
+        deepstack = getattr(out, adapter.deepstack_output) if adapter.deepstack_output else ()
+        levels = [out.pooler_output, *deepstack]
+        sum(torch.cat(list(f)).square().mean() for f in levels).backward()
 
     runs = {mode: (lambda sub=sub: run(sub)) for mode, sub in work.items()}
     times = time_in_turns(group, repeats, runs, lambda: model.zero_grad(set_to_none=True))
@@ -59,6 +63,7 @@ def _rank(group, groups, side, repeats, sizes):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", choices=ARCHS, default="qwen2_vl", help="the model (default qwen2_vl)")
     parser.add_argument("--cp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--frame-groups", type=int, default=32, help="temporal patch groups of the video")
     parser.add_argument("--side", type=int, default=16, help="patches per side of a frame (default 16)")
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.frame_groups < 1 or args.side < 2 or args.side % 2:
         raise ValueError(f"--frame-groups must be >= 1 and --side even, got {args.frame_groups}, {args.side}")
-    sizes = dict(hidden=64, layers=1, vit_width=args.vit_width, vit_depth=args.vit_depth)
+    sizes = dict(hidden=64, layers=1, vit_width=args.vit_width, vit_depth=args.vit_depth, arch=args.arch)
     rows = []
     for P in args.cp:
         results = spawn_ranks(_rank, P, args.frame_groups, args.side, args.repeats, sizes, timeout=1800)
@@ -85,11 +90,12 @@ def run(args: argparse.Namespace) -> int:
                          speedup=round(statistics.median(a / b for a, b in zip(rep, sca, strict=True)), 2),
                          frame_groups_per_rank=results[0][1]))
     if args.json:
-        print(json.dumps(dict(frame_groups=args.frame_groups, side=args.side, repeats=args.repeats,
-                              vit=dict(width=args.vit_width, depth=args.vit_depth), results=rows)))
+        print(json.dumps(dict(arch=args.arch, frame_groups=args.frame_groups, side=args.side,
+                              repeats=args.repeats, vit=dict(width=args.vit_width, depth=args.vit_depth),
+                              results=rows)))
         return 0
-    print(f"ViT + merger forward+backward, one video of {args.frame_groups} frame groups of {args.side}x"
-          f"{args.side} patches, slowest rank, median of {args.repeats}")
+    print(f"{args.arch} ViT + merger forward+backward, one video of {args.frame_groups} frame groups of "
+          f"{args.side}x{args.side} patches, slowest rank, median of {args.repeats}")
     print(f"{'P':>2}  {'replicate ms':>12}  {'scatter ms':>10}  {'speedup':>7}  groups/rank  "
           "scatter ms per rank")
     for row in rows:

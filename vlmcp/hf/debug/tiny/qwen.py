@@ -57,7 +57,7 @@ def _mrope(arch: str, overrides: dict[str, Any]) -> Any:
         text = text_config(hidden_size=96, **overrides.pop("text_config", {}))
     else:
         rope["mrope_interleaved"] = True
-        text = text_config(head_dim=8, **overrides.pop("text_config", {}))
+        text = text_config(**{"head_dim": 8, **overrides.pop("text_config", {})})
         if arch == "qwen3_vl_moe":  # every layer sparse: 4 experts, top 2
             text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
     text["rope_parameters"] = rope
