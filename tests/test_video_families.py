@@ -4,8 +4,8 @@ Qwen3.5 (``Qwen3VLProcessor``), GLM-4.1V, LLaVA-OneVision.
 transformers' processor runs on the whole decoded video, with its own frame sampling, resize
 (torchvision's kernel, restated in torch: tests/video_oracle.py), normalize, patches and text;
 vlmcp plans from the header and decodes only the planned frames, resized with PIL. Exact: the
-text, its token ids, ``mm_token_type_ids``, the grid. Within rounding: the pixels, at most one
-level of 255 apart where PIL and torchvision resize a frame differently.
+text, its token ids, ``mm_token_type_ids``, the grid. Within rounding: the pixels, at most two
+levels of 255 apart where PIL and torchvision resize a frame differently.
 """
 
 import copy
@@ -69,12 +69,13 @@ def _conv(video: Media) -> Conversation:
 
 
 def _compare(ours, theirs, std: float) -> None:
-    """Identical ids, token types, grids; pixels at most one level of 255 apart, few of them at all."""
+    """Identical ids, token types, grids; pixels at most two levels of 255 apart (one on these clips),
+    under 1% of them at all."""
     assert ours.input_ids.tolist() == theirs["input_ids"][0].tolist()
     assert ours.mm_token_type_ids.tolist() == theirs["mm_token_type_ids"][0].tolist()
     assert ours.pixels["video_grid_thw"].tolist() == theirs["video_grid_thw"].tolist()
     levels = (ours.pixels["pixel_values_videos"] - theirs["pixel_values_videos"]).abs() * 255 * std
-    assert float(levels.max()) <= 1 + 1e-4 and float((levels > 0.5).float().mean()) < 0.01
+    assert float(levels.max()) <= 2 + 1e-4 and float((levels > 0.5).float().mean()) < 0.01
 
 
 @pytest.mark.parametrize("arch", ["qwen3_vl", "qwen3_5"])

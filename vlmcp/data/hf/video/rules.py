@@ -46,8 +46,8 @@ timestamps, markers and ``mm_token_type_ids`` are transformers'), ``video_grid_t
 the pixel layout and values for the same resized frames (their own ``patchify``; the fused
 rescale-normalize written out, bit for bit). Within rounding: the resize. vlmcp resizes with
 PIL (the image processor's resample), transformers' video processors with torchvision's
-antialiased resize, which is not installable for every torch: measured on the moving-shapes
-videos, at most a few levels of 255 apart where a frame is resized (``docs/data.md``).
+antialiased resize, which is not installable for every torch: at most 2 levels of 255 apart
+(1 in most videos) in about 0.1% of the values where a frame is resized (``docs/data.md``).
 qwen-vl-utils differs from transformers for Qwen3-VL (it caps pixels per frame and floors
 the count to a multiple of T); vlmcp follows the model's processor.
 """
