@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
                         "(float64 or float32; --image-attention causal)")
     p.add_argument("--video", action="store_true",
                    help="with --model: a row with videos (a video sample, a text-only sample, a sample "
-                        "mixing images and a video; videos only where the model cannot mix them, GLM-4.1V)")
+                        "mixing images and a video; videos only where the model cannot mix them, GLM-4.1V): "
+                        "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 (and their MoE), GLM-4.1V, LLaVA-OneVision")
 
 
 def run(args: argparse.Namespace) -> int:
