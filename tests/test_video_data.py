@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("transformers")
 av = pytest.importorskip("av")
 
+from tests.video_train_cases import check_probe_is_transformers, probe_row0  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.data.builtin.shapes import COLOUR_RGB  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation, sample_length, video_plans  # noqa: E402
@@ -418,19 +419,6 @@ def test_help_names_every_video_default(capsys):
 # -- training ------------------------------------------------------------------------------------------
 
 
-def _probe(model, processor, index, cp_group):
-    """The trained model's logits on training row 0 under CP (its bad videos left out), gathered."""
-    import vlmcp
-    import vlmcp.hf
-
-    row = build_row(processor, index, 0)
-    batch = vlmcp.hf.shard_inputs(model, row.inputs, cp_group, labels=row.labels, cu_seqlens=row.cu_seqlens)
-    with torch.no_grad():
-        logits = model(**batch.model_inputs).logits[0]
-    return {"logits": vlmcp.unshard(logits, batch.shard, cp_group), "cu_seqlens": row.cu_seqlens,
-            "samples": [i for i in index.rows[0] if i not in row.skipped], "keys": sorted(row.inputs)}
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("arch, options", [
     ("qwen2_vl", {}),
@@ -440,10 +428,8 @@ def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path
     """``data shapes --videos`` lines, a real mp4 and avi, and a cut avi, CP=2: the loss falls, the
     video inputs reach the model, the cut avi is skipped on both ranks, and the trained model's
     CP logits on a row equal plain transformers' on each of its conversations."""
-    from transformers import AutoModelForImageTextToText
 
     from vlmcp.cli.train_hf import plan_data, preload_model_code
-    from vlmcp.data.hf.processor import load_processor
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.hf.config import HFTrainConfig
     from vlmcp.train.hf.loop import train_hf_rank
@@ -463,7 +449,7 @@ def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path
     preload_model_code(cfg.model)
     index = plan_data(cfg)
     assert len(index.conversations) == 6 and not index.unreadable
-    ranks = spawn_ranks(train_hf_rank, 2, cfg, index, _probe, timeout=200, threads_per_rank=1)
+    ranks = spawn_ranks(train_hf_rank, 2, cfg, index, probe_row0, timeout=200, threads_per_rank=1)
     summary = ranks[0]
     losses = summary["losses"]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, losses
@@ -473,12 +459,4 @@ def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path
     probe = summary["probe"]
     videos = {"pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
     assert videos | ({"second_per_grid_ts"} if arch == "qwen2_5_vl" else set()) <= set(probe["keys"])
-    loaded = AutoModelForImageTextToText.from_pretrained(cfg.output_dir, dtype=torch.float32).eval()
-    processor = load_processor(cfg.output_dir)
-    cu = probe["cu_seqlens"]
-    for k, i in enumerate(probe["samples"]):  # each conversation alone, in one process, plain transformers
-        sample = encode_conversation(processor, index.conversations[i], cfg.video)
-        with torch.no_grad():
-            want = loaded(input_ids=sample.input_ids[None], mm_token_type_ids=sample.mm_token_type_ids[None],
-                          **sample.pixels).logits[0]
-        torch.testing.assert_close(probe["logits"][int(cu[k]):int(cu[k + 1])], want, rtol=1e-4, atol=1e-4)
+    check_probe_is_transformers(probe, cfg, index)

@@ -7,16 +7,13 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("av")
 
-from tests.video_train_cases import train_then_resume  # noqa: E402
+from tests.video_train_cases import check_probe_is_transformers, probe_row0, train_then_resume  # noqa: E402
 from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
-from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes, write_video  # noqa: E402
-from vlmcp.data.hf.rows import build_row  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
@@ -51,27 +48,12 @@ def data(tmp_path_factory):
     return path
 
 
-def _probe(model, processor, index, cp_group):
-    """The trained model's CP logits on training row 0, gathered."""
-    import vlmcp
-    import vlmcp.hf
-
-    row = build_row(processor, index, 0)
-    batch = vlmcp.hf.shard_inputs(model, row.inputs, cp_group, labels=row.labels, cu_seqlens=row.cu_seqlens)
-    with torch.no_grad():
-        logits = model(**batch.model_inputs).logits[0]
-    return {"logits": vlmcp.unshard(logits, batch.shard, cp_group), "cu_seqlens": row.cu_seqlens,
-            "samples": index.rows[0], "keys": sorted(row.inputs)}
-
-
 @pytest.mark.parametrize("arch, options", [
     ("qwen3_vl", {"image_strategy": "shard", "vision_mode": "scatter"}),
     ("qwen3_5", {"image_strategy": "auto", "vision_mode": "scatter", "attention": "ulysses"}),
 ])
 def test_cp2_trains_videos_and_resumes_exactly(data, tmp_path, arch, options):
-    from transformers import AutoModelForImageTextToText
 
-    from vlmcp.data.hf.processor import load_processor
 
     model = init_model(arch, tmp_path / arch)
     common = dict(model=str(model), data=str(data), seq_len=256, lr=3e-3, timeout=120.0, steps=STEPS, cp=2,
@@ -81,7 +63,8 @@ def test_cp2_trains_videos_and_resumes_exactly(data, tmp_path, arch, options):
     preload_model_code(cfg.model)
     index = plan_data(cfg)
     assert len(index.conversations) == 5 and not index.unreadable
-    ranks = spawn_ranks(train_then_resume, 2, cfg, resumed, index, _probe, timeout=280, threads_per_rank=1)
+    ranks = spawn_ranks(train_then_resume, 2, cfg, resumed, index, probe_row0, timeout=280,
+                        threads_per_rank=1)
     first, second = ranks[0]["first"], ranks[0]["second"]
     losses = first["losses"]
     assert len(losses) == STEPS and losses[-1] < losses[0] - 0.3, losses
@@ -89,15 +72,7 @@ def test_cp2_trains_videos_and_resumes_exactly(data, tmp_path, arch, options):
     assert second["start_step"] == EVERY and second["losses"] == losses[EVERY:]  # bit-exact on CPU
     probe = first["probe"]
     assert {"pixel_values_videos", "video_grid_thw", "mm_token_type_ids"} <= set(probe["keys"])
-    loaded = AutoModelForImageTextToText.from_pretrained(cfg.output_dir, dtype=torch.float32).eval()
-    processor = load_processor(cfg.output_dir)
-    cu = probe["cu_seqlens"]
-    for k, i in enumerate(probe["samples"]):  # each conversation alone, in one process, plain transformers
-        sample = encode_conversation(processor, index.conversations[i], cfg.video)
-        with torch.no_grad():
-            want = loaded(input_ids=sample.input_ids[None], mm_token_type_ids=sample.mm_token_type_ids[None],
-                          **sample.pixels).logits[0]
-        torch.testing.assert_close(probe["logits"][int(cu[k]):int(cu[k + 1])], want, rtol=1e-4, atol=1e-4)
+    check_probe_is_transformers(probe, cfg, index)
 
 
 @pytest.mark.slow

@@ -126,8 +126,8 @@ def _classify_keys(model: nn.Module, adapter: HFAdapter, inputs) -> dict[InputKi
     if out[InputKind.VIDEO] and not adapter.takes_videos:
         raise NotImplementedError(f"videos are not supported under vlmcp CP for {type(model).__name__} "
                                   f"(vlmcp adapter {adapter.name!r}; inputs {out[InputKind.VIDEO]}): "
-                                  "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V and LLaVA-OneVision take "
-                                  "them")
+                                  "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V and LLaVA-OneVision "
+                                  "take them")
     if out[InputKind.VIDEO] and adapter.video_pixel_keys[0] not in out[InputKind.VIDEO]:
         raise ValueError(f"video inputs {out[InputKind.VIDEO]} without {adapter.video_pixel_keys[0]}: pass "
                          "the videos' pixels with their grids, or none of the video keys")
