@@ -5,8 +5,8 @@ Packed rows with a video sample, a text-only sample and a sample mixing images a
 run one sample at a time: P = 2 and 3, ring and Ulysses, all five vision modes,
 ``image_strategy`` replicate and shard (and auto), split / whole / auto sample placement;
 Qwen2-VL throughout, Qwen2.5-VL (``second_per_grid_ts``), Qwen3-VL (timestamps between frame
-groups, deepstack), Qwen3.5 and Qwen3.5-MoE (the same timestamps, Gated DeltaNet layers, MoE
-MLPs), GLM-4.1V (video-only rows) and LLaVA-OneVision (``pixel_values_videos`` of whole
+groups, deepstack) and Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE (the same timestamps, Gated
+DeltaNet layers, MoE MLPs), GLM-4.1V (video-only rows) and LLaVA-OneVision (``pixel_values_videos`` of whole
 videos) on a few cases each, ring and Ulysses, ``replicate`` and ``scatter``, visual tokens
 replicated and sharded. One spawned group per world size runs its whole grid.
 """
@@ -56,13 +56,13 @@ P2_CASES = (
     + [_case("glm4v", "ring", "scatter", "shard", rows="video_only"),
        _case("glm4v", "ulysses", "hidden_shard", rows="video_only"),
        _case("glm4v", "ulysses", "replicate", rows="video_only")]
-    # issue 26: Qwen3.5 (hybrid LM) and its MoE, LLaVA-OneVision, Qwen3-VL replicated
+    # issue 26: Qwen3.5 (hybrid LM) and its MoE, LLaVA-OneVision, Qwen3-VL replicated, Qwen3-VL-MoE
     + [_case("qwen3_5", "ring"), _case("qwen3_5", "ulysses", "scatter", "shard"),
        _case("qwen3_5_moe", "ulysses", "replicate", "shard"),
        _case("qwen3_5_moe", "ring", "scatter", "shard"),
        _case("llava_onevision", "ring", rows="onevision_video"),
        _case("llava_onevision", "ulysses", "scatter", "shard", rows="onevision_video"),
-       _case("qwen3_vl", "ulysses")]
+       _case("qwen3_vl", "ulysses"), _case("qwen3_vl_moe", "ulysses", "scatter", "shard")]
     # images only, visual tokens sharded (the issue's point 2 beyond videos)
     + [_case("qwen2_vl", "ulysses", "scatter", "shard", rows="packed"),
        _case("llava", "ring", "hidden_shard", "shard", rows="packed"),
@@ -77,7 +77,7 @@ P3_CASES = (
        _case("qwen3_5", "ring", "scatter", "shard"), _case("qwen3_5", "ulysses"),
        _case("qwen3_5_moe", "ulysses", "scatter", "shard"), _case("qwen3_5_moe", "ring"),
        _case("llava_onevision", "ring", "scatter", "shard", rows="onevision_video"),
-       _case("llava_onevision", "ulysses", rows="onevision_video")]
+       _case("llava_onevision", "ulysses", rows="onevision_video"), _case("qwen3_vl_moe", "ring")]
 )
 
 
