@@ -76,7 +76,12 @@ def benches(group: dist.ProcessGroup) -> dict:
     pairs = [("replicate", "replicate"), ("shard", "scatter"), ("auto", "scatter")]
     saved = memory._rank(group, ((2, ("video", 2, 16, 16), 16),), pairs, tiny)
     times, per_rank = vision._rank(group, 4, 4, 1, tiny)
-    return {"memory": saved, "vision": (times, per_rank)}
+    qwen3 = {}
+    for arch in ("qwen3_vl", "qwen3_5"):  # --arch
+        sizes = {**tiny, "arch": arch}
+        qwen3[arch] = (memory._rank(group, ((2, ("video", 2, 16, 16), 16),), [("shard", "scatter")], sizes),
+                       vision._rank(group, 4, 4, 1, sizes)[1])
+    return {"memory": saved, "vision": (times, per_rank), "qwen3": qwen3}
 
 
 def suite(group: dist.ProcessGroup, cases: list[HFParityCase]) -> dict:

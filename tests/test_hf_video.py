@@ -143,6 +143,10 @@ def test_bench_rank_functions_measure_what_they_say(p2):
         assert chosen == "shard" and saved / single <= 0.55  # about 1/P of everything
     times, per_rank = p2["benches"]["vision"]
     assert per_rank == [2, 2] and set(times) == {"replicate", "scatter"} and len(times["scatter"]) == 1
+    for arch, (saved, groups) in p2["benches"]["qwen3"].items():  # --arch qwen3_vl, qwen3_5
+        assert groups == [2, 2], arch
+        bytes_, chosen = saved[("shard", "scatter")]
+        assert chosen == "shard" and bytes_ / saved["single"] <= 0.55, arch
 
 
 # --- one process: checks before any collective ------------------------------------------------
