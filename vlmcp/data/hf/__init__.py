@@ -9,8 +9,9 @@ The pipeline, one module per step:
 * :mod:`~vlmcp.data.hf.template`: one conversation through the model's chat template,
   with the tokens of its trained messages (and a template that drops a message refused);
 * :mod:`~vlmcp.data.hf.video`: which frames of a video, at what size, from its header
-  (qwen-vl-utils' rules), and their decoding with PyAV;
-  :mod:`~vlmcp.data.hf.video_processor`: Qwen2-VL's video inputs without torchvision;
+  (each model's own processor's rules, one module per family), their decoding with PyAV,
+  and the model's video inputs without torchvision; :mod:`~vlmcp.data.hf.video_processor`:
+  the processor's own text expansion and call with those inputs;
 * :mod:`~vlmcp.data.hf.encode`: one conversation -> processor inputs with labels on the
   trained turns; a bad image or video is a ``MediaError`` naming ``file:line``;
 * :mod:`~vlmcp.data.hf.rows`: plan and pack rows, decode them ahead of training (a
