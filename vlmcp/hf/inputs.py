@@ -70,6 +70,8 @@ _UNHANDLED_WHY = {
     "inputs_embeds": "vlmcp shards input_ids, and HF's merge runs on the local row",
     "cross_attention_mask": "cross-attention to the images (Mllama)",
     "aspect_ratio_ids": "tiled images of a cross-attention model (Mllama)",
+    "input_features": "audio features (Nemotron-H-Omni's Parakeet encoder), which vlmcp does not place",
+    "input_features_mask": "the padding mask of audio features (Nemotron-H-Omni)",
 }
 
 

@@ -7,8 +7,9 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 before any communication, the token-mixer audit included (Note [vlmcp HF token
 mixers]): a language model with anything mixing tokens but softmax attention and the
 mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.mixers.gdn`; LFM2's short
-convolutions, :mod:`vlmcp.hf.mixers.short_conv`; sliding-window attention whose module carries its
-``sliding_window``, Gemma 3) is refused, module by module (Mamba, chunked attention...).
+convolutions, :mod:`vlmcp.hf.mixers.short_conv`; Nemotron-H's Mamba-2, :mod:`vlmcp.hf.mixers.mamba2`;
+sliding-window attention whose module carries its ``sliding_window``, Gemma 3) is refused, module
+by module (other Mamba classes, chunked attention...).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
 from vlmcp.hf.mixers import gdn as hf_gdn
+from vlmcp.hf.mixers import mamba2 as hf_mamba2
 from vlmcp.hf.mixers import short_conv as hf_short_conv
 from vlmcp.hf.mixers.audit import audit_token_mixers
 from vlmcp.hf.vision import place_hf_vision
@@ -98,7 +100,8 @@ def parallelize(
             without an adapter, heads not divisible by P for Ulysses, a projector width not
             divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
             already, or a token mixer vlmcp does not run under CP (linear attention other than
-            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba, chunked windows,
+            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba other than Nemotron-H's
+            Mamba-2, chunked windows,
             sliding windows HF's mask alone applies, sinks, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
@@ -133,7 +136,8 @@ def parallelize(
             raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
                              f"but {out} is not divisible by P={world}")
     submodule(model, adapter.language_model)  # names the architecture if the path is wrong
-    for mixer_implementation in (hf_gdn, hf_short_conv):  # Qwen3.5's Gated DeltaNet, LFM2's short conv
+    # Qwen3.5's Gated DeltaNet, LFM2's short conv, Nemotron-H's Mamba-2
+    for mixer_implementation in (hf_gdn, hf_short_conv, hf_mamba2):
         mixer_implementation.register()  # classes of loaded transformers modules only: imports nothing
     mixers = audit_token_mixers(model, adapter.language_model)
     for mixer in mixers:

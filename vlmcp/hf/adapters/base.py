@@ -201,6 +201,11 @@ class HFAdapter:
                 return kind
         return None
 
+    def vision_module_paths(self, model: nn.Module) -> tuple[str, ...]:
+        """The vision modules ``model`` has: :attr:`vision_modules`, and where an architecture's configs
+        build some only (Nemotron-H-Omni's ``vision_final_layernorm``), the adapter adds those present."""
+        return self.vision_modules
+
     @property
     def vision_modes(self) -> tuple[str, ...]:
         """The vision modes this adapter supports."""

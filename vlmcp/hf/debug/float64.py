@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import inspect
 import sys
 import textwrap
@@ -60,7 +61,8 @@ class _FloatCallsAsFloat32(ast.NodeTransformer):
         self.generic_visit(node)
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "float" and not node.args and not node.keywords:
-            float32 = ast.Attribute(value=ast.Name(id="torch", ctx=ast.Load()), attr="float32", ctx=ast.Load())
+            float32 = ast.Attribute(value=ast.Name(id="torch", ctx=ast.Load()), attr="float32",
+                                    ctx=ast.Load())
             return ast.copy_location(ast.Call(func=ast.Attribute(value=func.value, attr="to", ctx=ast.Load()),
                                               args=[float32], keywords=[]), node)
         return node
@@ -71,8 +73,9 @@ def _names(code: types.CodeType) -> set[str]:
     return set(code.co_names).union(*(_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
+@functools.lru_cache(maxsize=None)
 def _without_float_calls(raw: Callable) -> types.CodeType:
-    """``raw``'s code with its ``.float()`` calls rewritten (:class:`_FloatCallsAsFloat32`), from its source."""
+    """``raw``'s code, its ``.float()`` calls rewritten (:class:`_FloatCallsAsFloat32`), from its source."""
     if raw.__code__.co_freevars:
         raise NotImplementedError(f"in_dtype: {raw.__qualname__} has free variables "
                                   f"{raw.__code__.co_freevars}; its .float() calls cannot be rewritten")
