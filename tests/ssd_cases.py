@@ -175,9 +175,27 @@ def model_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict
     return out
 
 
+def shard_local_error(group: dist.ProcessGroup, case: HFParityCase) -> dict:
+    """The trap: the same model with its Mamba-2 mixers left as transformers ships them (each rank scans its
+    shard alone, from a zero state): ``hf_parity`` of that, to show the error vlmcp's mixer removes."""
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+
+    from vlmcp.hf.mixers import audit
+
+    mamba2.register()
+    saved = audit._REGISTERED[NemotronHMamba2Mixer]
+    audit._REGISTERED[NemotronHMamba2Mixer] = lambda module: None  # accepted, never prepared
+    try:
+        return hf_parity(group, case)
+    finally:
+        audit._REGISTERED[NemotronHMamba2Mixer] = saved
+
+
 def suite(group: dist.ProcessGroup, layer_cases: list[dict], byte_rows: list | None,
-          model_cases: list[HFParityCase]) -> dict:
-    """One group's job: the layer grid, the layer's collectives and bytes, the whole model's parity grid."""
+          model_cases: list[HFParityCase], trap: HFParityCase | None = None) -> dict:
+    """One group's job: the layer grid, the layer's collectives and bytes, the whole model's parity grid,
+    and (``trap``) the error of the unmodified Mamba-2 mixers under CP."""
     return {"layer": layer_grid(group, layer_cases),
             "bytes": exchange_counts(group, byte_rows) if byte_rows else [],
-            "model": model_grid(group, model_cases)}
+            "model": model_grid(group, model_cases),
+            "trap": shard_local_error(group, trap) if trap is not None else None}
