@@ -54,15 +54,16 @@ BYTES = [BYTE_ROWS[2], BYTE_ROWS[3]]  # 1k and 8k tokens, an image and two sampl
 SAMPLES = ((7, (4, 4), 40, (2, 4), 23), (37,), (5, (4, 8), 61))  # 196 tokens, odd lengths, a text-only sample
 
 
-def _model(attention="ring", mode="replicate", placement="split", dtype="float64"):
+def _model(attention="ring", mode="replicate", placement="split", dtype="float64", strategy="replicate"):
     return HFParityCase(model="hf:nemotron_h_omni", attention=attention, vision_mode=mode, dtype=dtype,
-                        samples=SAMPLES, sample_placement=placement)
+                        samples=SAMPLES, sample_placement=placement, image_strategy=strategy)
 
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
 MODEL = {2: [_model("ring", m) for m in MODES] + [_model("ulysses"), _model(placement="whole"),
                                                    _model(dtype="float32")],
-         3: [_model("ring", m) for m in MODES] + [_model("ulysses", "scatter"), _model(placement="auto")],
+         3: [_model("ring", m) for m in MODES] + [_model("ulysses", "scatter"), _model(placement="auto"),
+                                                   _model(strategy="shard")],
          4: []}
 TOL = {"float64": 1e-12, "float32": 2e-5}
 MODEL_TOL = {"float64": 1e-12, "float32": 1e-5}
@@ -111,7 +112,7 @@ def test_mamba2_bytes_do_not_grow_with_length(groups, P):
 def test_nemotron_h_omni_matches_the_unmodified_model(groups, P):
     results = groups[P]["model"]
     assert len(results) == len(MODEL[P])
-    bad = [f"{r['attention']} {r['vision_mode']} {r['dtype']} {r['sample_placement']}: loss "
+    bad = [f"{r['attention']} {r['vision_mode']} {r['dtype']} {r['sample_placement']} {r['strategy']}: loss "
            f"{r['loss_rel_error']:.1e}, grad {r['max_rel_grad_error']:.1e} ({r['worst_param']})"
            for r in results if max(r["loss_rel_error"], r["max_rel_grad_error"]) > MODEL_TOL[r["dtype"]]]
     assert not bad, "\n".join(bad)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from vlmcp.layout.plan import RankShard
 from vlmcp.mixers.conv_halo import causal_conv1d_cp
 from vlmcp.mixers.delta_rule import chunk_gated_delta_rule
-from vlmcp.mixers.head_shards import UlyssesRow, from_head_shards, to_head_shards, ulysses_row
+from vlmcp.mixers.head_shards import UlyssesRow, channel_slices, from_head_shards, to_head_shards, ulysses_row
 
 __all__ = ["UlyssesRow", "gated_deltanet_ulysses", "ulysses_row"]
 
@@ -68,10 +68,7 @@ def gated_deltanet_ulysses(
     hk, hv = key_heads // P, value_heads // P
     row = ulysses_row(shard)
     device = mixed.device
-    # channel c of head slice j, for the q, k and v blocks in turn: (P, C/P) indices into C
-    q_ch = torch.arange(key_heads * key_dim).view(P, hk * key_dim)
-    v_ch = torch.arange(value_heads * value_dim).view(P, hv * value_dim) + 2 * key_heads * key_dim
-    slices = torch.cat([q_ch, q_ch + key_heads * key_dim, v_ch], 1).to(device)
+    slices = channel_slices([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], P).to(device)
 
     x = to_head_shards(mixed[:, slices.flatten()].view(N, P, -1), row, group)
     gs, bs = (to_head_shards(t.reshape(N, P, -1), row, group) for t in (g, beta))

@@ -20,6 +20,7 @@ identically on every rank from the plan and cached per shard.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from vlmcp.comm import all_to_all
 from vlmcp.layout.choose import plan_cp
 from vlmcp.layout.plan import RankShard
 
-__all__ = ["UlyssesRow", "from_head_shards", "to_head_shards", "ulysses_row"]
+__all__ = ["UlyssesRow", "channel_slices", "from_head_shards", "to_head_shards", "ulysses_row"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,3 +98,16 @@ def from_head_shards(out: torch.Tensor, row: UlyssesRow, group: dist.ProcessGrou
     padded = torch.cat([out, out.new_zeros((1,) + tuple(out.shape[1:]))])
     out = padded.index_select(0, row.back.to(out.device))
     return all_to_all(out, group, scatter_dim=0, gather_dim=1)
+
+
+def channel_slices(blocks: Sequence[int], P: int) -> torch.Tensor:
+    """``(P, sum(blocks) / P)``: row j holds head slice j's channels, slice j of each block in turn.
+
+    A mixer's channels are blocks laid end to end (Gated DeltaNet's ``[q | k | v]``, Mamba-2's
+    ``[x | B | C]``), each split into P equal contiguous parts, one per head slice.
+    """
+    parts, offset = [], 0
+    for n in blocks:
+        parts.append(torch.arange(n).view(P, n // P) + offset)
+        offset += n
+    return torch.cat(parts, 1)

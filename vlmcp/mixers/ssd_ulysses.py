@@ -30,7 +30,7 @@ import torch.distributed as dist
 from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.layout.plan import RankShard
 from vlmcp.mixers.conv_halo import causal_conv1d_cp
-from vlmcp.mixers.head_shards import from_head_shards, to_head_shards, ulysses_row
+from vlmcp.mixers.head_shards import channel_slices, from_head_shards, to_head_shards, ulysses_row
 from vlmcp.mixers.ssd import chunk_ssd
 
 __all__ = ["mamba2_ulysses", "takes_ulysses"]
@@ -70,10 +70,7 @@ def mamba2_ulysses(
     h, g = heads // P, groups // P
     row = ulysses_row(shard)
     device = xbc.device
-    # channel c of head slice j, for the x, B and C blocks in turn: (P, c/P) indices into the channels
-    x_ch = torch.arange(heads * head_dim).view(P, h * head_dim)
-    b_ch = torch.arange(groups * state_dim).view(P, g * state_dim) + heads * head_dim
-    slices = torch.cat([x_ch, b_ch, b_ch + groups * state_dim], 1).to(device)
+    slices = channel_slices([heads * head_dim, groups * state_dim, groups * state_dim], P).to(device)
     mixed = to_head_shards(xbc[:, slices.flatten()].view(N, P, -1), row, group)
     dts = to_head_shards(dt.reshape(N, P, h), row, group)
     mine = slices[rank]

@@ -73,7 +73,7 @@ def _names(code: types.CodeType) -> set[str]:
     return set(code.co_names).union(*(_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _without_float_calls(raw: Callable) -> types.CodeType:
     """``raw``'s code, its ``.float()`` calls rewritten (:class:`_FloatCallsAsFloat32`), from its source."""
     if raw.__code__.co_freevars:
