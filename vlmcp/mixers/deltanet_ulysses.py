@@ -32,9 +32,14 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.layout.plan import RankShard
-from vlmcp.mixers.conv_halo import causal_conv1d_cp
 from vlmcp.mixers.delta_rule import chunk_gated_delta_rule
-from vlmcp.mixers.head_shards import UlyssesRow, channel_slices, from_head_shards, to_head_shards, ulysses_row
+from vlmcp.mixers.head_shards import (
+    UlyssesRow,
+    conv_on_head_shards,
+    from_head_shards,
+    to_head_shards,
+    ulysses_row,
+)
 
 __all__ = ["UlyssesRow", "gated_deltanet_ulysses", "ulysses_row"]
 
@@ -60,21 +65,16 @@ def gated_deltanet_ulysses(
         ``(N, Hv, V)`` in ``mixed.dtype``, zero at padding slots. Replicated slots' input
         gradients are this rank's share (its head slice).
     """
-    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    P = dist.get_world_size(group)
     if key_heads % P or value_heads % P:
         raise ValueError(f"Gated DeltaNet under Ulysses needs key and value heads divisible by P={P}, got "
                          f"{key_heads} and {value_heads}")
     N, L = shard.num_tokens, shard.seq_len
     hk, hv = key_heads // P, value_heads // P
     row = ulysses_row(shard)
-    device = mixed.device
-    slices = channel_slices([key_heads * key_dim, key_heads * key_dim, value_heads * value_dim], P).to(device)
-
-    x = to_head_shards(mixed[:, slices.flatten()].view(N, P, -1), row, group)
+    blocks = [key_heads * key_dim, key_heads * key_dim, value_heads * value_dim]
+    x = conv_on_head_shards(mixed, blocks, conv_weight, conv_bias, row, group, activation)
     gs, bs = (to_head_shards(t.reshape(N, P, -1), row, group) for t in (g, beta))
-    mine = slices[rank]
-    bias = conv_bias[mine] if conv_bias is not None else None
-    x = activation(causal_conv1d_cp(x, conv_weight[mine], bias, row.whole_row, None))
     q, k, v = torch.split(x, [hk * key_dim, hk * key_dim, hv * value_dim], dim=-1)
     out, _ = chunk_gated_delta_rule(q.reshape(L, hk, key_dim), k.reshape(L, hk, key_dim),
                                     v.reshape(L, hv, value_dim), gs, bs, row.cu_seqlens,

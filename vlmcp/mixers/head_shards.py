@@ -20,7 +20,7 @@ identically on every rank from the plan and cached per shard.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +29,10 @@ import torch.distributed as dist
 from vlmcp.comm import all_to_all
 from vlmcp.layout.choose import plan_cp
 from vlmcp.layout.plan import RankShard
+from vlmcp.mixers.conv_halo import causal_conv1d_cp
 
-__all__ = ["UlyssesRow", "channel_slices", "from_head_shards", "to_head_shards", "ulysses_row"]
+__all__ = ["UlyssesRow", "channel_slices", "conv_on_head_shards", "from_head_shards", "to_head_shards",
+           "ulysses_row"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,3 +113,28 @@ def channel_slices(blocks: Sequence[int], P: int) -> torch.Tensor:
         parts.append(torch.arange(n).view(P, n // P) + offset)
         offset += n
     return torch.cat(parts, 1)
+
+
+def conv_on_head_shards(
+    mixed: torch.Tensor, blocks: Sequence[int], conv_weight: torch.Tensor, conv_bias: torch.Tensor | None,
+    row: UlyssesRow, group: dist.ProcessGroup, activation: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """This rank's head slice of a mixer's pre-convolution channels, over the whole row, through its
+    depthwise causal conv (per sample, zero history) and ``activation``.
+
+    Args:
+        mixed: ``(N, sum(blocks))``, this rank's slots' channels, ``blocks`` end to end.
+        blocks: the channel blocks (:func:`channel_slices`), each divisible by P.
+        conv_weight: ``(sum(blocks), 1, k)``; conv_bias: ``(sum(blocks),)`` or None.
+        row, group: :func:`ulysses_row` of this rank's shard, and the CP group.
+        activation: applied after the convolution.
+
+    Returns:
+        ``(L, sum(blocks) / P)``: slice ``rank`` of each block, in order, for every position of the row.
+    """
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    slices = channel_slices(blocks, P).to(mixed.device)
+    x = to_head_shards(mixed[:, slices.flatten()].view(mixed.shape[0], P, -1), row, group)
+    mine = slices[rank]
+    bias = conv_bias[mine] if conv_bias is not None else None
+    return activation(causal_conv1d_cp(x, conv_weight[mine], bias, row.whole_row, None))

@@ -29,8 +29,7 @@ import torch.distributed as dist
 
 from vlmcp.attention.merge import accumulator_dtype
 from vlmcp.layout.plan import RankShard
-from vlmcp.mixers.conv_halo import causal_conv1d_cp
-from vlmcp.mixers.head_shards import channel_slices, from_head_shards, to_head_shards, ulysses_row
+from vlmcp.mixers.head_shards import conv_on_head_shards, from_head_shards, to_head_shards, ulysses_row
 from vlmcp.mixers.ssd import chunk_ssd
 
 __all__ = ["mamba2_ulysses", "takes_ulysses"]
@@ -69,13 +68,9 @@ def mamba2_ulysses(
     N, L = shard.num_tokens, shard.seq_len
     h, g = heads // P, groups // P
     row = ulysses_row(shard)
-    device = xbc.device
-    slices = channel_slices([heads * head_dim, groups * state_dim, groups * state_dim], P).to(device)
-    mixed = to_head_shards(xbc[:, slices.flatten()].view(N, P, -1), row, group)
+    blocks = [heads * head_dim, groups * state_dim, groups * state_dim]
+    mixed = conv_on_head_shards(xbc, blocks, conv_weight, conv_bias, row, group, activation)
     dts = to_head_shards(dt.reshape(N, P, h), row, group)
-    mine = slices[rank]
-    bias = conv_bias[mine] if conv_bias is not None else None
-    mixed = activation(causal_conv1d_cp(mixed, conv_weight[mine], bias, row.whole_row, None))
     x, B, C = torch.split(mixed, [h * head_dim, g * state_dim, g * state_dim], dim=-1)
     x = x.reshape(L, h, head_dim)
     heads_here = slice(rank * h, (rank + 1) * h)
