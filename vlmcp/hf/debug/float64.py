@@ -5,10 +5,10 @@ Note [vlmcp float64 parity: float32 islands]
 Several HF modules compute in float32 whatever the model dtype: RMSNorms (``x.float()``),
 the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and SigLIP2's
 position interpolation, MoE routers (Qwen3-VL-MoE's softmax, DeepSeek-V3's sigmoid and group
-top-k), Qwen3.5's zero-centred and gated norms, its decay and gated-delta-rule kernel, and
-Kimi-K2.5's temporal merge, Nemotron-H's gated norm, Mamba-2 decay and SSD scan, its router and its
-float32 logits, and RADIO's position interpolation. In a float64 model each rounds the gradient to float32; a
-replicated token's gradient arrives in P shares, each rounded on its own, so CP and one
+top-k), Qwen3.5's zero-centred and gated norms, its decay and gated-delta-rule kernel,
+Kimi-K2.5's temporal merge, Nemotron-H's gated norm, Mamba-2 decay, SSD scan, router and float32
+logits, and RADIO's position interpolation. In a float64 model each rounds the gradient to
+float32; a replicated token's gradient arrives in P shares, each rounded on its own, so CP and one
 process then differ by ~1e-8 relative: float32 noise, not a CP error. float64 parity
 therefore runs both models with those steps in the input dtype, for the duration only::
 
