@@ -54,12 +54,13 @@ def load_balancing_share(router_logits: Sequence[torch.Tensor], num_experts: int
         group: the CP group, or None.
 
     Returns:
-        A float32 scalar; summed over the group it is ``load_balancing_loss_func`` of the whole row.
+        A scalar in float32 (float64 for float64 logits); summed over the group it is ``load_balancing_loss_func`` of the whole row.
     """
     device = router_logits[0].device
-    w = weights.to(device=device, dtype=torch.float32)
+    acc = torch.promote_types(router_logits[0].dtype, torch.float32)  # HF: float32 (float64 in float64)
+    w = weights.to(device=device, dtype=acc)
     counts = torch.zeros(num_experts + 1, dtype=torch.float64, device=device)  # per expert, then R
-    prob = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    prob = torch.zeros(num_experts, dtype=acc, device=device)
     for layer in router_logits:
         if layer.shape != (w.numel(), num_experts):
             raise ValueError(f"router logits of shape {tuple(layer.shape)}, expected ({w.numel()}, {num_experts})")
@@ -68,9 +69,9 @@ def load_balancing_share(router_logits: Sequence[torch.Tensor], num_experts: int
         counts[:num_experts] += torch.zeros(num_experts, device=device, dtype=torch.float64).scatter_add_(
             0, chosen.reshape(-1), w.double().repeat_interleave(top_k))
         counts[num_experts] += w.sum().double()
-        prob = prob + (p.float() * w[:, None]).sum(0)
+        prob = prob + (p.to(acc) * w[:, None]).sum(0)
     if group is not None:
         dist.all_reduce(counts, group=group)
     rows = counts[num_experts].clamp(min=1)
-    f = (counts[:num_experts] / rows).float()
-    return num_experts * (f * prob).sum() / rows.float()
+    f = (counts[:num_experts] / rows).to(acc)
+    return num_experts * (f * prob).sum() / rows.to(acc)

@@ -1,0 +1,115 @@
+"""``vlmcp.hf.causal_lm_loss``: the chunked LM-head loss of every architecture, exact in float64.
+
+One group per P (1 in-process, 2 and 3 spawned) runs ``tests/loss_cases.py:suite`` over every
+architecture of the README's table: the chunked loss against the full-logits path
+(``model(**inputs).logits`` + ``cp_cross_entropy``) on each rank, loss share, group mean and every
+parameter's local gradient (tied embeddings: Qwen2.5-VL; Gemma 3 with ``final_logit_softcapping``
+set; LLaVA with targets on rank 0 only; Qwen3-VL-MoE with its router's auxiliary loss); the
+op itself against one process with a rank that has no target; and Qwen3-VL-MoE's loss and
+gradients against the unmodified model. FSDP2 at DP=2 x CP=2 with the head sharded runs once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import vlmcp  # noqa: E402
+import vlmcp.hf  # noqa: E402
+from tests import loss_cases  # noqa: E402
+from tests.loss_cases import ARCHS  # noqa: E402
+from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.hf.debug.tiny import tiny_config, tiny_model  # noqa: E402
+from vlmcp.testing import run_on_ranks  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda p: f"P{p}")
+def suite(request):
+    p = request.param
+    if p == 1:
+        return p, [loss_cases.suite(None, list(ARCHS))]
+    return p, run_on_ranks(loss_cases.suite, p, list(ARCHS), timeout=280)
+
+
+def test_op_exact_against_one_process(suite):
+    p, ranks = suite
+    for rank, res in enumerate(ranks):
+        for r in res["op"]:
+            assert r["loss_err"] < 1e-13 and r["mean_err"] < 1e-13, r
+            assert r["hidden_err"] < 1e-13 and r["shared_err"] < 1e-13, r
+            if rank == 1:
+                assert r["local_targets"] == 0  # a rank without a target still joins and gets zero
+
+
+def test_every_architecture_chunked_equals_full_logits(suite):
+    p, ranks = suite
+    for res in ranks:
+        assert [r["name"] for r in res["hf"]] == list(ARCHS)
+        for r in res["hf"]:
+            assert r["same_params"] and r["params"] > 40, r
+            assert r["loss_err"] < 1e-12 and r["mean_err"] < 1e-12, r
+            assert r["max_grad_err"] < 1e-12, r
+            assert r["head_err"] is not None and r["head_err"] < 1e-12, r  # the head's gradient too
+    by = {r["name"]: r for r in ranks[0]["hf"]}
+    assert by["qwen2_5_vl"]["tied"] and by["qwen2_5_vl"]["head"].endswith("embed_tokens.weight")
+    if p > 1:  # LLaVA's targets all sit on rank 0
+        assert [res["hf"][ARCHS.index("llava")]["targets"] for res in ranks][1:] == [0] * (p - 1)
+
+
+def test_moe_router_aux_loss_matches_the_model(suite):
+    _, ranks = suite
+    r = ranks[0]["moe"]
+    assert r["aux"] > 0.1 and r["loss_err"] < 1e-12 and r["max_grad_err"] < 1e-10, r
+
+
+def test_fsdp2_dp2_cp2_head_sharded():
+    """NeMo Automodel #3414: the head sharded by FSDP2 (in the root's unit, as ``vlmcp train --fsdp``
+    does, and in its own), every gradient, the head's included, against one process."""
+    results = run_on_ranks(loss_cases.fsdp_head, 4, [("qwen2_vl", "root"), ("llava", "own")], timeout=240)[0]
+    for r in results:
+        assert r["head_is_dtensor"], r
+        assert r["loss_rel_error"] < 1e-12 and r["max_rel_grad_error"] < 1e-10 and r["head_err"] < 1e-10, r
+
+
+def _batch(model):
+    vlmcp.hf.parallelize(model, None)
+    inputs, labels, cu = synthetic_row(model, loss_cases.QWEN_ROW)
+    return vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+
+
+def test_refuses_what_it_cannot_reproduce():
+    model = tiny_model("qwen2_vl")
+    batch = _batch(model)
+    original = type(model).forward
+
+    def scaled(self, *args, **kwargs):  # a forward that changes the logits after the head
+        out = original(self, *args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    type(model).forward = scaled
+    try:
+        with pytest.raises(ValueError, match="softcap, scale or cast"):
+            vlmcp.hf.causal_lm_loss(model, batch, None)
+    finally:
+        type(model).forward = original
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: o)
+    with pytest.raises(ValueError, match="forward hooks"):
+        vlmcp.hf.causal_lm_loss(model, batch, None)
+    handle.remove()
+    vlmcp.hf.causal_lm_loss(model, batch, None)  # nothing left behind by the refusals
+    model.lm_head = torch.nn.Sequential(model.lm_head)
+    with pytest.raises(ValueError, match="not an nn.Linear"):
+        vlmcp.hf.causal_lm_loss(model, batch, None)
+    with pytest.raises(ValueError, match="not the group"):
+        vlmcp.hf.causal_lm_loss(model, batch, object())
+
+
+def test_refuses_an_aux_loss_the_adapter_does_not_handle():
+    model = tiny_model(tiny_config("qwen3_vl_moe", text_config={"output_router_logits": True}))
+    batch = _batch(model)
+    plain = vlmcp.hf.adapters.base.HFAdapter.auxiliary_loss
+    with pytest.raises(NotImplementedError, match="auxiliary loss"):
+        plain(vlmcp.hf.parallel_state(model).adapter, model, model(**batch.model_inputs), None, None)
