@@ -18,6 +18,8 @@ LLaVA-NeXT/OneVision, InternVL, SmolVLM/Idefics3 or Mistral3 model on a CP group
 * :func:`causal_lm_loss` (:mod:`vlmcp.hf.loss`): the model's forward with the LM head computed
   by :func:`vlmcp.cp_linear_cross_entropy`, a chunk of tokens at a time, FSDP2-safe; MoE
   auxiliary losses as the model adds them (:mod:`vlmcp.hf.moe_aux`).
+* :func:`offload_activations` (:mod:`vlmcp.hf.offload`): the forward's saved tensors (checkpointed
+  blocks' inputs) in pinned host memory until backward.
 * :mod:`vlmcp.hf.adapters`: what each architecture needs (:class:`InputKind`: what each
   input key is); :func:`register_adapter` adds one.
 * :mod:`vlmcp.hf.mixers.audit`: the token-mixer audit ``parallelize`` runs (anything but softmax
@@ -39,11 +41,12 @@ from vlmcp.hf.attention import CPContext
 from vlmcp.hf.inputs import HFBatch, shard_inputs, shift_hf_labels
 from vlmcp.hf.loss import causal_lm_loss
 from vlmcp.hf.mixers.audit import register_mixer
+from vlmcp.hf.offload import offload_activations
 from vlmcp.hf.parallel import HFParallel, parallel_state, parallelize
 
 __all__ = [
     "CPContext", "HFAdapter", "HFBatch", "HFParallel", "InputKind", "PlaceholderAdapter",
-    "adapter_for", "causal_lm_loss", "parallel_state", "parallelize", "register_adapter", "register_mixer", "shard_inputs",
+    "adapter_for", "causal_lm_loss", "offload_activations", "parallel_state", "parallelize", "register_adapter", "register_mixer", "shard_inputs",
     "shift_hf_labels", "supported_model_types",
 ]
 
