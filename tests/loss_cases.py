@@ -157,8 +157,9 @@ def op_grid(group: dist.ProcessGroup | None) -> list[dict]:
 
 def suite(group: dist.ProcessGroup | None, archs: list[str]) -> dict:
     """A P-group's whole job: the op against one process, every model chunked against full logits,
-    the MoE aux loss against HF's own loss."""
-    return {"op": op_grid(group), "hf": hf_grid(group, archs), "moe": moe_against_hf(group)}
+    the MoE aux loss against the model's own, autocast bf16 against one process."""
+    return {"op": op_grid(group), "hf": hf_grid(group, archs), "moe": moe_against_hf(group),
+            "autocast": autocast_grid(group)}
 
 
 def fsdp_head(group: dist.ProcessGroup, cases: list[tuple[str, str]]) -> list[dict]:
@@ -213,3 +214,29 @@ class _only(torch.nn.Module):
 
     def named_parameters(self, *args, **kwargs):
         return iter(self._params)
+
+
+def autocast_grid(group: dist.ProcessGroup | None, archs=("qwen2_vl", "qwen2_5_vl", "llava")) -> list[dict]:
+    """A ``torch.autocast`` bf16 step under CP (the chunked loss) against the unmodified model's
+    autocast bf16 step in one process (each sample alone), float32 parameters; ``bf16_err`` is the
+    autocast reference's own error against float32, the scale of bf16 rounding."""
+    out = []
+    for arch in archs:
+        ref = tiny_model(arch, torch.float32)
+        fp32 = copy.deepcopy(ref)
+        model = copy.deepcopy(ref)
+        row = synthetic_row(ref, arch_row(arch), dtype=torch.float32)
+        reference_step(fp32, *row)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ref_loss = reference_step(ref, *row)
+        vlmcp.hf.parallelize(model, group)
+        batch = vlmcp.hf.shard_inputs(model, row[0], group, labels=row[1], cu_seqlens=row[2])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            res = vlmcp.hf.causal_lm_loss(model, batch, group, chunk_size=8)
+        res.loss.backward()
+        vlmcp.reduce_gradients(model, group)
+        err, worst = compare_gradients(model, ref, group)
+        bf16_err, _ = compare_gradients(ref, fp32, None)
+        out.append({"arch": arch, "loss_err": abs(float(res.mean) - float(ref_loss)) / float(ref_loss),
+                    "max_grad_err": err, "worst": worst, "bf16_err": bf16_err})
+    return out

@@ -113,3 +113,57 @@ def test_refuses_an_aux_loss_the_adapter_does_not_handle():
     plain = vlmcp.hf.adapters.base.HFAdapter.auxiliary_loss
     with pytest.raises(NotImplementedError, match="auxiliary loss"):
         plain(vlmcp.hf.parallel_state(model).adapter, model, model(**batch.model_inputs), None, None)
+
+
+def test_autocast_bf16_matches_one_process(suite):
+    """Qwen2-VL, Qwen2.5-VL, LLaVA under ``torch.autocast`` (bf16, float32 parameters): q and k come
+    out of HF's rotary in float32, v in bf16; cp_attention casts them, and the CP step matches one
+    process's autocast step within bf16's own error against float32."""
+    _, ranks = suite
+    assert [r["arch"] for r in ranks[0]["autocast"]] == ["qwen2_vl", "qwen2_5_vl", "llava"]
+    for r in ranks[0]["autocast"]:
+        assert r["loss_err"] < 1e-3 and r["max_grad_err"] <= 2 * r["bf16_err"], r
+
+
+def _step_measured(chunk_size, offload=False, checkpointing=False, vocab=128, row=((5, (1, 4, 4), 9), (12,))):
+    """One float32 step of a tiny Qwen2-VL under the allocation hook and the saved-tensor counter
+    (the counter runs the offloading policy)."""
+    from vlmcp.checks.allocations import AllocationMeter
+    from vlmcp.checks.saved_tensors import SavedTensorMeter
+
+    model = tiny_model(tiny_config("qwen2_vl", text_config={"vocab_size": vocab}), torch.float32)
+    if checkpointing:
+        model.train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vlmcp.hf.parallelize(model, None)
+    inputs, labels, cu = synthetic_row(model, row)
+    batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+    policy = vlmcp.hf.offload_activations() if offload else None
+    with AllocationMeter() as alloc, SavedTensorMeter(model.parameters(), hooks=policy) as saved:
+        res = vlmcp.hf.causal_lm_loss(model, batch, None, chunk_size=chunk_size)
+        res.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return batch.shard.num_tokens, alloc, saved, grads, res
+
+
+def test_no_tokens_by_vocab_tensor_during_an_hf_step():
+    """N ~ 120 slots >> chunk 8, V = 1024: no op output of N x V elements during the whole step
+    (forward and backward) and the head+loss saves O(N); the full-logits path is the control."""
+    v, row = 1024, ((10, (1, 4, 4), 50), (60,))
+    n, alloc, saved, _, _ = _step_measured(8, vocab=v, row=row)
+    _, alloc_full, saved_full, _, _ = _step_measured(None, vocab=v, row=row)
+    assert n > 100 and alloc_full.max_numel >= n * v and saved_full.bytes - saved.bytes >= 0.99 * n * v * 4
+    hidden = 48  # the tiny text model: the largest tensor is the embedding gradient, V x H, or a chunk
+    assert alloc.max_numel <= max(8 * v, v * hidden) < n * v // 2, alloc.max_shape
+
+
+def test_offload_activations_exact_and_nothing_saved_in_place():
+    """With offloading, no saved tensor (parameters aside) stays where it was made, with and
+    without activation checkpointing; the gradients are bitwise those of a step without it."""
+    for checkpointing in (False, True):
+        _, _, kept, grads, res = _step_measured(4, checkpointing=checkpointing)
+        _, _, moved, grads_off, res_off = _step_measured(4, offload=True, checkpointing=checkpointing)
+        assert kept.kept_bytes == kept.bytes > 0
+        assert moved.bytes == kept.bytes and moved.kept_bytes == 0
+        assert float(res.loss) == float(res_off.loss)
+        assert grads.keys() == grads_off.keys() and all(torch.equal(grads[k], grads_off[k]) for k in grads)
