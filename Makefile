@@ -36,7 +36,7 @@ lint: $(STAMP)
 bench-plan: $(STAMP)
 	$(PY) -m vlmcp bench plan
 
-# Every figure of the README's "Measured" section (minutes; not part of the tests).
+# Every figure of docs/benchmarks.md's "Measured" section (minutes; not part of the tests).
 bench: $(STAMP)
 	$(PY) -m vlmcp bench all
 	$(PY) -m vlmcp compare --out runs/compare.md

@@ -14,12 +14,11 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.hf
 from vlmcp.grads import finish_ddp_gradients
+from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 from vlmcp.hf.debug.parity import (
     HFParityCase,
     compare_gradients,
     cp_step,
-    float64_exact,
-    float64_norms,
     hf_parity,
     reference_for,
     reference_step,

@@ -1,10 +1,10 @@
 """Rank functions for the any-resolution HF tests (importable by name from spawned ranks).
 
-InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3 and Mistral3 (:data:`vlmcp.hf.debug.tiny.ANYRES_ARCHS`).
+InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3 and Mistral3 (``tests/hf_archs.py``: ANYRES_ARCHS).
 Each architecture has its own rows, in its adapter's image tuples
 (:meth:`~vlmcp.hf.adapters.HFAdapter.synthetic_images`):
 
-* ``packed`` (:data:`vlmcp.hf.debug.tiny_anyres.ANYRES_SAMPLES`, ``vlmcp verify``'s row): an
+* ``packed`` (the tiny registry's verification row, ``vlmcp verify``'s): an
   image sample with text before and after, a text-only sample, and a sample with two
   images and text between (InternVL: multi-tile images; OneVision: a
   tiled image shrunk by ``anyres_max``, then a two-image sample sent untiled; SmolVLM:
@@ -27,10 +27,9 @@ import vlmcp
 import vlmcp.hf
 from tests.hf_cases import parity_grid
 from vlmcp.grads import grad_rule
-from vlmcp.hf.debug.parity import float64_exact, float64_norms
+from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_model
-from vlmcp.hf.debug.tiny_anyres import ANYRES_SAMPLES
+from vlmcp.hf.debug.tiny import tiny_arch, tiny_model
 
 MIXED = {
     "internvl": ((3, (1,), 5), (4, (2,), 3), (6,), (2, (1,), 6), (40, (2,), 80)),
@@ -38,7 +37,7 @@ MIXED = {
     "smolvlm": ((3, (1, 1), 5), (4, (2, 1), 3), (6,), (2, (1, 1), 6), (40, (1, 2), 80)),
     "mistral3": ((3, (1, 2), 5), (4, (2, 2), 3), (6,), (2, (2, 1), 6), (40, (3, 2), 80)),
 }
-ROWS = {arch: {"packed": ANYRES_SAMPLES[arch], "mixed": rows} for arch, rows in MIXED.items()}
+ROWS = {arch: {"packed": tiny_arch(arch).samples, "mixed": rows} for arch, rows in MIXED.items()}
 ROWS["llava_next"] = ROWS["llava_onevision"]
 ROWS["idefics3"] = ROWS["smolvlm"]
 

@@ -1,8 +1,8 @@
 """Rank functions for the Qwen3.5 tests (importable by name from spawned ranks).
 
 Each function runs a whole grid inside one spawned group. Both the unmodified model and
-the CP model run with Qwen3.5's float32 islands in float64 (``float64_exact`` enters
-:func:`vlmcp.hf.debug.float64_qwen3_5.float64_qwen3_5`).
+the CP model run with Qwen3.5's float32 islands in float64 (``float64_exact`` lifts
+Qwen3.5's islands: Note [vlmcp float64 parity: float32 islands]).
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 from vlmcp.hf.debug.parity import (
     DTYPES,
     HFParityCase,
     Reference,
-    float64_exact,
-    float64_norms,
     hf_parity,
     reference_for,
     reference_step,

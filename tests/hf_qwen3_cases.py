@@ -16,13 +16,12 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.hf
 import vlmcp.vision.modes as vision_modes
+from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 from vlmcp.hf.debug.parity import (
     DTYPES,
     HFParityCase,
     Reference,
     _sample_inputs,
-    float64_exact,
-    float64_norms,
     hf_parity,
     reference_step,
 )

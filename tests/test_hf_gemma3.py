@@ -18,12 +18,13 @@ pytest.importorskip("transformers")
 import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests.hf_cases import parity_grid  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase, float64_exact, float64_norms, reference_step  # noqa: E402
+from vlmcp.hf.debug.float64 import float64_exact, float64_norms  # noqa: E402
+from vlmcp.hf.debug.parity import HFParityCase, reference_step  # noqa: E402
 from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import WINDOW_SAMPLES, tiny_config, tiny_model  # noqa: E402
+from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
-PACKED = WINDOW_SAMPLES["gemma3"]
+PACKED = tiny_arch("gemma3").samples
 """An image after a prompt, a text-only sample, two images with text between (Gemma 3's image
 tuples carry no size: every image is ``image_size`` square)."""
 

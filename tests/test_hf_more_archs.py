@@ -1,6 +1,6 @@
 """InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3, Mistral3 under vlmcp: exact against the unmodified model.
 
-Tiny random models built in code (:data:`vlmcp.hf.debug.tiny.ANYRES_ARCHS`). One spawned group
+Tiny random models built in code (``tests/hf_archs.py``: ANYRES_ARCHS). One spawned group
 per world size runs a whole grid (tests/hf_more_cases.py); the tests below read its
 results. Every architecture: every vision mode on ring, Ulysses, packed rows with a
 text-only sample, whole and auto placement, P = 2 and 3; the variants (LLaVA-NeXT,
@@ -21,11 +21,12 @@ pytest.importorskip("transformers")
 import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import hf_more_cases  # noqa: E402
+from tests.hf_archs import ANYRES_ARCHS  # noqa: E402
 from tests.hf_more_cases import ROWS  # noqa: E402
 from vlmcp.grads import GradRule, grad_rule, restore_grad_tags  # noqa: E402
 from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
 from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import ANYRES_ARCHS, tiny_model  # noqa: E402
+from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
@@ -212,8 +213,8 @@ def test_mistral3_image_rows_are_several_runs_with_text_between():
 
 
 def test_cli_verify_model_uses_the_familys_row(capsys):
-    """``vlmcp verify --model hf:mistral3`` (or a directory of one) builds its row from ANYRES_SAMPLES,
-    by ``config.model_type``: Mistral3's images are (rows, cols) of tokens, not Qwen grids."""
+    """``vlmcp verify --model hf:mistral3`` (or a directory of one) builds its row from its tiny registry
+    entry, by ``config.model_type``: Mistral3's images are (rows, cols) of tokens, not Qwen grids."""
     import json
 
     from vlmcp.cli import main

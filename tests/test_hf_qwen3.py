@@ -1,6 +1,6 @@
 """Qwen3-VL (deepstack), Qwen3-VL-MoE and GLM-4.1V under vlmcp: exact against the unmodified model.
 
-Tiny random models built in code (:data:`vlmcp.hf.debug.tiny.MROPE_ARCHS`). One spawned group
+Tiny random models built in code (``tests/hf_archs.py``: MROPE_ARCHS). One spawned group
 per world size runs a whole grid (tests/hf_qwen3_cases.py); the tests below read its
 results. Float64 parity runs with HF's float32 islands (ViT rotary, GLM-4.1V's position
 interpolation, the MoE router) in float64, as :func:`vlmcp.hf.debug.parity.float64_exact` does.
@@ -18,9 +18,10 @@ pytest.importorskip("transformers")
 import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import hf_cases, hf_qwen3_cases  # noqa: E402
+from tests.hf_archs import MROPE_ARCHS  # noqa: E402
 from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
 from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import MROPE_ARCHS, tiny_model  # noqa: E402
+from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")

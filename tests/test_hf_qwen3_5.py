@@ -1,7 +1,7 @@
 """Hybrid language models under vlmcp, exact against the unmodified model: Qwen3.5 (Gated DeltaNet + gated
 attention, Qwen3-VL's ViT) and LFM2-VL's short convolutions.
 
-A tiny random Qwen3.5 (:data:`vlmcp.hf.debug.tiny.HYBRID_ARCHS`: three Gated DeltaNet layers, then one
+A tiny random Qwen3.5 (:func:`vlmcp.hf.debug.tiny.tiny_model`: three Gated DeltaNet layers, then one
 gated attention layer) on a packed row of 820 tokens (two images with text between, a text-only
 sample, a prompt and an image). One spawned group per P (2, 3, 4) runs the grid of
 tests/hf_qwen3_5_cases.py; loss and every parameter gradient in float64 against the model as HF ships

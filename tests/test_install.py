@@ -5,8 +5,8 @@ pinned CPU torch of ``requirements/cpu.txt`` and a copy of this checkout install
 without extras, the way a user runs ``pip install vlmcp``. Then ``vlmcp train``
 (2 steps, with ``--metrics-jsonl``) and ``vlmcp plan --out`` must exit 0 and leave
 valid PNGs. A runtime dependency that only an extra (e.g. ``test``) happens to bring
-fails here. Then the same venv gets ``pip install 'vlmcp[hf]'`` and the README's Python
-example (the block that loads ``runs/hf/out``) runs verbatim on a model from
+fails here. Then the same venv gets ``pip install 'vlmcp[hf]'`` and the Python example of
+``docs/training.md`` (the block that loads ``runs/hf/out``) runs verbatim on a model from
 ``vlmcp init-model`` and an image from ``vlmcp data shapes``. It takes about two minutes
 (most of it unpacking torch; pip's cache is reused); ``pytest -m "not install"`` leaves
 it out of a quick local run, and ``make test`` (CI) runs it.
@@ -47,10 +47,10 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def readme_hf_example() -> str:
-    """The README's Python block that loads the trained HF model (run as written)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    """docs/training.md's Python block that loads the trained HF model (run as written)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "training.md").read_text(), flags=re.S)
     found = [b for b in blocks if 'from_pretrained("runs/hf/out")' in b]
-    assert len(found) == 1, f"README.md has {len(found)} Python blocks that load runs/hf/out"
+    assert len(found) == 1, f"docs/training.md has {len(found)} Python blocks that load runs/hf/out"
     return found[0]
 
 
@@ -86,7 +86,7 @@ def test_a_plain_install_trains_and_draws(tmp_path):
         assert width > 100 and height > 100, f"{png} is {width}x{height}"
         assert matplotlib.image.imread(png).shape[:2] == (height, width)  # decodes in full
 
-    # pip install 'vlmcp[hf]': the README's Python example as written (the model it loads is a
+    # pip install 'vlmcp[hf]': docs/training.md's Python example as written (the model it loads is a
     # fresh init-model directory rather than 300 trained steps; the files are the same kind)
     _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile",
           "-r", ROOT / "requirements" / "cpu.txt", f"{src}[hf]"], tmp_path, 600)
@@ -95,4 +95,4 @@ def test_a_plain_install_trains_and_draws(tmp_path):
     example = work / "readme_example.py"
     example.write_text(readme_hf_example())
     printed = _run([python, example], work, 300)
-    assert printed.endswith("\n"), "the README example did not reach its print"
+    assert printed.endswith("\n"), "the docs/training.md example did not reach its print"

@@ -268,19 +268,35 @@ def ulysses_attention(q, k, v, shard: RankShard, group: dist.ProcessGroup, image
         if P > 1:
             lse_t = _heads_to_seq([lse_t.unsqueeze(-1).contiguous()], counts, r, group)[0][..., 0]
         lse = lse.index_copy(0, idx, lse_t)
-    late = sched.late_slots
-    if late.numel():
-        # images after text: this rank's head slice from the row, all heads by an all-gather
-        out_l = out_row[sched.late_positions]
-        out = out.index_copy(0, late, all_gather(out_l, group, dim=1) if P > 1 else out_l)
-        if need_lse:
-            lse_l = lse_row[sched.late_positions].contiguous()
-            if P > 1:
-                parts = [torch.empty_like(lse_l) for _ in range(P)]
-                dist.all_gather(parts, lse_l, group=group)
-                lse_l = torch.cat(parts, dim=1)
-            lse = lse.index_copy(0, late, lse_l)
+    if sched.late_slots.numel():  # images after text: this rank's head slice from the row
+        out, lse = late_heads(out, lse, sched.late_slots, out_row[sched.late_positions],
+                              lse_row[sched.late_positions] if need_lse else None, group, P)
     return _local_queries(q, k, v, sched, scale, kernel, out, lse)
+
+
+def late_heads(out: torch.Tensor, lse: torch.Tensor | None, slots: torch.Tensor, out_h: torch.Tensor,
+               lse_h: torch.Tensor | None, group: dist.ProcessGroup, size: int):
+    """Images after text: every head of their rows from each rank's head slice (Ulysses and USP).
+
+    Args:
+        out: ``(N, H, Dv)`` this rank's output, filled at ``slots``.
+        lse: ``(N, H)`` or None.
+        slots: local slots of the late image rows.
+        out_h: ``(n, H / size, Dv)`` their output for this rank's heads; ``lse_h`` ``(n, H / size)``.
+        group: the head group of ``size`` ranks.
+
+    The output's gather is :func:`vlmcp.comm.all_gather` on the head dim (dual: reduce-scatter);
+    the log-sum-exp is not differentiated (a plain all-gather).
+    """
+    out = out.index_copy(0, slots, all_gather(out_h, group, dim=1) if size > 1 else out_h)
+    if lse is not None:
+        lse_h = lse_h.contiguous()
+        if size > 1:
+            parts = [torch.empty_like(lse_h) for _ in range(size)]
+            dist.all_gather(parts, lse_h, group=group)
+            lse_h = torch.cat(parts, dim=1)
+        lse = lse.index_copy(0, slots, lse_h)
+    return out, lse
 
 
 def _local_queries(q, k, v, sched: UlyssesSchedule, scale, kernel, out, lse):

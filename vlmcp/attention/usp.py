@@ -60,16 +60,14 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from vlmcp.attention.blockwise import blockwise_attention
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.kernels import AttentionKernel
 from vlmcp.attention.masks import Block, sample_runs, self_blocks
 from vlmcp.attention.ring import RingSchedule, _RingAttention, local_segments, ring_schedule
-from vlmcp.attention.ulysses import _heads_to_seq, _HeadsToSeq, _SeqToHeads, local_blocks
+from vlmcp.attention.ulysses import _heads_to_seq, _HeadsToSeq, _SeqToHeads, late_heads, local_blocks
 from vlmcp.attention.usp_groups import UspGroups
-from vlmcp.comm import all_gather
 from vlmcp.layout.plan import CPPlan, RankShard
 
 __all__ = ["UspSchedule", "usp_attention", "usp_schedule", "virtual_plan"]
@@ -240,17 +238,9 @@ def usp_attention(q, k, v, shard: RankShard, groups: UspGroups, image_attention:
         elif U > 1:
             lse_t = lse_t.new_zeros(0, H)
         lse = lse_t.new_full((N, H), float("-inf")).index_copy(0, idx, lse_t)
-    late = sched.late_slots
-    if late.numel():
-        out_l = out_m[sched.late_merged]
-        out = out.index_copy(0, late, all_gather(out_l, ug, dim=1) if U > 1 else out_l)
-        if need_lse:
-            lse_l = lse_m[sched.late_merged].contiguous()
-            if U > 1:
-                parts = [torch.empty_like(lse_l) for _ in range(U)]
-                dist.all_gather(parts, lse_l, group=ug)
-                lse_l = torch.cat(parts, dim=1)
-            lse = lse.index_copy(0, late, lse_l)
+    if sched.late_slots.numel():
+        out, lse = late_heads(out, lse, sched.late_slots, out_m[sched.late_merged],
+                              lse_m[sched.late_merged] if need_lse else None, ug, U)
     local = sched.local_index
     if local.numel():
         out_i, lse_i = blockwise_attention(q[local], k[local], v[local], sched.local_blocks, scale, kernel)

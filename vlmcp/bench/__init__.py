@@ -1,4 +1,4 @@
-"""Benchmarks behind ``vlmcp bench`` and the README's "Measured" figures (not tests).
+"""Benchmarks behind ``vlmcp bench`` and the "Measured" figures of docs/benchmarks.md (not tests).
 
 One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) -> int``:
 

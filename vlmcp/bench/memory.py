@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     row = make_row(args.image_tokens, args.text_tokens)
-    I, T = args.image_tokens, args.text_tokens  # noqa: E741 - I and T as in the README
+    I, T = args.image_tokens, args.text_tokens  # noqa: E741 - I and T as in docs/benchmarks.md
     print(f"row: {I:,} image + {T:,} text tokens in 8 samples; saved-for-backward bytes of one step")
     print("| P | mode | largest rank | single process | ratio | ideal (I + T/P)/(I + T) |")
     print("|---|---|---|---|---|---|", flush=True)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench.turns import time_in_turns
 from vlmcp.launch import spawn_ranks
 from vlmcp.vision import VisionConfig, VisionEncoder, assign_images, vit_cost
 
@@ -44,20 +44,9 @@ def _rank(group, repeats, sizes, config):
     images = [torch.randn(3, h * PATCH, w * PATCH, generator=gen) for h, w in sizes]
     owner = assign_images([vit_cost(h * w) for h, w in sizes], P)
     work = {"replicate": images, "scatter": [im for im, o in zip(images, owner, strict=True) if o == r]}
-    times = {mode: [] for mode in work}
-    for rep in range(repeats + 1):  # the first round warms up
-        for turn in range(P):
-            dist.barrier(group=group)
-            if turn != r:
-                continue
-            # Both modes back to back in one turn, so machine noise hits them alike.
-            for mode, imgs in work.items():
-                t0 = time.perf_counter()
-                enc.encode(imgs).square().mean().backward()
-                if rep:
-                    times[mode].append(time.perf_counter() - t0)
-                enc.zero_grad(set_to_none=True)
-    return times, owner
+    runs = {mode: (lambda imgs=imgs: enc.encode(imgs).square().mean().backward())
+            for mode, imgs in work.items()}
+    return time_in_turns(group, repeats, runs, lambda: enc.zero_grad(set_to_none=True)), owner
 
 
 def _load(cost, sizes, owner, rank):

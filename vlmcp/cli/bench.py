@@ -1,4 +1,4 @@
-"""``vlmcp bench``: the measured figures of the README (speed and memory; minutes, not tests).
+"""``vlmcp bench``: the measured figures of docs/benchmarks.md (speed and memory; minutes, not tests).
 
 ``vlmcp bench NAME --help`` lists one benchmark's flags; ``vlmcp bench all`` runs every
 benchmark on its defaults. A progress line goes to stderr as each benchmark starts, so

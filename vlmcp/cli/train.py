@@ -29,14 +29,7 @@ from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
 from vlmcp.cli.train_hf import config_from_args as hf_config_from_args
-from vlmcp.train.options import (
-    AttentionBackend,
-    DType,
-    ImageAttention,
-    ImageStrategyChoice,
-    SamplePlacement,
-    VisionMode,
-)
+from vlmcp.train import options
 from vlmcp.train.reference.config import TrainConfig
 
 _FIELDS = ("cp", "dp", "vision_mode", "attention", "ulysses_size", "image_attention", "image_strategy",
@@ -52,18 +45,21 @@ def add_parser(sub) -> None:
                        description=__doc__)
     p.add_argument("--cp", type=int, default=d.cp, help="CP group size P")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas; world size = cp x dp")
-    p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(VisionMode),
+    p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(options.VisionMode),
                    help="how the CP group computes the image embeddings")
-    p.add_argument("--attention", default=d.attention, choices=get_args(AttentionBackend),
+    p.add_argument("--attention", default=d.attention, choices=get_args(options.AttentionBackend),
                    help="CP attention backend")
     p.add_argument("--ulysses-size", type=int, default=None, metavar="U",
                    help="--attention usp: ranks per Ulysses group, a divisor of --cp and --heads "
                         "(default gcd(--kv-heads, --cp)); ring across the groups")
-    p.add_argument("--image-attention", default=d.image_attention, choices=get_args(ImageAttention),
+    p.add_argument("--image-attention", default=d.image_attention,
+                   choices=get_args(options.ImageAttention),
                    help="image tokens see each other causally or both ways")
-    p.add_argument("--image-strategy", default=d.image_strategy, choices=get_args(ImageStrategyChoice),
+    p.add_argument("--image-strategy", default=d.image_strategy,
+                   choices=get_args(options.ImageStrategyChoice),
                    help="replicate image tokens (the seed), shard them with the text, or auto per row")
-    p.add_argument("--sample-placement", default=d.sample_placement, choices=get_args(SamplePlacement),
+    p.add_argument("--sample-placement", default=d.sample_placement,
+                   choices=get_args(options.SamplePlacement),
                    help="split every sample over the CP group, place each whole on one rank, or auto "
                         "(short samples whole, long ones split, by the cost model)")
     p.add_argument("--flops-per-byte", type=float, default=d.flops_per_byte,
@@ -71,7 +67,7 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=d.steps,
                    help="total steps of the run (a resumed run finishes the same run)")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per packed row")
-    p.add_argument("--dtype", default=d.dtype, choices=get_args(DType), help="parameter dtype")
+    p.add_argument("--dtype", default=d.dtype, choices=get_args(options.DType), help="parameter dtype")
     p.add_argument("--seed", type=int, default=d.seed, help="model init and dataset seed")
     p.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate")
     p.add_argument("--hidden", type=int, default=d.hidden, help="LLM width")

@@ -36,11 +36,12 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from vlmcp.hf.debug.tiny import tiny_archs  # the registry; builders import transformers lazily
+
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
-                   help="check a Hugging Face VLM instead (vlmcp[hf]): hf:qwen2_vl, hf:qwen2_5_vl, hf:llava, "
-                        "hf:qwen3_vl, hf:qwen3_vl_moe, hf:glm4v, hf:qwen3_5, hf:lfm2_vl, hf:internvl, "
-                        "hf:llava_onevision, hf:llava_next, hf:smolvlm, hf:idefics3, hf:mistral3 "
-                        "(a tiny random model) or a local model directory, against the unmodified model "
+                   help="check a Hugging Face VLM instead (vlmcp[hf]): "
+                        + ", ".join(f"hf:{a}" for a in tiny_archs())
+                        + " (a tiny random model) or a local model directory, against the unmodified model "
                         "(float64 or float32; --image-attention causal)")
     p.add_argument("--video", action="store_true",
                    help="with --model: a row with videos (a video sample, a text-only sample, a sample "
@@ -96,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_hf(args: argparse.Namespace) -> int:
     """``--model``: :func:`vlmcp.hf.debug.parity.hf_parity` on P spawned ranks."""
-
     if args.dtype not in ("float64", "float32"):
         raise ValueError(f"--model checks float64 or float32, got --dtype {args.dtype}")
     if args.attention == "usp":
@@ -105,29 +105,19 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
         from vlmcp.hf.adapters import adapter_for
-        from vlmcp.hf.debug.parity import (
+        from vlmcp.hf.debug.parity import HFParityCase, hf_parity
+        from vlmcp.hf.debug.tiny import (
             DEFAULT_SAMPLES,
             VIDEO_ONLY_SAMPLES,
             VIDEO_SAMPLES,
-            HFParityCase,
-            hf_parity,
-        )
-        from vlmcp.hf.debug.tiny import (
-            ANYRES_ARCHS,
-            HYBRID_ARCHS,
-            HYBRID_SAMPLES,
-            MLA_ARCHS,
-            MROPE_ARCHS,
-            TINY_ARCHS,
-            WINDOW_ARCHS,
-            WINDOW_SAMPLES,
+            tiny_arch,
+            tiny_archs,
             tiny_config,
         )
-        from vlmcp.hf.debug.tiny_anyres import ANYRES_SAMPLES
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):
-        archs = TINY_ARCHS + MROPE_ARCHS + HYBRID_ARCHS + ANYRES_ARCHS + WINDOW_ARCHS + MLA_ARCHS
+        archs = tiny_archs()
         if args.model[3:] not in archs:
             raise ValueError(f"--model {args.model}: choose hf:{', hf:'.join(archs)} "
                              "or a directory")
@@ -145,8 +135,8 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "
                          f"--cp {args.cp}")
     # the row's images in the adapter's terms (any-resolution models: tiles, sizes), else Qwen grids
-    samples = {**ANYRES_SAMPLES, **WINDOW_SAMPLES, **HYBRID_SAMPLES}.get(getattr(config, "model_type", None),
-                                                                        DEFAULT_SAMPLES)
+    model_type = getattr(config, "model_type", None)
+    samples = tiny_arch(model_type).samples if model_type in tiny_archs() else DEFAULT_SAMPLES
     if args.video:
         import types
 

@@ -63,5 +63,5 @@ def __getattr__(name: str):
 
         warnings.warn(f"vlmcp.hf.{name} moved to vlmcp.hf.debug.tiny.{name}; the old name goes away in the "
                       "next release", DeprecationWarning, stacklevel=2)
-        return getattr(tiny, name)
+        return ("qwen2_vl", "qwen2_5_vl", "llava") if name == "TINY_ARCHS" else getattr(tiny, name)
     raise AttributeError(f"module 'vlmcp.hf' has no attribute {name!r}")

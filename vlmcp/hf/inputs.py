@@ -45,7 +45,7 @@ from torch import nn
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
-from vlmcp.hf.visuals import row_visuals
+from vlmcp.hf.visuals import RowVisuals, row_visuals
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.layout.sample_placement import SamplePlacement
@@ -203,6 +203,45 @@ def shard_inputs(
         NotImplementedError: videos for an architecture whose adapter takes none.
     """
     state = parallel_state(model)
+    _check_call(state, cp_group, inputs, sample_placement, image_strategy)
+    row = _read_row(model, state.adapter, inputs, labels, cu_seqlens)
+    _check_layout(model, state, row, sample_placement, image_strategy)
+    rank = 0 if cp_group is None else dist.get_rank(cp_group)
+    plan = plan_cp(row.visuals.visual, state.cp_size, row.cu, image_strategy=image_strategy,
+                   image_ids=row.visuals.unit_ids, sample_placement=sample_placement)
+    shard = plan.for_rank(rank)
+    positions = _positions(model, state.adapter, row)
+    model_inputs = _local_inputs(model, state, row, shard, positions)
+    return HFBatch(model_inputs=model_inputs, labels=_local_targets(row, shard, rank), shard=shard,
+                   position_ids=positions)
+
+
+@dataclass(frozen=True, eq=False)
+class _Row:
+    """One processor row, read and checked on the global row (every rank holds the same)."""
+
+    ids: torch.Tensor
+    """``LongTensor[L]`` on the inputs' device."""
+    keys: dict[InputKind, list[str]]
+    """The inputs' keys by kind."""
+    per_token: dict[str, torch.Tensor]
+    """Every per-token key (sharded and consumed), ``(L,)``."""
+    pixels: dict[str, Any]
+    """The per-image keys."""
+    videos: dict[str, Any]
+    """The per-video keys."""
+    labels: torch.Tensor | None
+    """The caller's HF-convention labels ``(L,)``, or None."""
+    cu: torch.Tensor
+    """``cu_seqlens``, checked."""
+    visuals: RowVisuals
+    """Which tokens are which image, video and frame group."""
+    has_pixels: bool
+    """The row has images (its first pixel key is present)."""
+
+
+def _check_call(state, cp_group, inputs, sample_placement, image_strategy) -> None:
+    """The arguments themselves: the model's group, a processor dict, known choices."""
     if cp_group is not state.group:
         raise ValueError("cp_group is not the group this model was parallelized for")
     if not isinstance(inputs, dict) and not hasattr(inputs, "keys"):
@@ -212,7 +251,10 @@ def shard_inputs(
     strategies = (*get_args(ImageStrategy), "auto")
     if image_strategy not in strategies:
         raise ValueError(f"image_strategy must be one of {strategies}, got {image_strategy!r}")
-    adapter, config = state.adapter, model.config
+
+
+def _read_row(model: nn.Module, adapter: HFAdapter, inputs, labels, cu_seqlens) -> _Row:
+    """Classify every key, check the shapes, and find the row's visual tokens and units."""
     keys = _classify_keys(model, adapter, inputs)
     ids = _row("input_ids", inputs["input_ids"])
     L = ids.numel()
@@ -223,25 +265,29 @@ def shard_inputs(
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("attention_mask must be all ones: no padding inside a row (pack samples with "
                          "cu_seqlens instead)")
-    if labels is not None:
-        _row("labels", labels, L)
+    row_labels = None if labels is None else _row("labels", labels, L)
     cu = check_cu_seqlens(cu_seqlens, L)
-    image_id = adapter.image_token_id(config)
-    ids_cpu = ids.cpu()
     pixels = {k: inputs[k] for k in keys[InputKind.IMAGE]}
     videos = {k: inputs[k] for k in keys[InputKind.VIDEO]}
-    has_pixels = bool(pixels) and (adapter.pixel_keys[0] in pixels)
-    has_videos = bool(videos)
     given = per_token.get("mm_token_type_ids")
-    rv = row_visuals(model, adapter, ids_cpu, None if given is None else given.cpu(), pixels, videos, cu)
-    types, visual = rv.types, rv.visual
+    visuals = row_visuals(model, adapter, ids.cpu(), None if given is None else given.cpu(), pixels, videos,
+                          cu)
+    _check_image_blocks(model, adapter, keys, per_token, visuals, cu)
+    return _Row(ids=ids, keys=keys, per_token=per_token, pixels=pixels, videos=videos, labels=row_labels,
+                cu=cu, visuals=visuals, has_pixels=adapter.pixel_keys[0] in pixels)
+
+
+def _check_image_blocks(model, adapter, keys, per_token, visuals: RowVisuals, cu) -> None:
+    """Gemma-style bidirectional images: ``token_type_ids`` marks exactly the image tokens, and no two
+    images touch (the model would join them into one block)."""
+    types = visuals.types
     token_type_ids = per_token.get("token_type_ids") if "token_type_ids" in keys[InputKind.CONSUMED] else None
     if token_type_ids is not None and not torch.equal(token_type_ids.cpu() == 1, types == 1):
         raise ValueError("token_type_ids must be 1 exactly at the image tokens (Gemma 3's image blocks, "
                          f"whose tokens attend bidirectionally): {int((token_type_ids == 1).sum())} ones for "
                          f"{int((types == 1).sum())} image tokens, or at other positions")
-    if adapter.image_attention == "bidirectional" and rv.unit_ids is not None:
-        u, starts = rv.unit_ids, torch.zeros(L, dtype=torch.bool)
+    if adapter.image_attention == "bidirectional" and visuals.unit_ids is not None:
+        u, starts = visuals.unit_ids, torch.zeros(types.numel(), dtype=torch.bool)
         starts[cu[:-1].long()] = True
         joined = (u[1:] >= 0) & (u[:-1] >= 0) & (u[1:] != u[:-1]) & ~starts[1:]
         if bool(joined.any()):
@@ -250,6 +296,9 @@ def shard_inputs(
                              "bidirectionally within each run of image tokens, so the model would join them "
                              "into one block; put a text token (the processor's end/start-of-image) between")
 
+
+def _check_layout(model: nn.Module, state, row: _Row, sample_placement, image_strategy) -> None:
+    """What the vision mode, FSDP and the adapter allow of the requested layout."""
     fsdp = _is_fsdp(model)
     if fsdp and state.vision_mode in ("broadcast", "scatter"):
         raise ValueError(
@@ -264,55 +313,71 @@ def shard_inputs(
     placements = get_args(SamplePlacement)
     if sample_placement not in placements:
         raise ValueError(f"sample_placement must be one of {placements}, got {sample_placement!r}")
-    if sample_placement != "split" and has_pixels and not adapter.vision_modules:
+    own_features = bool(state.adapter.vision_modules)
+    if sample_placement != "split" and row.has_pixels and not own_features:
         raise ValueError(f"sample_placement={sample_placement!r} with images needs a vlmcp adapter (the "
                          "vision wrapper gives each rank its own images' features); this model has none: "
                          "use sample_placement='split' or register one (vlmcp.hf.register_adapter)")
-    if image_strategy != "replicate" and has_pixels and not adapter.vision_modules:
+    if image_strategy != "replicate" and row.has_pixels and not own_features:
         raise ValueError(f"image_strategy={image_strategy!r} with images needs a vlmcp adapter (the vision "
                          "wrapper gives each rank the features of the image tokens it holds); this model has "
                          "none: use image_strategy='replicate' or register one (vlmcp.hf.register_adapter)")
-    cp_size = state.cp_size
-    rank = 0 if cp_group is None else dist.get_rank(cp_group)
-    plan = plan_cp(visual, cp_size, cu, image_strategy=image_strategy, image_ids=rv.unit_ids,
-                   sample_placement=sample_placement)
-    shard = plan.for_rank(rank)
 
+
+def _positions(model: nn.Module, adapter: HFAdapter, row: _Row) -> torch.Tensor:
+    """The global row's position ids ``(R, L)``: the model's own rope index per sample, as if it ran alone."""
+    rv, ids = row.visuals, row.ids.cpu()
     parts = []
-    for s in range(cu.numel() - 1):
-        a, b = int(cu[s]), int(cu[s + 1])
+    for s in range(row.cu.numel() - 1):
+        a, b = int(row.cu[s]), int(row.cu[s + 1])
         imgs, vids = rv.images_per_sample[s], rv.videos_per_sample[s]
-        sub = adapter.select_images(pixels, imgs) if has_pixels and rv.image_tokens is not None else pixels
-        extra = {"videos": adapter.select_videos(videos, vids)} if vids else {}
-        parts.append(adapter.position_ids(model, ids_cpu[a:b], types[a:b], sub, **extra).cpu())
-    positions = torch.cat(parts, dim=-1)  # (R, L)
+        sub = adapter.select_images(row.pixels, imgs) if row.has_pixels and rv.image_tokens is not None \
+            else row.pixels
+        extra = {"videos": adapter.select_videos(row.videos, vids)} if vids else {}
+        parts.append(adapter.position_ids(model, ids[a:b], rv.types[a:b], sub, **extra).cpu())
+    return torch.cat(parts, dim=-1)
 
-    targets = labels[0] if labels is not None else torch.where(visual.to(ids.device), IGNORE_INDEX, ids)
-    targets = shift_hf_labels(targets.long(), cu.to(targets.device))
+
+def _pad_token(config, adapter: HFAdapter, videos: bool) -> int:
+    """The token of padding slots: the model's pad token, never a visual placeholder."""
     pad_id = getattr(config.text_config, "pad_token_id", None)
-    placeholders = {image_id, adapter.video_token_id(config)} if has_videos else {image_id}
-    if pad_id is None or pad_id in placeholders:  # a padding slot must never look like a visual token
+    placeholders = {adapter.image_token_id(config)}
+    if videos:
+        placeholders.add(adapter.video_token_id(config))
+    if pad_id is None or pad_id in placeholders:
         pad_id = min({0, 1, 2} - placeholders)
-    device = ids.device
+    return pad_id
+
+
+def _local_inputs(model: nn.Module, state, row: _Row, shard: RankShard, positions: torch.Tensor) -> dict:
+    """``model(**...)``'s keywords for this rank: its slots of every per-token key, its positions, every
+    image and video whole, the ViT's dummy image where needed, and the CP context."""
+    adapter = state.adapter
+    pad_id = _pad_token(model.config, adapter, bool(row.videos))
     model_inputs: dict[str, Any] = {  # padding slots: the pad token in input_ids, 0 in other token keys
-        k: shard.shard(per_token[k], fill=pad_id if k == "input_ids" else 0).unsqueeze(0)
-        for k in keys[InputKind.TOKENS]}
+        k: shard.shard(row.per_token[k], fill=pad_id if k == "input_ids" else 0).unsqueeze(0)
+        for k in row.keys[InputKind.TOKENS]}
     local_positions = shard.shard(positions, dim=-1, fill=0)
-    model_inputs["position_ids"] = adapter.model_position_ids(local_positions).to(device)
+    model_inputs["position_ids"] = adapter.model_position_ids(local_positions).to(row.ids.device)
     model_inputs["use_cache"] = False
-    dummy = False
-    if has_pixels:
-        model_inputs.update(pixels)
-    if has_videos:
-        model_inputs.update(videos)
-    if not (has_pixels or has_videos) and adapter.vision_modules and (
-            state.dummy_vision or (state.dummy_vision is None and fsdp)):
+    model_inputs.update(row.pixels if row.has_pixels else {})
+    model_inputs.update(row.videos)
+    dummy = not (row.has_pixels or row.videos) and bool(adapter.vision_modules) and (
+        state.dummy_vision or (state.dummy_vision is None and _is_fsdp(model)))
+    if dummy:
         model_inputs.update(adapter.dummy_images(model))
-        dummy = True
-    ctx = CPContext(shard=shard, group=cp_group, backend=state.attention, dummy_vision=dummy,
-                    token_types=types.to(torch.int8), image_attention=adapter.image_attention)
-    model_inputs[CONTEXT_KEY] = ctx
-    local_targets = shard.shard_labels(targets)
+    model_inputs[CONTEXT_KEY] = CPContext(shard=shard, group=state.group, backend=state.attention,
+                                          dummy_vision=dummy, token_types=row.visuals.types.to(torch.int8),
+                                          image_attention=adapter.image_attention)
+    return model_inputs
+
+
+def _local_targets(row: _Row, shard: RankShard, rank: int) -> torch.Tensor:
+    """This rank's next-token targets: shifted per sample on the global row, then sharded."""
+    ids, visual = row.ids, row.visuals.visual
+    targets = row.labels if row.labels is not None else torch.where(visual.to(ids.device), IGNORE_INDEX, ids)
+    targets = shift_hf_labels(targets.long(), row.cu.to(targets.device))
+    local = shard.shard_labels(targets)
     if rank > 0:  # a replicated slot's target (the last image token predicts the text after it) counts once
-        local_targets = local_targets.masked_fill(shard.replicated.to(local_targets.device), IGNORE_INDEX)
-    return HFBatch(model_inputs=model_inputs, labels=local_targets, shard=shard, position_ids=positions)
+        local = local.masked_fill(shard.replicated.to(local.device), IGNORE_INDEX)
+    return local

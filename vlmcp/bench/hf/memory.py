@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|---|---|", flush=True)
     for P in args.cp:
         res = spawn_ranks(_rank, P, samples, pairs, sizes, timeout=1800)[0]
-        single, L, I = res["single"], res["tokens"], res["visual"]  # noqa: E741 - I as in the README
+        single, L, I = res["single"], res["tokens"], res["visual"]  # noqa: E741 - I as in docs/benchmarks.md
         for strategy, mode in pairs:
             saved, chosen = res[(strategy, mode)]
             print(f"| {P} | {strategy} ({chosen}) | {mode} | {saved / 2**20:.1f} MiB | "

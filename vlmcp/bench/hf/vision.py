@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.bench.turns import time_in_turns
 from vlmcp.launch import spawn_ranks
 from vlmcp.vision import assign_images, vit_cost
 
@@ -48,20 +48,13 @@ def _rank(group, groups, side, repeats, sizes):
     mine = adapter.select_frames(videos, [u[:2] for u, o in zip(units, owner, strict=True) if o == r])
     work = {"replicate": videos, "scatter": mine}
     call = type(base).get_video_features
-    times = {mode: [] for mode in work}
-    for rep in range(repeats + 1):  # the first round warms up
-        for turn in range(P):
-            dist.barrier(group=group)
-            if turn != r:
-                continue
-            order = list(work.items()) if rep % 2 else list(work.items())[::-1]
-            for mode, sub in order:  # back to back in one turn, in turns first: machine noise hits both alike
-                t0 = time.perf_counter()
-                out = call(base, sub["pixel_values_videos"], sub["video_grid_thw"])
-                torch.cat(out.pooler_output).square().mean().backward()
-                if rep:
-                    times[mode].append(time.perf_counter() - t0)
-                model.zero_grad(set_to_none=True)
+
+    def run(sub):
+        out = call(base, sub["pixel_values_videos"], sub["video_grid_thw"])
+        torch.cat(out.pooler_output).square().mean().backward()
+
+    runs = {mode: (lambda sub=sub: run(sub)) for mode, sub in work.items()}
+    times = time_in_turns(group, repeats, runs, lambda: model.zero_grad(set_to_none=True))
     return times, [owner.count(q) for q in range(P)]
 
 

@@ -1,7 +1,7 @@
 """Per-architecture adapters: what vlmcp needs to know about each Hugging Face VLM.
 
 :func:`adapter_for` finds the adapter of a model by ``config.model_type``;
-:func:`register_adapter` adds one for a new architecture (see README "Hugging Face models").
+:func:`register_adapter` adds one for a new architecture (see docs/hf-models.md, "Adding an HF VLM").
 """
 
 from __future__ import annotations

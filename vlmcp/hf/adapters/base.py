@@ -33,7 +33,7 @@ HF token mixers]).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,6 +41,57 @@ import torch
 from torch import nn
 
 __all__ = ["HFAdapter", "InputKind", "PlaceholderAdapter", "submodule"]
+
+
+def fixed_image_tokens(config) -> int:
+    """LLM tokens of one image of a LLaVA-style model: ``(image_size / patch_size)**2`` patches, plus
+    CLS with the ``"full"`` feature strategy."""
+    vc = config.vision_config
+    per = (vc.image_size // vc.patch_size) ** 2
+    return per + 1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else per
+
+
+def image_batch(pixels: Mapping[str, torch.Tensor], family: str, rows: str = "num_images") -> torch.Tensor:
+    """``pixels["pixel_values"]``, checked to be ``(rows, channels, height, width)``."""
+    pv = pixels.get("pixel_values")
+    if pv is None or pv.dim() != 4:
+        raise ValueError(f"{family} pixel_values must be ({rows}, channels, height, width), got "
+                         f"{None if pv is None else tuple(pv.shape)}")
+    return pv
+
+
+def fixed_size_images(pixels: Mapping[str, torch.Tensor], config, family: str) -> torch.Tensor:
+    """:func:`image_batch` of images all ``vision_config.image_size`` square (the processor resizes them)."""
+    pv = image_batch(pixels, family)
+    side = config.vision_config.image_size
+    if tuple(pv.shape[2:]) != (side, side):
+        raise ValueError(f"{family} pixel_values must be {side}x{side} images, got {tuple(pv.shape[2:])}")
+    return pv
+
+
+def select_rows(pixels: Mapping[str, torch.Tensor], index: Sequence[int]) -> dict:
+    """``pixel_values`` rows ``index`` (one row per image or tile), in that order."""
+    pv = pixels["pixel_values"]
+    return {"pixel_values": pv[torch.as_tensor(index, dtype=torch.long, device=pv.device)]}
+
+
+def blank_image(config, like: torch.Tensor, height: int, width: int) -> dict:
+    """One zero image ``(1, channels, height, width)`` in ``like``'s dtype and device (a dummy ViT pass)."""
+    return {"pixel_values": torch.zeros(1, config.vision_config.num_channels, height, width, dtype=like.dtype,
+                                        device=like.device)}
+
+
+def padded_cat(tensors: Sequence[torch.Tensor], dims: Sequence[int]) -> torch.Tensor:
+    """Concatenate on dim 0 after zero-padding each of ``dims`` (negative, counted from the end) to the
+    largest size among ``tensors``: images of different sizes in one batch, as the processor pads them."""
+    most = {d: max(t.shape[d] for t in tensors) for d in dims}
+    padded = []
+    for t in tensors:
+        pad = [0] * (2 * t.dim())
+        for d in dims:
+            pad[2 * (-d - 1) + 1] = most[d] - t.shape[d]
+        padded.append(torch.nn.functional.pad(t, pad))
+    return torch.cat(padded)
 
 
 def submodule(model: nn.Module, path: str) -> nn.Module:
@@ -230,22 +281,48 @@ class HFAdapter:
         """Per-image inputs of one small blank image (for the dummy ViT pass of text-only rows)."""
         raise NotImplementedError(f"the {self.name} adapter has no dummy image")
 
-    def synthetic_images(self, model: nn.Module, images: Sequence[tuple],
-                         generator: torch.Generator) -> tuple[dict, list[list[int]]]:
+    def synthetic_images(self, model: nn.Module, images: Sequence[tuple], generator: torch.Generator, *,
+                         markers: bool = True) -> tuple[dict, list[list[int]]]:
         """Random per-image inputs of one sample's ``images``, as the processor gives them (tests and
         ``vlmcp verify``; :func:`vlmcp.hf.debug.synthetic.synthetic_row`).
+
+        The default is a LLaVA-style model: every image one fixed-size ``pixel_values`` row
+        (``vision_config.image_size``), :func:`fixed_image_tokens` placeholders, no markers.
 
         Args:
             model: the top-level model (its config gives the shapes).
             images: one tuple per image; what it holds is the adapter's to say (tiles, a size...).
             generator: for the random pixels.
+            markers: write the markers the chat template puts around an image where the model
+                has them optional (Qwen-VL's vision start / end); others ignore it.
 
         Returns:
             ``(pixels, ids)``: the sample's per-image inputs (floating tensors in float64) and, per
             image, the token ids the processor writes for it: its placeholders and the markers
             around or between them (none of them a target).
         """
-        raise NotImplementedError(f"the {self.name} adapter builds no synthetic images")
+        vc = model.config.vision_config
+        pv = torch.randn(len(images), vc.num_channels, vc.image_size, vc.image_size, generator=generator,
+                         dtype=torch.float64)
+        ids = [self.image_token_id(model.config)] * fixed_image_tokens(model.config)
+        return {"pixel_values": pv}, [list(ids) for _ in images]
+
+    def synthetic_video(self, model: nn.Module, video: tuple, generator: torch.Generator,
+                        text: Callable[[int], list[int]]) -> tuple[dict, list[tuple[list[int], int]]]:
+        """Random per-video inputs of one video and the tokens its processor writes (synthetic rows).
+
+        Args:
+            model: the top-level model.
+            video: ``(t, h, w)`` or ``(t, h, w, seconds)``: ``t`` temporal patch groups of ``h x w``
+                patches (``seconds`` per group, where the model reads it).
+            generator: for the random pixels.
+            text: ``text(n)``, n random text token ids (timestamps the processor writes as text).
+
+        Returns:
+            ``(pixels, runs)``: the video's inputs (``video_keys``; pixels in float64) and its tokens
+            as ``(ids, kind)`` runs in row order, kind 0 text or marker, 2 video placeholder.
+        """
+        raise NotImplementedError(f"the {self.name} adapter takes no videos")
 
     def concat_images(self, parts: Sequence[Mapping[str, torch.Tensor]]) -> dict:
         """The per-image inputs of several samples packed into one row, in sample order (what

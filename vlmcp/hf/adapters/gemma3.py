@@ -26,7 +26,7 @@ from typing import Literal
 
 import torch
 
-from vlmcp.hf.adapters.base import HFAdapter
+from vlmcp.hf.adapters.base import HFAdapter, blank_image, fixed_size_images, select_rows
 
 __all__ = ["GEMMA3", "Gemma3Adapter"]
 
@@ -48,27 +48,18 @@ class Gemma3Adapter(HFAdapter):
         return ("replicate", "allreduce_hook", "broadcast", "scatter")
 
     def image_tokens(self, model, pixels):
-        pv = pixels.get("pixel_values")
-        if pv is None or pv.dim() != 4:
-            raise ValueError("Gemma 3 pixel_values must be (num_images, channels, height, width), got "
-                             f"{None if pv is None else tuple(pv.shape)}")
-        vc = model.config.vision_config
-        if tuple(pv.shape[2:]) != (vc.image_size, vc.image_size):
-            raise ValueError(f"Gemma 3 pixel_values must be {vc.image_size}x{vc.image_size} images, got "
-                             f"{tuple(pv.shape[2:])}")
+        pv = fixed_size_images(pixels, model.config, "Gemma 3")
         return [int(model.config.mm_tokens_per_image)] * pv.shape[0]
 
     def select_images(self, pixels, index):
-        pv = pixels["pixel_values"]
-        return {"pixel_values": pv[torch.as_tensor(index, dtype=torch.long, device=pv.device)]}
+        return select_rows(pixels, index)
 
     def dummy_images(self, model):
-        vc = model.config.vision_config
-        w = model.model.multi_modal_projector.mm_input_projection_weight
-        return {"pixel_values": torch.zeros(1, vc.num_channels, vc.image_size, vc.image_size,
-                                            dtype=w.dtype, device=w.device)}
+        side = model.config.vision_config.image_size
+        weight = model.model.multi_modal_projector.mm_input_projection_weight
+        return blank_image(model.config, weight, side, side)
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``()`` (any tuple: the size is fixed): random pixels; tokens
         ``<start_of_image>``, ``mm_tokens_per_image`` image tokens, ``<end_of_image>``."""
         config, vc = model.config, model.config.vision_config

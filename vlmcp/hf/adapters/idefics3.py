@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.hf.adapters.base import HFAdapter
+from vlmcp.hf.adapters.base import HFAdapter, padded_cat
 
 __all__ = ["IDEFICS3", "SMOLVLM", "Idefics3Adapter"]
 
@@ -75,16 +75,8 @@ class Idefics3Adapter(HFAdapter):
 
     def concat_images(self, parts):
         parts = [p for p in parts if p]
-        if not parts:
-            return {}
-        h = max(p["pixel_values"].shape[3] for p in parts)
-        w = max(p["pixel_values"].shape[4] for p in parts)
-
-        def pad(x):  # to h x w, tiles on dim 1
-            return torch.nn.functional.pad(x, (0, w - x.shape[-1], 0, h - x.shape[-2])).flatten(0, 1)
-
-        keys = [k for k in self.pixel_keys if k in parts[0]]
-        return {k: torch.cat([pad(p[k]) for p in parts]).unsqueeze(0) for k in keys}
+        keys = [k for k in self.pixel_keys if parts and k in parts[0]]  # tiles on dim 1, padded to h x w
+        return {k: padded_cat([p[k].flatten(0, 1) for p in parts], (-2, -1)).unsqueeze(0) for k in keys}
 
     def dummy_images(self, model):
         vc = model.config.vision_config
@@ -94,7 +86,7 @@ class Idefics3Adapter(HFAdapter):
         return {"pixel_values": torch.ones(1, 1, vc.num_channels, s, s, dtype=w.dtype, device=w.device),
                 "pixel_attention_mask": torch.ones(1, 1, s, s, dtype=torch.bool, device=w.device)}
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``(rows, cols)``: rows x cols random crops and the global image (only the global
         image for ``(1, 1)``), whose real pixels keep the aspect ratio (the rest padding, masked).
         Tokens: ``<fake_token_around_image>`` (121) before each tile, ``<global-img>`` (122) before

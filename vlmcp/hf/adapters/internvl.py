@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.hf.adapters.base import HFAdapter
+from vlmcp.hf.adapters.base import HFAdapter, blank_image, image_batch, select_rows
 
 __all__ = ["INTERNVL", "InternVLAdapter"]
 
@@ -49,23 +49,17 @@ class InternVLAdapter(HFAdapter):
         return shuffled * shuffled
 
     def image_tokens(self, model, pixels):
-        pv = pixels.get("pixel_values")
-        if pv is None or pv.dim() != 4:
-            raise ValueError("InternVL pixel_values must be (tiles, channels, height, width), got "
-                             f"{None if pv is None else tuple(pv.shape)}")
+        pv = image_batch(pixels, "InternVL", rows="tiles")
         return [self._tile_tokens(model.config, pv.shape[2], pv.shape[3])] * pv.shape[0]
 
     def select_images(self, pixels, index):
-        pv = pixels["pixel_values"]
-        return {"pixel_values": pv[torch.as_tensor(index, dtype=torch.long, device=pv.device)]}
+        return select_rows(pixels, index)
 
     def dummy_images(self, model):
-        vc = model.config.vision_config
-        w = model.model.multi_modal_projector.linear_1.weight
-        return {"pixel_values": torch.zeros(1, vc.num_channels, *_pair(vc.image_size), dtype=w.dtype,
-                                            device=w.device)}
+        weight = model.model.multi_modal_projector.linear_1.weight
+        return blank_image(model.config, weight, *_pair(model.config.vision_config.image_size))
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``(tiles,)``: that many random tiles of the configured size, ``<img>`` 121 and
         ``</img>`` 122 around the image's placeholder run."""
         vc = model.config.vision_config

@@ -56,7 +56,7 @@ class KimiK25Adapter(QwenVLAdapter):
         return {"pixel_values": torch.zeros(kh * kw, 3, p, p, dtype=dtype, device=model.device),
                 "image_grid_thw": torch.tensor([[1, kh, kw]], device=model.device)}
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``(t, h, w)``, its patch grid: random patches; tokens ``vision_start``,
         ``h*w / (kh*kw)`` image tokens, ``vision_end`` (``<|media_begin|>``/``<|media_end|>``)."""
         config = model.config

@@ -76,7 +76,7 @@ class Lfm2VlAdapter(HFAdapter):
                 "pixel_attention_mask": torch.ones(1, f * f, dtype=torch.int32, device=w.device),
                 "spatial_shapes": torch.tensor([[f, f]], dtype=torch.long, device=w.device)}
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``(h, w)``: its patch grid (multiples of ``downsample_factor``), random patches padded
         to the sample's largest image. Tokens: ``<|image_start|>`` (121), the placeholders,
         ``<|image_end|>`` (122)."""

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from vlmcp.hf.adapters.base import HFAdapter
+from vlmcp.hf.adapters.base import HFAdapter, blank_image, fixed_image_tokens, fixed_size_images, select_rows
 
 __all__ = ["LLAVA", "LlavaAdapter"]
 
@@ -26,28 +24,14 @@ class LlavaAdapter(HFAdapter):
     projector_last: str | None = "model.multi_modal_projector.linear_2"
 
     def image_tokens(self, model, pixels):
-        pv = pixels.get("pixel_values")
-        if pv is None or pv.dim() != 4:
-            raise ValueError("LLaVA pixel_values must be (num_images, channels, height, width), got "
-                             f"{None if pv is None else tuple(pv.shape)}")
-        vc = model.config.vision_config
-        if tuple(pv.shape[2:]) != (vc.image_size, vc.image_size):
-            raise ValueError(f"LLaVA pixel_values must be {vc.image_size}x{vc.image_size} images, got "
-                             f"{tuple(pv.shape[2:])}")
-        per = (vc.image_size // vc.patch_size) ** 2
-        if model.config.vision_feature_select_strategy == "full":
-            per += 1
-        return [per] * pv.shape[0]
+        return [fixed_image_tokens(model.config)] * fixed_size_images(pixels, model.config, "LLaVA").shape[0]
 
     def select_images(self, pixels, index):
-        pv = pixels["pixel_values"]
-        return {"pixel_values": pv[torch.as_tensor(index, dtype=torch.long, device=pv.device)]}
+        return select_rows(pixels, index)
 
     def dummy_images(self, model):
-        vc = model.config.vision_config
-        w = model.model.multi_modal_projector.linear_1.weight
-        return {"pixel_values": torch.zeros(1, vc.num_channels, vc.image_size, vc.image_size,
-                                            dtype=w.dtype, device=w.device)}
+        side = model.config.vision_config.image_size
+        return blank_image(model.config, model.model.multi_modal_projector.linear_1.weight, side, side)
 
 
 LLAVA = LlavaAdapter(name="llava", model_types=("llava",))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.hf.adapters.base import HFAdapter
+from vlmcp.hf.adapters.base import HFAdapter, padded_cat
 
 __all__ = ["LLAVA_NEXT", "LLAVA_ONEVISION", "LlavaNextAdapter"]
 
@@ -152,10 +152,8 @@ class LlavaNextAdapter(HFAdapter):
         parts = [p for p in parts if p]
         if not parts:
             return {}
-        most = max(p["pixel_values"].shape[1] for p in parts)
-        pad = [torch.nn.functional.pad(p["pixel_values"], (0, 0) * 3 + (0, most - p["pixel_values"].shape[1]))
-               for p in parts]
-        out = {"pixel_values": torch.cat(pad), "image_sizes": torch.cat([p["image_sizes"] for p in parts])}
+        out = {"pixel_values": padded_cat([p["pixel_values"] for p in parts], (-4,)),
+               "image_sizes": torch.cat([p["image_sizes"] for p in parts])}
         if "batch_num_images" in parts[0]:
             out["batch_num_images"] = torch.cat([p["batch_num_images"] for p in parts])
         return out
@@ -173,7 +171,7 @@ class LlavaNextAdapter(HFAdapter):
         pixels["pixel_values"] = torch.zeros(images, n, vc.num_channels, s, s, dtype=w.dtype, device=w.device)
         return pixels
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``(height, width)``: its original size in eighths of a tile (pixels for an
         8-pixel tile); random tiles, as many as the model takes. A OneVision sample with several
         images sends them untiled (``batch_num_images``)."""

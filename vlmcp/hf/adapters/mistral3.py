@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmcp.hf.adapters.base import HFAdapter
+from vlmcp.hf.adapters.base import HFAdapter, padded_cat
 
 __all__ = ["MISTRAL3", "Mistral3Adapter"]
 
@@ -63,11 +63,8 @@ class Mistral3Adapter(HFAdapter):
         parts = [p for p in parts if p]
         if not parts:
             return {}
-        h = max(p["pixel_values"].shape[2] for p in parts)
-        w = max(p["pixel_values"].shape[3] for p in parts)
-        pad = [torch.nn.functional.pad(p["pixel_values"], (0, w - p["pixel_values"].shape[3],
-                                                           0, h - p["pixel_values"].shape[2])) for p in parts]
-        return {"pixel_values": torch.cat(pad), "image_sizes": torch.cat([p["image_sizes"] for p in parts])}
+        return {"pixel_values": padded_cat([p["pixel_values"] for p in parts], (-2, -1)),
+                "image_sizes": torch.cat([p["image_sizes"] for p in parts])}
 
     def dummy_images(self, model):
         vc = model.config.vision_config
@@ -77,7 +74,7 @@ class Mistral3Adapter(HFAdapter):
         return {"pixel_values": torch.zeros(1, vc.num_channels, u, 2 * u, dtype=w.dtype, device=w.device),
                 "image_sizes": torch.tensor([[u, 2 * u]], device=w.device)}
 
-    def synthetic_images(self, model, images, generator):
+    def synthetic_images(self, model, images, generator, *, markers=True):
         """Each image ``(rows, cols)`` in LLM tokens (``rows * patch * merge`` pixels high): random
         pixels, padded to the sample's largest; tokens row by row, ``[IMG_BREAK]`` (121) after each
         row but the last, ``[IMG_END]`` (122) after it."""

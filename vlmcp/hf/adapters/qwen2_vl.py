@@ -42,6 +42,13 @@ def _rows(pixels: Mapping[str, torch.Tensor], values: str, grid_key: str, what: 
     return grid
 
 
+def _spans(grid: torch.Tensor, index) -> list[tuple[int, int]]:
+    """Patch-row spans ``[start, end)`` of the images (videos) ``index`` of ``grid (n, 3)``, in that order."""
+    rows = grid.prod(-1)
+    starts = torch.cumsum(rows, 0) - rows
+    return [(int(starts[i]), int(starts[i] + rows[i])) for i in index]
+
+
 def _take(pv: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
     take = [torch.arange(a, b) for a, b in spans]
     sel = torch.cat(take).to(pv.device) if take else torch.zeros(0, dtype=torch.long, device=pv.device)
@@ -68,10 +75,8 @@ class QwenVLAdapter(HFAdapter):
 
     def select_images(self, pixels, index):
         grid = torch.as_tensor(pixels["image_grid_thw"])
-        rows = grid.prod(-1)
-        starts = torch.cumsum(rows, 0) - rows
-        spans = [(int(starts[i]), int(starts[i] + rows[i])) for i in index]
-        return {"pixel_values": _take(pixels["pixel_values"], spans), "image_grid_thw": grid[index]}
+        return {"pixel_values": _take(pixels["pixel_values"], _spans(grid, index)),
+                "image_grid_thw": grid[index]}
 
     def video_tokens(self, model, videos):
         grid = _rows(videos, "pixel_values_videos", "video_grid_thw", "videos")
@@ -83,10 +88,7 @@ class QwenVLAdapter(HFAdapter):
 
     def select_videos(self, videos, index):
         grid = torch.as_tensor(videos["video_grid_thw"])
-        rows = grid.prod(-1)
-        starts = torch.cumsum(rows, 0) - rows
-        spans = [(int(starts[i]), int(starts[i] + rows[i])) for i in index]
-        out = {"pixel_values_videos": _take(videos["pixel_values_videos"], spans),
+        out = {"pixel_values_videos": _take(videos["pixel_values_videos"], _spans(grid, index)),
                "video_grid_thw": grid[index]}
         if videos.get("second_per_grid_ts") is not None:
             seconds = torch.as_tensor(videos["second_per_grid_ts"])
@@ -106,6 +108,41 @@ class QwenVLAdapter(HFAdapter):
         one = grid[[v for v, _ in units]].clone() if units else grid[:0].clone()
         one[:, 0] = 1
         return {"pixel_values_videos": _take(videos["pixel_values_videos"], spans), "video_grid_thw": one}
+
+    def _markers(self, config) -> tuple[list[int], list[int]]:
+        """The tokens the processor writes around a visual run (GLM-4.1V names them image start / end)."""
+        start = getattr(config, "vision_start_token_id", None)
+        end = getattr(config, "vision_end_token_id", None)
+        return ([config.image_start_token_id if start is None else start],
+                [config.image_end_token_id if end is None else end])
+
+    def _patch_rows(self, model, grid, generator) -> torch.Tensor:
+        vc = model.config.vision_config
+        t, h, w = grid
+        width = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
+        return torch.randn(t * h * w, width, generator=generator, dtype=torch.float64)
+
+    def synthetic_images(self, model, images, generator, *, markers=True):
+        """Each image ``(t, h, w)``, its patch grid: random patch rows; ``t*h*w / merge**2`` image
+        tokens, wrapped in vision start / end with ``markers`` (as the chat template writes them)."""
+        grids = [tuple(int(x) for x in image) for image in images]
+        pv = torch.cat([self._patch_rows(model, g, generator) for g in grids])
+        start, end = self._markers(model.config) if markers else ([], [])
+        tid = self.image_token_id(model.config)
+        ids = [start + [tid] * (t * h * w // self._merge(model) ** 2) + end for t, h, w in grids]
+        return {"pixel_values": pv, "image_grid_thw": torch.tensor(grids, dtype=torch.long)}, ids
+
+    def synthetic_video(self, model, video, generator, text):
+        """``(t, h, w[, seconds])``: random patch rows; one run of ``t*h*w / merge**2`` video tokens
+        between vision start and end (Qwen2-VL's and Qwen2.5-VL's processor)."""
+        t, h, w = (int(x) for x in video[:3])
+        pixels = {"pixel_values_videos": self._patch_rows(model, (t, h, w), generator),
+                  "video_grid_thw": torch.tensor([[t, h, w]], dtype=torch.long)}
+        if "second_per_grid_ts" in self.video_keys:
+            pixels["second_per_grid_ts"] = torch.tensor([float(video[3]) if len(video) > 3 else 1.0])
+        start, end = self._markers(model.config)
+        k = h * w // self._merge(model) ** 2
+        return pixels, [(start, 0), ([self.video_token_id(model.config)] * (t * k), 2), (end, 0)]
 
     def dummy_images(self, model):
         vc = model.config.vision_config

@@ -15,9 +15,7 @@ ignores) is judged against the model's gradient scale, not its own rounding nois
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import types
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,36 +27,19 @@ from torch.nn import functional as F
 import vlmcp
 from vlmcp.grads import local_part
 from vlmcp.hf.adapters import adapter_for
+from vlmcp.hf.debug.float64 import float64_exact, float64_norms
+from vlmcp.hf.debug.tiny import DEFAULT_SAMPLES
 from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
 from vlmcp.hf.visuals import row_visuals
 from vlmcp.layout.validate import check_cu_seqlens
 
-__all__ = [
-    "DEFAULT_SAMPLES", "VIDEO_ONLY_SAMPLES", "VIDEO_SAMPLES", "HFParityCase", "Reference",
-    "compare_gradients",
-    "cp_step", "float64_exact", "float64_islands", "float64_norms", "hf_parity", "load_model",
-    "reference_for", "reference_step",
-]
+__all__ = ["HFParityCase", "Reference", "compare_gradients", "cp_step", "hf_parity", "load_model",
+           "reference_for", "reference_step"]
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
-DEFAULT_SAMPLES = (
-    (5, (1, 4, 4), 9),                 # prompt text before the image
-    (12,),                             # text only
-    (3, (1, 4, 8), 4, (1, 4, 4), 7),   # two images in one sample, text between
-)
-"""The verification row: 3 packed samples (Qwen grids; LLaVA images are fixed-size)."""
-
-VIDEO_SAMPLES = (
-    (5, ("video", 3, 4, 4), 9),                                    # a video of 3 frame groups
-    (12,),                                                         # text only
-    (3, (1, 4, 8), 4, ("video", 2, 4, 8, 0.5), 2, (1, 4, 4), 7),   # image, video, image
-)
-"""``vlmcp verify --model --video``'s row (Qwen2.5-VL: the second video at 0.5 s per frame group)."""
-VIDEO_ONLY_SAMPLES = ((5, ("video", 3, 4, 4), 9), (12,), (3, ("video", 2, 4, 8), 7))
-"""The same for a model whose forward cannot take images and videos in one row (GLM-4.1V)."""
 def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
     adapter = adapter_for(model)
     pixels = {k: inputs[k] for k in adapter.pixel_keys if inputs.get(k) is not None}
@@ -164,151 +145,6 @@ class HFParityCase:
     """``shard_inputs``' ``sample_placement``: ``"split"``, ``"whole"`` or ``"auto"``."""
     image_strategy: str = "replicate"
     """``shard_inputs``' ``image_strategy``: ``"replicate"``, ``"shard"`` or ``"auto"``."""
-
-
-def _rms_norm_in_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
-def _gemma_rms_norm_in_dtype(self, x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
-
-
-def float64_norms(model: nn.Module) -> int:
-    """Make HF's RMSNorms compute in their input dtype (in place); returns how many.
-
-    HF's ``*RMSNorm`` computes in float32 whatever the dtype, so in a float64 model the
-    gradient through every norm is rounded to float32 (likewise Qwen-VL's ViT rotary:
-    :func:`float64_vision_rotary`). A replicated image token's
-    gradient arrives in P shares, each rounded on its own, so CP and one process then
-    differ by ~6e-8 relative in the vision gradients: float32 noise, not a CP error.
-    float64 parity therefore runs both models with this (otherwise identical) norm.
-    """
-    n = 0
-    for m in model.modules():
-        name = type(m).__name__
-        if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
-            m.forward = types.MethodType(_rms_norm_in_dtype, m)
-            n += 1
-        elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
-            m.forward = types.MethodType(_gemma_rms_norm_in_dtype, m)  # Gemma: x * (1 + w)
-            n += 1
-    return n
-
-
-def _rotary_vision_in_dtype(q, k, cos, sin):
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import rotate_half
-
-    cos, sin = cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-
-
-@contextlib.contextmanager
-def float64_vision_rotary():
-    """While active, Qwen-VL's ViT rotary embedding keeps the input dtype (see :func:`float64_norms`).
-
-    Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and GLM-4.1V's ``apply_rotary_pos_emb_vision``
-    compute in float32; the ViT's gradient shares (``replicate``, ``hidden_shard``) are
-    then rounded to float32 on their own, ~6e-10 relative in float64. Patched
-    module-wide for the duration only.
-    """
-    import importlib
-
-    mods = [importlib.import_module(f"transformers.models.{m}.modeling_{m}")
-            for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v")]
-    saved = [m.apply_rotary_pos_emb_vision for m in mods]
-    try:
-        for m in mods:
-            m.apply_rotary_pos_emb_vision = _rotary_vision_in_dtype
-        yield
-    finally:
-        for m, f in zip(mods, saved, strict=True):
-            m.apply_rotary_pos_emb_vision = f
-
-
-def _glm4v_positions_in_dtype(self, embeddings, lengths, image_shapes, h_coords, w_coords):
-    """``Glm4vVisionEmbeddings.forward`` with the bicubic interpolation in the table's dtype, not float32."""
-    table = self.position_embedding.weight
-    side = int(table.shape[0] ** 0.5)
-    grid_2d = table.view(side, side, -1).permute(2, 0, 1).unsqueeze(0)
-    ends = torch.as_tensor(lengths, device=embeddings.device).cumsum(0)
-    token = torch.arange(embeddings.shape[0], device=embeddings.device)
-    image = (token.unsqueeze(0) >= ends.unsqueeze(1)).sum(0)
-    h, w = image_shapes[image, 1].to(table.dtype), image_shapes[image, 2].to(table.dtype)
-    grid = torch.stack(((w_coords + 0.5) / w * 2 - 1, (h_coords + 0.5) / h * 2 - 1), -1)[None, :, None]
-    pos = F.grid_sample(grid_2d, grid.to(table.dtype), mode=self.interpolated_method, align_corners=False,
-                        padding_mode="border")
-    return embeddings + pos[0, :, :, 0].T.to(embeddings.device)
-
-
-def _siglip2_positions_in_dtype(positional_embeddings, spatial_shapes, max_length):
-    """``Siglip2VisionEmbeddings.resize_positional_embeddings`` with the resize in the table's dtype, not
-    float32: the same bilinear antialiased weights (``F.interpolate``'s), computed in that dtype."""
-    dtype, device = positional_embeddings.dtype, spatial_shapes.device
-    grid_size = positional_embeddings.shape[0]
-    sizes = spatial_shapes.to(dtype)[:, None]
-    positions = torch.arange(max_length, device=device, dtype=dtype)[None, :, None]
-    rows = torch.div(positions, sizes[..., 1:], rounding_mode="floor")
-    index = torch.cat([rows, positions - rows * sizes[..., 1:]], dim=-1)
-    index = index * (positions < sizes.prod(-1, keepdim=True))
-    scale = grid_size / sizes
-    center = (index + 0.5) * scale - 0.5
-    source = torch.arange(grid_size, device=device, dtype=dtype)
-    weights = (1 - (source - center[..., None]).abs().div(scale.clamp(min=1)[..., None])).clamp(min=0)
-    weights = weights / weights.sum(-1, keepdim=True)
-    weights = (weights[..., 0, :, None] * weights[..., 1, None, :]).flatten(-2)
-    flat = positional_embeddings.reshape(-1, positional_embeddings.shape[-1])
-    return weights.to(flat.device) @ flat
-
-
-def _router_in_dtype(self, hidden_states):
-    """``Qwen3VLMoeTextTopKRouter.forward`` with the softmax in the logits' dtype, not float32."""
-    logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
-    top, index = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
-    return logits, top / top.sum(-1, keepdim=True), index
-
-
-@contextlib.contextmanager
-def float64_islands():
-    """While active, GLM-4.1V's and SigLIP2's (LFM2-VL) ViT position interpolation and Qwen3-VL-MoE's
-    router keep the input dtype.
-
-    They compute in float32 whatever the dtype (the issue's "float32 islands"): the
-    gradient of the interpolated position table and of the router weight is then
-    rounded to float32 per share, ~1e-8 relative in float64. Patched for the duration only.
-    """
-    from transformers.models.glm4v.modeling_glm4v import Glm4vVisionEmbeddings
-    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextTopKRouter
-    from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings
-
-    patches = [(Glm4vVisionEmbeddings, "forward", _glm4v_positions_in_dtype),
-               (Qwen3VLMoeTextTopKRouter, "forward", _router_in_dtype),
-               (Siglip2VisionEmbeddings, "resize_positional_embeddings",
-                staticmethod(_siglip2_positions_in_dtype))]
-    saved = [cls.__dict__[name] for cls, name, _ in patches]
-    try:
-        for cls, name, fn in patches:
-            setattr(cls, name, fn)
-        yield
-    finally:
-        for (cls, name, _), fn in zip(patches, saved, strict=True):
-            setattr(cls, name, fn)
-
-
-@contextlib.contextmanager
-def float64_exact(dtype: torch.dtype):
-    """:func:`float64_vision_rotary`, :func:`float64_islands`, Qwen3.5's and Kimi-K2.5's islands
-    (:func:`vlmcp.hf.debug.float64_qwen3_5.float64_qwen3_5`, :func:`vlmcp.hf.debug.float64_kimi.float64_kimi_k25`)
-    for float64, else nothing."""
-    if dtype != torch.float64:
-        yield
-        return
-    from vlmcp.hf.debug.float64_kimi import float64_kimi_k25
-    from vlmcp.hf.debug.float64_qwen3_5 import float64_qwen3_5
-
-    with float64_vision_rotary(), float64_islands(), float64_qwen3_5(dtype), float64_kimi_k25(dtype):
-        yield
 
 
 def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:

@@ -33,15 +33,12 @@ prepares every instance (it calls :func:`register` before its token-mixer audit)
 
 from __future__ import annotations
 
-import sys
-import types
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from vlmcp.hf.attention import CONTEXT_KEY, CPContext
+from vlmcp.hf.mixers.install import cp_context, install_forward, register_classes
 from vlmcp.mixers import causal_conv1d_cp, gated_delta_rule_cp, gated_deltanet_ulysses
 from vlmcp.mixers.delta_rule import KERNELS, accumulator_dtype
 
@@ -55,33 +52,6 @@ def _act(name: str):
     from transformers.activations import ACT2FN
 
     return ACT2FN[name]
-
-
-def cp_context(module: nn.Module, hidden_states: torch.Tensor, cache, kwargs: dict) -> CPContext:
-    """The call's :class:`CPContext`, after checking a token mixer's CP call (no cache, one row)."""
-    ctx = kwargs.get(CONTEXT_KEY)
-    if not isinstance(ctx, CPContext):
-        raise RuntimeError(
-            f"{type(module).__name__} runs under vlmcp CP but the call carries no CP layout: call "
-            "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
-    if cache is not None:
-        raise ValueError("vlmcp CP runs without a generation cache (shard_inputs sets use_cache=False)")
-    if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
-        raise ValueError(f"vlmcp CP takes one row (batch 1), got hidden states {tuple(hidden_states.shape)}")
-    return ctx
-
-
-def register_classes(classes, prepare_fn) -> None:
-    """Register with ``prepare_fn`` each (transformers module, class name) of ``classes`` whose
-    module is loaded already (so registering imports nothing); shared with
-    :mod:`vlmcp.hf.mixers.short_conv`."""
-    from vlmcp.hf.mixers import audit as mixers
-
-    for module, name in classes:
-        loaded = sys.modules.get(module)
-        # a class registered already (by the user, with their own implementation) keeps its registration
-        if loaded is not None and getattr(loaded, name) not in mixers._REGISTERED:
-            mixers.register_mixer(getattr(loaded, name), prepare_fn)
 
 
 def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attention_mask=None, **kwargs):
@@ -130,15 +100,9 @@ def prepare(module: nn.Module, *, kernel: str = "auto") -> None:
     if kernel not in KERNELS:
         raise ValueError(f"gated delta rule kernel must be one of {KERNELS}, got {kernel!r}")
     setattr(module, _KERNEL, kernel)
-    if getattr(module, _MARK, False):
-        return
-    for name in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "norm", "out_proj",
-                 "A_log", "dt_bias"):
-        if not hasattr(module, name):
-            raise ValueError(f"{type(module).__name__} has no {name!r}: not the Gated DeltaNet layout vlmcp "
-                             "runs under CP (transformers' Qwen3_5GatedDeltaNet)")
-    module.forward = types.MethodType(cp_forward, module)
-    setattr(module, _MARK, True)
+    needs = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "conv1d", "norm", "out_proj", "A_log",
+             "dt_bias")
+    install_forward(module, cp_forward, _MARK, needs, "transformers' Qwen3_5GatedDeltaNet")
 
 
 CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),)

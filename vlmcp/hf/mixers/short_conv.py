@@ -13,12 +13,10 @@ LFM2-VL's images are not served yet (no adapter for ``pixel_attention_mask`` and
 
 from __future__ import annotations
 
-import types
-
 import torch
 from torch import nn
 
-from vlmcp.hf.mixers.gdn import cp_context, register_classes
+from vlmcp.hf.mixers.install import cp_context, install_forward, register_classes
 from vlmcp.mixers import causal_conv1d_cp
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
@@ -36,14 +34,7 @@ def cp_forward(self: nn.Module, hidden_states: torch.Tensor, cache=None, attenti
 
 def prepare(module: nn.Module) -> None:
     """Run ``module`` (an ``Lfm2ShortConv``) under CP from now on (idempotent)."""
-    if getattr(module, _MARK, False):
-        return
-    for name in ("in_proj", "conv", "out_proj"):
-        if not hasattr(module, name):
-            raise ValueError(f"{type(module).__name__} has no {name!r}: not the short-convolution layout "
-                             "vlmcp runs under CP (transformers' Lfm2ShortConv)")
-    module.forward = types.MethodType(cp_forward, module)
-    setattr(module, _MARK, True)
+    install_forward(module, cp_forward, _MARK, ("in_proj", "conv", "out_proj"), "transformers' Lfm2ShortConv")
 
 
 CLASSES = (("transformers.models.lfm2.modeling_lfm2", "Lfm2ShortConv"),)

@@ -16,7 +16,7 @@ Qwen2.5-VL and Qwen3-VL use 8-pixel patches merged 2x2 (a 32x32 image is 4 token
 48x48 one 9), LLaVA a 32x32 CLIP input with 8-pixel patches (16 tokens per image).
 Qwen3-VL has deepstack at ViT block 0 (:func:`vlmcp.hf.debug.tiny.tiny_config`); Qwen3.5 is
 Qwen3-VL's processor and template on the hybrid model (three Gated DeltaNet layers, then
-one gated attention layer). InternVL and LLaVA-OneVision are :mod:`vlmcp.hf.debug.tiny_anyres`'s
+one gated attention layer). InternVL and LLaVA-OneVision are :mod:`vlmcp.hf.debug.tiny.anyres`'s
 models on 8x8-pixel tiles: InternVL cuts an image into up to :data:`MAX_TILES` tiles (and
 a thumbnail when more than one), 4 tokens each between ``<img>`` and ``</img>``;
 LLaVA-OneVision gives a base tile (16 tokens) and the anyres grid, one newline per row.
@@ -234,12 +234,12 @@ def build_processor(arch: Arch):
 
 def _anyres_processor(arch: Arch, tokenizer):
     """InternVL (8x8-pixel tiles, up to :data:`MAX_TILES` and a thumbnail) or LLaVA-OneVision
-    (an 8x8 base tile and the anyres grid of :data:`vlmcp.hf.debug.tiny_anyres.PINPOINTS`)."""
+    (an 8x8 base tile and the anyres grid of :data:`vlmcp.hf.debug.tiny.anyres.PINPOINTS`)."""
     import transformers
     from transformers.utils import is_torchvision_available
 
     from vlmcp.data.hf.processor import build_without_video
-    from vlmcp.hf.debug.tiny_anyres import PINPOINTS, SIDE
+    from vlmcp.hf.debug.tiny.anyres import PINPOINTS, SIDE
 
     tile = {"height": SIDE, "width": SIDE}
     if arch == "internvl":

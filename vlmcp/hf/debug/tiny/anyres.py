@@ -1,7 +1,7 @@
 """Tiny any-resolution VLM configs: InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3, Mistral3.
 
-Built in code like :mod:`vlmcp.hf.debug.tiny` (whose :func:`~vlmcp.hf.debug.tiny.tiny_config` dispatches
-here): the same small GQA language model, 8x8-pixel image tiles in 2x2-pixel patches.
+The shared small GQA language model (:func:`~vlmcp.hf.debug.tiny.common.text_config`), 8x8-pixel
+image tiles in 2x2-pixel patches.
 What each image gives the language model depends on its metadata, as in the real models:
 
 =================  ========================================================================
@@ -24,29 +24,14 @@ Token ids: vocabulary 128, image token 120 (LLaVA-OneVision: video 121; SmolVLM/
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-__all__ = ["ANYRES_ARCHS", "ANYRES_SAMPLES", "anyres_config"]
+from vlmcp.hf.debug.tiny.common import IMAGE_TOKEN, text_config
+from vlmcp.hf.debug.tiny.registry import register_tiny
 
-ANYRES_ARCHS = ("internvl", "llava_onevision", "llava_next", "smolvlm", "idefics3", "mistral3")
-"""Any-resolution architectures :func:`vlmcp.hf.debug.tiny.tiny_config` builds (``tests/test_hf_more_archs.py``)."""
+__all__ = ["PINPOINTS", "SIDE"]
 
-ANYRES_SAMPLES = {
-    "internvl": ((5, (2,), 9), (12,), (3, (1,), 4, (3,), 7)),
-    "llava_onevision": ((5, (6, 20), 9), (12,), (3, (16, 5), 4, (8, 8), 7)),
-    "smolvlm": ((5, (2, 1), 9), (12,), (3, (1, 1), 4, (1, 3), 7)),
-    "mistral3": ((5, (2, 3), 9), (12,), (3, (4, 1), 4, (1, 2), 7)),
-}
-"""The verification row of each family (``vlmcp verify --model``; :func:`vlmcp.hf.debug.synthetic.synthetic_row`
-samples in the adapter's image tuples): an image after a prompt, a text-only sample, two images
-with text between. InternVL ``(tiles,)``; LLaVA-OneVision/NeXT ``(height, width)`` in eighths
-of a tile (a wide image shrunk by ``anyres_max``; a two-image sample, untiled in OneVision);
-SmolVLM/Idefics3 ``(rows, cols)`` of crops (``(1, 1)``: the global image alone); Mistral3
-``(rows, cols)`` of tokens. Keyed by ``config.model_type``."""
-ANYRES_SAMPLES["llava_next"] = ANYRES_SAMPLES["llava_onevision"]
-ANYRES_SAMPLES["idefics3"] = ANYRES_SAMPLES["smolvlm"]
-
-IMAGE_TOKEN = 120
 SIDE = 8
 """Pixels per side of a tile (and of a Pixtral merge unit's multiples)."""
 PINPOINTS = [[8, 8], [8, 16], [16, 8], [16, 16], [8, 24], [24, 8]]
@@ -60,15 +45,15 @@ def _vit(**extra: Any) -> dict[str, Any]:
     return vision
 
 
-def anyres_config(arch: str, text: dict[str, Any], overrides: dict[str, Any]) -> Any:
-    """The tiny config of ``arch`` (one of :data:`ANYRES_ARCHS`) with the language model ``text``.
+def _anyres(arch: str, overrides: dict[str, Any]) -> Any:
+    """The tiny config of ``arch``.
 
     ``overrides`` as :func:`vlmcp.hf.debug.tiny.tiny_config` takes them (``text_config`` and
     ``vision_config`` update field by field, other keys are top-level).
     """
     import transformers
 
-    text = dict(text, **overrides.pop("text_config", {}))
+    text = text_config(**overrides.pop("text_config", {}))
     if arch == "internvl":
         cls = transformers.InternVLConfig
         text["model_type"] = "qwen2"
@@ -100,8 +85,28 @@ def anyres_config(arch: str, text: dict[str, Any], overrides: dict[str, Any]) ->
         kw = dict(image_token_index=IMAGE_TOKEN, spatial_merge_size=2, vision_feature_layer=-1,
                   multimodal_projector_bias=True)
     else:
-        raise ValueError(f"anyres_config: unknown arch {arch!r}; choose one of {ANYRES_ARCHS}")
+        raise ValueError(f"no any-resolution tiny config for {arch!r}")
     vision.update(overrides.pop("vision_config", {}))
     kw.update(text_config=text, vision_config=vision, tie_word_embeddings=False)
     kw.update(overrides)
     return cls(**kw)
+
+
+_SAMPLES = {
+    "internvl": ((5, (2,), 9), (12,), (3, (1,), 4, (3,), 7)),
+    "llava_onevision": ((5, (6, 20), 9), (12,), (3, (16, 5), 4, (8, 8), 7)),
+    "smolvlm": ((5, (2, 1), 9), (12,), (3, (1, 1), 4, (1, 3), 7)),
+    "mistral3": ((5, (2, 3), 9), (12,), (3, (4, 1), 4, (1, 2), 7)),
+}
+"""The verification row of each family (``vlmcp verify --model``, in the adapter's image tuples): an image
+after a prompt, a text-only sample, two images with text between. InternVL ``(tiles,)``;
+LLaVA-OneVision/NeXT ``(height, width)`` in eighths of a tile (a wide image shrunk by ``anyres_max``; a
+two-image sample, untiled in OneVision); SmolVLM/Idefics3 ``(rows, cols)`` of crops (``(1, 1)``: the
+global image alone); Mistral3 ``(rows, cols)`` of tokens. Keyed by ``config.model_type``."""
+_SAMPLES["llava_next"] = _SAMPLES["llava_onevision"]
+_SAMPLES["idefics3"] = _SAMPLES["smolvlm"]
+
+for _arch, _summary in (("internvl", "4 tokens per tile"), ("llava_onevision", "base tile + anyres grid"),
+                        ("llava_next", "CLIP, anyres grid"), ("smolvlm", "global image + crops"),
+                        ("idefics3", "global image + crops"), ("mistral3", "Pixtral at native size")):
+    register_tiny(_arch, functools.partial(_anyres, _arch), samples=_SAMPLES[_arch], summary=_summary)

@@ -1,0 +1,8 @@
+"""The architectures each HF test file covers (model types of :mod:`vlmcp.hf.debug.tiny`'s registry)."""
+
+TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
+"""The generic HF tests (``tests/test_hf.py``)."""
+MROPE_ARCHS = ("qwen3_vl", "qwen3_vl_moe", "glm4v")
+"""Interleaved M-RoPE (Qwen3-VL with deepstack, its MoE variant, GLM-4.1V; ``tests/test_hf_qwen3.py``)."""
+ANYRES_ARCHS = ("internvl", "llava_onevision", "llava_next", "smolvlm", "idefics3", "mistral3")
+"""Any-resolution families (``tests/test_hf_more_archs.py``)."""
