@@ -16,12 +16,11 @@ import vlmcp.hf
 from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 from vlmcp.hf.debug.parity import compare_gradients, reference_step
 from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import HYBRID_SAMPLES, WINDOW_SAMPLES, tiny_config, tiny_model
-from vlmcp.hf.debug.tiny_anyres import ANYRES_SAMPLES
+from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model
 from vlmcp.train.groups import dp_cp_groups
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "lfm2_vl", "gemma3", "llava",
-         "llava_next", "llava_onevision", "internvl", "smolvlm", "idefics3", "mistral3", "kimi_k25")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "lfm2_vl", "gemma3",
+         "llava", "llava_next", "llava_onevision", "internvl", "smolvlm", "idefics3", "mistral3", "kimi_k25")
 """Every architecture of the README's table (one tiny model each)."""
 QWEN_ROW = ((5, (1, 4, 4), 9), (12,))
 VARIANTS = {  # arch -> (config overrides, label rule): the grid's special cases, each on one architecture
@@ -36,11 +35,9 @@ tokens only (under P >= 2 some ranks have none); Qwen3-VL-MoE with its router's 
 
 
 def arch_row(arch: str) -> tuple:
-    """A sample with an image between a prompt and its answer, then a text-only sample."""
-    for table in (ANYRES_SAMPLES, HYBRID_SAMPLES, WINDOW_SAMPLES):
-        if arch in table:
-            return table[arch][:2]
-    return QWEN_ROW
+    """A sample with an image between a prompt and its answer, then a text-only sample (the first two
+    samples of ``vlmcp verify``'s row, in the architecture's image terms)."""
+    return tiny_arch(arch).samples[:2]
 
 
 def _build(arch: str):
@@ -75,7 +72,8 @@ def hf_grid(group: dist.ProcessGroup | None, archs: list[str], chunk_size: int =
         errs = {n: float((g_chunked[n] - g).norm() / max(float(g.norm()), 1e-300)) for n, g in g_full.items()
                 if n in g_chunked}
         worst = max(errs, key=errs.get)
-        head = next(n for n, p in model.named_parameters() if p is model.lm_head.weight)  # tied: the embedding
+        # the head's weight by name (tied: the embedding's)
+        head = next(n for n, p in model.named_parameters() if p is model.lm_head.weight)
         out.append({"name": name, "loss_err": abs(float(full.loss.detach()) - float(chunked.loss.detach())),
                     "mean_err": abs(float(full.mean) - float(chunked.mean)), "mean": float(full.mean),
                     "max_grad_err": errs[worst], "worst": worst, "same_params": set(g_full) == set(g_chunked),
@@ -138,8 +136,8 @@ def op_grid(group: dist.ProcessGroup | None) -> list[dict]:
         mine = [t.clone().requires_grad_() for t in (hidden, weight) + ((b,) if bias else ())]
         rows = slice(12 * rank, 12 * (rank + 1))
         local_h = mine[0][rows]
-        res = vlmcp.cp_linear_cross_entropy(local_h, mine[1], labels[rows], group, bias=mine[2] if bias else None,
-                                            chunk_size=chunk, softcap=softcap)
+        res = vlmcp.cp_linear_cross_entropy(local_h, mine[1], labels[rows], group,
+                                            bias=mine[2] if bias else None, chunk_size=chunk, softcap=softcap)
         res.loss.backward()
         total = res.loss.detach().clone()
         shared = torch.cat([t.grad.flatten() for t in mine[1:]])

@@ -110,8 +110,8 @@ def test_autocast_runs_the_head_in_the_autocast_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         res, got = _grads(lambda h, w: vlmcp.cp_linear_cross_entropy(h, w, labels, None, chunk_size=5),
                           hidden.float(), weight.float())
-    low, want = _grads(lambda h, w: vlmcp.cp_linear_cross_entropy(h.bfloat16(), w.bfloat16(), labels, None,
-                                                                  chunk_size=5), hidden.float(), weight.float())
+    low, want = _grads(lambda h, w: vlmcp.cp_linear_cross_entropy(
+        h.bfloat16(), w.bfloat16(), labels, None, chunk_size=5), hidden.float(), weight.float())
     assert float(res.loss) == float(low.loss)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.float32 and torch.equal(g, w)
@@ -170,5 +170,5 @@ def test_errors_before_any_communication():
         kw = dict(hidden=hidden, weight=weight, labels=labels, group=None, bias=None, chunk_size=4)
         kw.update(change)
         with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-            vlmcp.cp_linear_cross_entropy(kw.pop("hidden"), kw.pop("weight"), kw.pop("labels"), kw.pop("group"),
-                                          **kw)
+            vlmcp.cp_linear_cross_entropy(kw.pop("hidden"), kw.pop("weight"), kw.pop("labels"),
+                                          kw.pop("group"), **kw)

@@ -286,7 +286,8 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
     assert "needs --model" in _error(capsys, ["--fsdp"])
     for flags in (["--offload-activations"], ["--loss", "full"], ["--loss-chunk-size", "8"]):
         assert "needs --model" in _error(capsys, flags)
-    assert "--loss-chunk-size must be an integer >= 1" in _error(capsys, base(data) + ["--loss-chunk-size", "0"])
+    zero = base(data) + ["--loss-chunk-size", "0"]
+    assert "--loss-chunk-size must be an integer >= 1" in _error(capsys, zero)
     import contextlib
     import io
 

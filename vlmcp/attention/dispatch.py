@@ -172,7 +172,8 @@ def cp_attention(
     device = q.device.type if isinstance(q, torch.Tensor) else None
     if device is not None and torch.is_autocast_enabled(device):
         low = torch.get_autocast_dtype(device)
-        q, k, v = (x.to(low) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in (q, k, v))
+        q, k, v = (x.to(low) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                   for x in (q, k, v))
         with torch.autocast(device, enabled=False):
             return cp_attention(q, k, v, shard, group, backend, image_attention, softmax_scale,
                                 return_lse=return_lse, kernel=kernel, ulysses_size=ulysses_size,

@@ -60,7 +60,8 @@ class SavedTensorMeter:
         if counted:
             self._seen[sid] = storage.nbytes()
         packed = t if self._policy is None else self._policy.pack_hook(t)
-        if counted and isinstance(packed, torch.Tensor) and packed.untyped_storage().data_ptr() == storage.data_ptr():
+        same = isinstance(packed, torch.Tensor) and packed.untyped_storage().data_ptr() == storage.data_ptr()
+        if counted and same:
             self._kept[sid] = storage.nbytes()
         return packed
 

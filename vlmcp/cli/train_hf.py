@@ -66,8 +66,9 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the tensors saved for backward (with --activation-checkpointing: the blocks' "
                         "inputs) in pinned CPU memory until backward; exact")
     g.add_argument("--loss", choices=("chunked", "full"), default="chunked",
-                   help="chunked (default): the LM head and the cross-entropy --loss-chunk-size target tokens "
-                        "at a time, never the tokens x vocab logits; full: the model's logits (for comparison)")
+                   help="chunked (default): the LM head and the cross-entropy --loss-chunk-size target "
+                        "tokens at a time, never the tokens x vocab logits; full: the model's logits "
+                        "(for comparison)")
     g.add_argument("--loss-chunk-size", type=int, default=4096, metavar="N",
                    help="target tokens per chunk of logits of --loss chunked (default 4096)")
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
@@ -84,8 +85,8 @@ def check_reference_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} needs --model")
     for flag, default in (("loss", "chunked"), ("loss_chunk_size", 4096)):
         if getattr(args, flag) != default:
-            raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM always computes its "
-                             "head and loss a chunk of tokens at a time)")
+            raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM always computes "
+                             "its head and loss a chunk of tokens at a time)")
     for flag in ("strict", "fsdp", "activation_checkpointing", "offload_activations"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
@@ -102,8 +103,8 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
         if getattr(args, name) != getattr(defaults, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
     fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy", "steps",
-              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "offload_activations", "loss",
-              "loss_chunk_size", "checkpoint_dir",
+              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "offload_activations",
+              "loss", "loss_chunk_size", "checkpoint_dir",
               "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
     return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
                          video=video_sampling(args), **{f: getattr(args, f) for f in fields})

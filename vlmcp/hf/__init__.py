@@ -46,8 +46,8 @@ from vlmcp.hf.parallel import HFParallel, parallel_state, parallelize
 
 __all__ = [
     "CPContext", "HFAdapter", "HFBatch", "HFParallel", "InputKind", "PlaceholderAdapter",
-    "adapter_for", "causal_lm_loss", "offload_activations", "parallel_state", "parallelize", "register_adapter", "register_mixer", "shard_inputs",
-    "shift_hf_labels", "supported_model_types",
+    "adapter_for", "causal_lm_loss", "offload_activations", "parallel_state", "parallelize",
+    "register_adapter", "register_mixer", "shard_inputs", "shift_hf_labels", "supported_model_types",
 ]
 
 

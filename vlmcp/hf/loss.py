@@ -68,13 +68,13 @@ def _check_head(model: nn.Module, path: str) -> nn.Module:
                          "causal_lm_loss computes the head as hidden @ weight.T + bias; use chunk_size=None "
                          "(the full logits) for this model (a LoRA-wrapped head, say)")
     if "forward" in vars(head):
-        raise ValueError(f"{type(model).__name__}.{path}.forward is replaced on the module (accelerate's device "
-                         "hooks do this): causal_lm_loss would bypass it; use chunk_size=None")
+        raise ValueError(f"{type(model).__name__}.{path}.forward is replaced on the module (accelerate's "
+                         "device hooks do this): causal_lm_loss would bypass it; use chunk_size=None")
     foreign = _foreign_hooks(head)
     if foreign:
-        raise ValueError(f"{type(model).__name__}.{path} has forward hooks {foreign}: causal_lm_loss runs the "
-                         "loss in the head's place and they would see a loss, not logits; remove them or use "
-                         "chunk_size=None")
+        raise ValueError(f"{type(model).__name__}.{path} has forward hooks {foreign}: causal_lm_loss runs "
+                         "the loss in the head's place and they would see a loss, not logits; remove them or "
+                         "use chunk_size=None")
     return head
 
 
@@ -136,7 +136,8 @@ def causal_lm_loss(model: nn.Module, batch: HFBatch, cp_group: dist.ProcessGroup
     adapter = state.adapter
     labels = batch.labels
     if labels.shape != (batch.shard.num_tokens,):
-        raise ValueError(f"batch.labels has shape {tuple(labels.shape)}, expected ({batch.shard.num_tokens},)")
+        raise ValueError(f"batch.labels has shape {tuple(labels.shape)}, expected "
+                         f"({batch.shard.num_tokens},)")
     if chunk_size is None:
         out = model(**batch.model_inputs)
         res = cp_cross_entropy(out.logits[0], labels, cp_group)
@@ -146,8 +147,9 @@ def causal_lm_loss(model: nn.Module, batch: HFBatch, cp_group: dist.ProcessGroup
             out = model(**batch.model_inputs)
         if len(results) != 1 or out.logits is not results[0].loss:
             raise ValueError(
-                f"{type(model).__name__}.forward called {adapter.lm_head} {len(results)} time(s) and returned "
-                "something else than its output as logits (a softcap, scale or cast of the logits?): "
+                f"{type(model).__name__}.forward called {adapter.lm_head} {len(results)} time(s) and "
+                "returned something else than its output as logits (a softcap, scale or cast of the "
+                "logits?): "
                 "causal_lm_loss cannot reproduce it; use chunk_size=None (the full logits)")
         res = results[0]
     aux = adapter.auxiliary_loss(model, out, token_weights(batch.shard, cp_group), cp_group)

@@ -54,7 +54,8 @@ def load_balancing_share(router_logits: Sequence[torch.Tensor], num_experts: int
         group: the CP group, or None.
 
     Returns:
-        A scalar in float32 (float64 for float64 logits); summed over the group it is ``load_balancing_loss_func`` of the whole row.
+        A scalar in float32 (float64 for float64 logits); summed over the group it is
+        ``load_balancing_loss_func`` of the whole row.
     """
     device = router_logits[0].device
     acc = torch.promote_types(router_logits[0].dtype, torch.float32)  # HF: float32 (float64 in float64)
@@ -63,7 +64,8 @@ def load_balancing_share(router_logits: Sequence[torch.Tensor], num_experts: int
     prob = torch.zeros(num_experts, dtype=acc, device=device)
     for layer in router_logits:
         if layer.shape != (w.numel(), num_experts):
-            raise ValueError(f"router logits of shape {tuple(layer.shape)}, expected ({w.numel()}, {num_experts})")
+            raise ValueError(f"router logits of shape {tuple(layer.shape)}, expected "
+                             f"({w.numel()}, {num_experts})")
         p = torch.softmax(layer, dim=-1)
         chosen = torch.topk(p.detach(), top_k, dim=-1).indices
         counts[:num_experts] += torch.zeros(num_experts, device=device, dtype=torch.float64).scatter_add_(

@@ -104,5 +104,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {name} | {step / 2**20:,.1f} MiB | {saved / 2**20:,.2f} MiB | {saved / step:.1%} | "
               f"{transient / 2**20:,.1f} MiB |", flush=True)
     c = min(args.chunk_size, int((batch.labels != -100).sum()))
-    print(f"chunk_transient_bytes({c}, {args.vocab}, float32) = {chunk_transient_bytes(c, args.vocab, torch.float32) / 2**20:,.1f} MiB")
+    transient = chunk_transient_bytes(c, args.vocab, torch.float32)
+    print(f"chunk_transient_bytes({c}, {args.vocab}, float32) = {transient / 2**20:,.1f} MiB")
     return 0

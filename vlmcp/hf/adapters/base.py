@@ -369,8 +369,8 @@ class HFAdapter:
         if getattr(output, "aux_loss", None) is not None:
             raise NotImplementedError(
                 f"{type(model).__name__} (vlmcp adapter {self.name!r}) returns an auxiliary loss (aux_loss: "
-                "output_router_logits is set) that its own forward adds to the loss, and the adapter does not "
-                "say how to compute it under CP; set output_router_logits=False or register an adapter "
+                "output_router_logits is set) that its own forward adds to the loss, and the adapter does "
+                "not say how to compute it under CP; set output_router_logits=False or register an adapter "
                 "whose auxiliary_loss handles it")
         return None
 

@@ -59,8 +59,8 @@ class Qwen3VLAdapter(QwenVLAdapter):
         if getattr(output, "aux_loss", None) is None:
             return None
         text = model.config.text_config
-        share = load_balancing_share(output.router_logits, int(text.num_experts), int(text.num_experts_per_tok),
-                                     weights, group)
+        share = load_balancing_share(output.router_logits, int(text.num_experts),
+                                     int(text.num_experts_per_tok), weights, group)
         return float(text.router_aux_loss_coef) * share
 
 

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.data.hf.video import VideoSampling
-from vlmcp.train.options import AttentionBackend, DType, ImageStrategyChoice, LossKind, SamplePlacement, VisionMode
+from vlmcp.train.options import (
+    AttentionBackend,
+    DType,
+    ImageStrategyChoice,
+    LossKind,
+    SamplePlacement,
+    VisionMode,
+)
 
 __all__ = ["HFTrainConfig"]
 

@@ -87,7 +87,8 @@ def forward_backward(
     """
     inputs = local_inputs(row, shard)
     attention = UspAttention(ulysses_size) if backend == "usp" else backend
-    out = model(inputs.input_ids, inputs.position_ids, row.images, shard, group,  # the head, a chunk at a time
+    # with labels the model returns its loss: the head computed a chunk of tokens at a time
+    out = model(inputs.input_ids, inputs.position_ids, row.images, shard, group,
                 backend=attention, image_attention=image_attention, labels=inputs.labels)
     out = CPLoss(*out)  # DDP hands a NamedTuple output back as a plain tuple
     (out.loss * loss_scale).backward()
