@@ -167,3 +167,19 @@ def test_offload_activations_exact_and_nothing_saved_in_place():
         assert moved.bytes == kept.bytes and moved.kept_bytes == 0
         assert float(res.loss) == float(res_off.loss)
         assert grads.keys() == grads_off.keys() and all(torch.equal(grads[k], grads_off[k]) for k in grads)
+
+
+def test_bench_hf_loss_reports_the_head_share(capsys):
+    """``vlmcp bench hf-loss`` on a small row: the full logits' head+loss share against the chunked one,
+    and the chunk's transient as ``chunk_transient_bytes`` says."""
+    from vlmcp.cli import main
+
+    assert main(["bench", "hf-loss", "--vocab", "4096", "--tokens", "256", "--hidden", "32", "--layers", "1",
+                 "--chunk-size", "64"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    full, chunked = ([c.strip() for c in r] for r in rows[1:])
+    share = lambda r: float(r[3].rstrip("%"))  # noqa: E731
+    assert full[0] == "full logits" and chunked[0] == "chunked (64)"
+    assert share(full) > 50 and share(chunked) < 1
+    mib = lambda r: float(r[4].split()[0].replace(",", ""))  # noqa: E731
+    assert abs(mib(chunked) - 64 * 4096 * 4 / 2**20) < 0.2 and mib(full) > 4 * mib(chunked)
