@@ -85,24 +85,37 @@ def test_tied_embedding_and_no_target():
             assert l1 == 0 and not g1.any()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_low_precision_error_within_twice_the_full_paths(dtype):
-    """Against a float64 reference, the chunked path's loss and gradient errors are at most 2x the
-    full-logits path's in the same dtype (both round the logits where the head computes them)."""
+def _low_precision_errors(dtype, device):
     hidden, weight, b, labels = _data(n=256, h=32, v=300)
     ref, want = _grads(lambda h, w, bb: _full(h, w, bb, labels), hidden, weight, b)
-    low = [t.to(dtype) for t in (hidden, weight, b)]
+    low = [t.to(device=device, dtype=dtype) for t in (hidden, weight, b)]
+    labels = labels.to(device)
     full, g_full = _grads(lambda h, w, bb: _full(h, w, bb, labels), *low)
     mine, g_mine = _grads(lambda h, w, bb: vlmcp.cp_linear_cross_entropy(h, w, labels, None, bias=bb,
                                                                           chunk_size=16), *low)
 
     def err(x, y):
-        return float((x.double() - y).norm() / y.norm())
+        return float((x.double().cpu() - y).norm() / y.norm())
 
     assert abs(float(mine.loss) - float(ref.loss)) <= 2 * abs(float(full.loss) - float(ref.loss)) + 1e-7
     for gm, gf, w in zip(g_mine, g_full, want, strict=True):
         assert gm.dtype == dtype
         assert err(gm, w) <= 2 * err(gf, w), (err(gm, w), err(gf, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_low_precision_error_within_twice_the_full_paths(dtype):
+    """Against a float64 reference, the chunked path's loss and gradient errors are at most 2x the
+    full-logits path's in the same dtype (both round the logits where the head computes them)."""
+    _low_precision_errors(dtype, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_error_within_twice_the_full_paths(dtype):
+    """The same on CUDA (cuBLAS matmuls, TF32 off by default for float32)."""
+    _low_precision_errors(dtype, "cuda")
 
 
 def test_autocast_runs_the_head_in_the_autocast_dtype():
