@@ -2,8 +2,12 @@
 
 * :func:`cp_cross_entropy` (:mod:`.cross_entropy`): cross-entropy of this rank's logits, each rank's
   share of the group's mean (Note [vlmcp gradient rules]); :class:`CPLoss` is what it returns.
+* :func:`cp_linear_cross_entropy` (:mod:`.linear_cross_entropy`): the LM head and the same loss in one
+  op, a chunk of tokens at a time, never the ``N x V`` logits (Note [vlmcp chunked linear
+  cross-entropy]); :func:`chunk_transient_bytes` is its per-chunk memory.
 """
 
 from vlmcp.loss.cross_entropy import CPLoss, cp_cross_entropy
+from vlmcp.loss.linear_cross_entropy import chunk_transient_bytes, cp_linear_cross_entropy
 
-__all__ = ["CPLoss", "cp_cross_entropy"]
+__all__ = ["CPLoss", "chunk_transient_bytes", "cp_cross_entropy", "cp_linear_cross_entropy"]
