@@ -20,7 +20,8 @@ from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model
 from vlmcp.train.groups import dp_cp_groups
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "lfm2_vl", "gemma3",
-         "llava", "llava_next", "llava_onevision", "internvl", "smolvlm", "idefics3", "mistral3", "kimi_k25")
+         "llava", "llava_next", "llava_onevision", "internvl", "smolvlm", "idefics3", "mistral3", "kimi_k25",
+         "nemotron_h_omni")
 """Every architecture of the README's table (one tiny model each)."""
 QWEN_ROW = ((5, (1, 4, 4), 9), (12,))
 VARIANTS = {  # arch -> (config overrides, label rule): the grid's special cases, each on one architecture

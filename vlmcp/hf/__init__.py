@@ -1,7 +1,8 @@
 """Hugging Face transformers VLMs under vlmcp context parallelism (``pip install vlmcp[hf]``).
 
 Two calls put a Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, Qwen3.5, LFM2-VL, Gemma 3, LLaVA,
-LLaVA-NeXT/OneVision, InternVL, SmolVLM/Idefics3 or Mistral3 model on a CP group::
+LLaVA-NeXT/OneVision, InternVL, SmolVLM/Idefics3, Mistral3, Kimi-K2.5 or Nemotron-H-Omni model on a
+CP group::
 
     vlmcp.hf.parallelize(model, cp_group, attention="ring", vision_mode="replicate")
     batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=None,

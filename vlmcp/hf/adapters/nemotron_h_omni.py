@@ -5,7 +5,9 @@ The top-level model owns everything (``base_model`` is the model itself): ``visi
 when the language model has MTP layers, ``num_nextn_predict_layers > 0``),
 ``multi_modal_projector`` (RMSNorm, ``linear_1``, ReLU², ``linear_2``, the projector's last Linear)
 and ``language_model``, a ``NemotronHForCausalLM`` whose blocks are Mamba-2 mixers (run under CP
-by :mod:`vlmcp.hf.mixers.mamba2`), attention without rotary embeddings, MoE and MLP layers.
+by :mod:`vlmcp.hf.mixers.mamba2`), attention without rotary embeddings, MoE and MLP layers. Its
+``lm_head`` is the LM head; its forward casts the logits to float32, which the float32 loss of
+:func:`vlmcp.hf.causal_lm_loss` passes through unchanged.
 
 Images: ``pixel_values (patches, channels * patch**2)`` holds the patches of every image in order
 (image i has ``h*w`` rows of ``image_grid_hw[i] = (h, w)``), each image at its own resolution; the
@@ -44,6 +46,7 @@ class NemotronHOmniAdapter(HFAdapter):
     language_model: str = "language_model"
     vision_modules: tuple[str, ...] = ("vision_model", "multi_modal_projector")
     projector_last: str | None = "multi_modal_projector.linear_2"
+    lm_head: str = "language_model.lm_head"
 
     def vision_module_paths(self, model):
         norm = getattr(model, "vision_final_layernorm", None)
