@@ -73,13 +73,14 @@ def hf_grid(group: dist.ProcessGroup | None, archs: list[str], chunk_size: int =
         errs = {n: float((g_chunked[n] - g).norm() / max(float(g.norm()), 1e-300)) for n, g in g_full.items()
                 if n in g_chunked}
         worst = max(errs, key=errs.get)
-        # the head's weight by name (tied: the embedding's)
-        head = next(n for n, p in model.named_parameters() if p is model.lm_head.weight)
+        # the head's weight by name (tied: the embedding's; Nemotron-H-Omni's head is its language model's)
+        lm_head = model.get_submodule(vlmcp.hf.adapter_for(model).lm_head)
+        head = next(n for n, p in model.named_parameters() if p is lm_head.weight)
         out.append({"name": name, "loss_err": abs(float(full.loss.detach()) - float(chunked.loss.detach())),
                     "mean_err": abs(float(full.mean) - float(chunked.mean)), "mean": float(full.mean),
                     "max_grad_err": errs[worst], "worst": worst, "same_params": set(g_full) == set(g_chunked),
                     "head": head, "head_err": errs.get(head), "targets": targets, "params": len(g_full),
-                    "tied": model.lm_head.weight is model.get_input_embeddings().weight})
+                    "tied": lm_head.weight is model.get_input_embeddings().weight})
     return out
 
 
