@@ -51,7 +51,7 @@ LAYER = {
 }
 BYTES = [BYTE_ROWS[2], BYTE_ROWS[3]]  # 1k and 8k tokens, an image and two samples: the same segments
 
-SAMPLES = ((7, (4, 4), 40, (2, 4), 23), (37,), (5, (4, 8), 61))  # 196 tokens, odd lengths, a text-only sample
+SAMPLES = ((7, (4, 4), 40, (2, 4), 23), (37,), (5, (4, 8), 61))  # 193 tokens, odd lengths, a text-only sample
 
 
 def _model(attention="ring", mode="replicate", placement="split", dtype="float64", strategy="replicate"):
