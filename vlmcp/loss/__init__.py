@@ -2,8 +2,12 @@
 
 * :func:`cp_cross_entropy` (:mod:`.cross_entropy`): cross-entropy of this rank's logits, each rank's
   share of the group's mean (Note [vlmcp gradient rules]); :class:`CPLoss` is what it returns.
+* :func:`cp_token_logprobs` and :func:`per_sample_sum` (:mod:`.logprobs`): each local target's
+  log-probability (from logits, or chunked from hidden states and the head's weight) and each
+  packed sample's sum over the whole row, for RL and preference losses (DPO, GRPO).
 """
 
 from vlmcp.loss.cross_entropy import CPLoss, cp_cross_entropy
+from vlmcp.loss.logprobs import cp_token_logprobs, per_sample_sum
 
-__all__ = ["CPLoss", "cp_cross_entropy"]
+__all__ = ["CPLoss", "cp_cross_entropy", "cp_token_logprobs", "per_sample_sum"]
