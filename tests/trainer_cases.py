@@ -1,10 +1,11 @@
 """Rank functions for the Trainer integration tests (importable by name from spawned ranks).
 
-Each spawned group runs a whole grid: transformers' ``Trainer`` and accelerate keep one
-distributed state per process, so the one-process reference runs in a group of its own.
-Every rank sets the environment accelerate reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``; the gloo group exists already, so accelerate adopts it) and trains a
-float64 model with ``use_cpu=True``.
+Each spawned group runs a whole grid (:func:`p2_suite`, :func:`p4_suite`). accelerate keeps one
+distributed state per process: the one-process references run first with no launcher
+environment (accelerate then sees one process, whatever torch.distributed holds), each rank its
+own, then the state is reset and every rank sets the environment accelerate reads for a multi-CPU
+run (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; the gloo group exists
+already, so accelerate adopts it). Models are float64 with ``use_cpu=True``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ TRAIN = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_s
 
 
 def trainer_env(group: dist.ProcessGroup) -> None:
-    """What accelerate reads to join the (already initialized) gloo group as a multi-CPU run."""
+    """What accelerate reads to join the (already initialized) gloo group as a multi-CPU run; its
+    state (made by a one-process run before) is reset."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     world = dist.get_world_size(group)
     os.environ.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     if world > 1:
@@ -93,11 +99,12 @@ def compare(result: dict, reference: dict, group: dist.ProcessGroup, model) -> d
         return max(abs(x - y) / max(abs(y), 1e-300) for x, y in zip(a, b, strict=True))
 
     params = dict(model.named_parameters())
+    refs = {n: local_part(params[n], r) if result["weights"][n].shape != r.shape else r
+            for n, r in reference["weights"].items()}
+    floor = 1e-3 * max(float(r.norm()) for r in refs.values())  # a near-zero weight: the model's scale
     worst, name = 0.0, ""
     for n, w in result["weights"].items():
-        ref = local_part(params[n], reference["weights"][n]) if w.shape != reference["weights"][n].shape \
-            else reference["weights"][n]
-        err = float((w - ref).norm() / max(float(ref.norm()), 1e-300))
+        err = float((w - refs[n]).norm()) / max(float(refs[n].norm()), floor)
         if err > worst:
             worst, name = err, n
     errs = torch.tensor([rel(result["losses"], reference["losses"]),
@@ -107,18 +114,153 @@ def compare(result: dict, reference: dict, group: dist.ProcessGroup, model) -> d
             "losses": result["losses"], "ref_losses": reference["losses"], "grad_norms": result["grad_norms"]}
 
 
-def plain_grid(group: dist.ProcessGroup, runs: list[tuple[str, str, str]]) -> list[dict]:
-    """Plain ``Trainer`` on this group's processes, one result per ``(model_dir, data, out)``."""
-    trainer_env(group)
-    return [run_trainer(model_dir, data, out, None)[0] for model_dir, data, out in runs]
+def sft_run(group: dist.ProcessGroup, model_dir: str, data: str, out: str, steps: int) -> dict:
+    """TRL's ``SFTTrainer`` with the mixin at CP = the group's size, on vlmcp's packed rows (float32)."""
+    from transformers import AutoModelForImageTextToText
+    from trl import SFTConfig, SFTTrainer
+
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.integrations.conversations import ConversationCollator, ConversationDataset
+    from vlmcp.integrations.transformers import CPTrainerMixin
+
+    class CPSFTTrainer(CPTrainerMixin, SFTTrainer):
+        pass
+
+    processor = load_processor(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    dataset = ConversationDataset.from_files(data, processor, 512)
+    args = SFTConfig(output_dir=out, per_device_train_batch_size=4, max_steps=steps, learning_rate=3e-3,
+                     logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_tqdm=True,
+                     remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True}, use_cpu=True,
+                     bf16=False)
+    trainer = CPSFTTrainer(model=model, args=args, train_dataset=dataset.as_hf_dataset(), processing_class=processor,
+                           data_collator=ConversationCollator(processor, dataset=dataset),
+                           cp_size=dist.get_world_size(group))
+    trainer.train()
+    return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h],
+            "activation_checkpointing": bool(trainer.accelerator.unwrap_model(trainer.model).is_activation_checkpointing)}
 
 
-def cp_grid(group: dist.ProcessGroup, cases: list[dict], references: list[dict]) -> list[dict]:
-    """``CPTrainer`` on every case (``model_dir``, ``data``, ``out``, ``cp``), compared with its reference."""
+class _NaiveCPTrainer:
+    """The issue's first attempt: Trainer's compute_loss through shard_inputs, Trainer's own sampler."""
+
+    @staticmethod
+    def build(model, args, dataset, collator, group):
+        from transformers import Trainer
+
+        import vlmcp
+        import vlmcp.hf
+
+        class Naive(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                inputs = dict(inputs)
+                labels, cu = inputs.pop("labels"), inputs.pop("cu_seqlens")
+                batch = vlmcp.hf.shard_inputs(self.accelerator.unwrap_model(model), inputs, group, labels=labels,
+                                              cu_seqlens=cu)
+                return vlmcp.cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, group).loss
+
+        vlmcp.hf.parallelize(model, group)
+        return Naive(model=model, args=args, train_dataset=dataset, data_collator=collator)
+
+
+def naive_trainer_refused(group: dist.ProcessGroup, model_dir: str, data: str, out: str) -> str:
+    """The row guard's message when Trainer's sampler gives the CP ranks different rows."""
+    from transformers import TrainingArguments
+
+    from vlmcp.integrations.conversations import ConversationCollator, ConversationDataset
+
+    model, processor = load(model_dir)
+    dataset = ConversationDataset.from_files(data, processor, 512)
+    args = TrainingArguments(output_dir=out, **{**TRAIN, "max_steps": 1})
+    trainer = _NaiveCPTrainer.build(model, args, dataset, ConversationCollator(processor), group)
+    try:
+        trainer.train()
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def p2_suite(group: dist.ProcessGroup, setup: dict) -> dict:
+    """Everything at P=2: the one-process references (rank r runs every other one), CPTrainer at
+    DP=1 x CP=2 against them, plain Trainer on 2 processes (DP=2's reference), the naive Trainer
+    the row guard refuses, SFTTrainer with the mixin, and the DPO grid."""
+    from tests.logprob_cases import dpo_grid
+
+    rank = dist.get_rank(group)
+    mine = {name: run_trainer(*run, None)[0] for i, (name, run) in enumerate(sorted(setup["references"].items()))
+            if i % 2 == rank}
+    gathered = [None, None]
+    dist.all_gather_object(gathered, mine, group=group)
+    references = {**gathered[0], **gathered[1]}
     trainer_env(group)
-    out = []
-    for case, reference in zip(cases, references, strict=True):
-        result, trainer = run_trainer(case["model_dir"], case["data"], case["out"], case["cp"])
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        out.append({"case": case["name"], **compare(result, reference, group, model)})
+    out = {"references": {k: {"losses": v["losses"], "grad_norms": v["grad_norms"]} for k, v in references.items()}}
+    out["cp"] = [cp_case(group, case, references[case["reference"]]) for case in setup["cases"]]
+    ddp = setup["ddp_reference"]
+    ddp_result, _ = run_trainer(ddp["model_dir"], ddp["data"], ddp["out"], None)
+    out["ddp_reference"] = ddp_result if rank == 0 else None
+    out["naive"] = naive_trainer_refused(group, **setup["naive"])
+    out["guard"] = row_guard_messages(group)
+    out["refusals"] = refusals(group, **setup["naive"])
+    trainer_env(group)
+    out["sft"] = sft_run(group, **setup["sft"])
+    out["dpo"] = dpo_grid(group, setup["dpo"])
     return out
+
+
+def p4_suite(group: dist.ProcessGroup, cases: list[dict], reference: dict) -> list[dict]:
+    """CPTrainer at DP=2 x CP=2 against plain Trainer on 2 processes."""
+    trainer_env(group)
+    return [cp_case(group, case, reference) for case in cases]
+
+
+def cp_case(group: dist.ProcessGroup, case: dict, reference: dict) -> dict:
+    """One CPTrainer run (``case``: name, model_dir, data, out, cp, train overrides) against ``reference``."""
+    result, trainer = run_trainer(case["model_dir"], case["data"], case["out"], case["cp"], **case.get("train", {}))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {"case": case["name"], **compare(result, reference, group, model)}
+
+
+def row_guard_messages(group: dist.ProcessGroup) -> dict:
+    """shard_inputs on rows that differ by rank: refused (the message), unless the guard is off."""
+    import vlmcp.hf
+    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.hf.debug.tiny import tiny_model
+
+    out = {}
+    for check_at_parallelize in (True, False):
+        model = tiny_model("qwen2_vl", torch.float64)
+        vlmcp.hf.parallelize(model, group, check_same_row=check_at_parallelize)
+        same = synthetic_row(model, ((5, (1, 4, 4), 9), (12,)), seed=1)
+        vlmcp.hf.shard_inputs(model, same[0], group, labels=same[1], cu_seqlens=same[2])  # the same row: fine
+        inputs, labels, cu = synthetic_row(model, ((5, (1, 4, 4), 9), (12,)), seed=1 + dist.get_rank(group))
+        try:
+            vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu)
+            out[check_at_parallelize] = ""
+        except ValueError as err:
+            out[check_at_parallelize] = str(err)
+        vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu, check_same_row=False)
+    return out
+
+
+def refusals(group: dist.ProcessGroup, model_dir: str, data: str, out: str) -> dict:
+    """CPTrainer's refusals at construction, by case: the message."""
+    from transformers import TrainingArguments
+
+    from vlmcp.integrations.conversations import ConversationCollator, ConversationDataset
+    from vlmcp.integrations.transformers import CPOptions, CPTrainer
+
+    cases = {"cp_size": (dict(cp_size=3), {}), "compute_loss_func": (dict(compute_loss_func=float64_causal_lm_loss), {}),
+             "hidden_shard_save": (dict(cp_options=CPOptions(vision_mode="hidden_shard")), {"save_strategy": "steps"}),
+             "label_smoothing": (dict(), {"label_smoothing_factor": 0.1})}
+    messages = {}
+    for name, (kwargs, train) in cases.items():
+        model, processor = load(model_dir)
+        dataset = ConversationDataset.from_files(data, processor, 512)
+        args = TrainingArguments(output_dir=out, **{**TRAIN, **train})
+        try:
+            CPTrainer(model=model, args=args, train_dataset=dataset, data_collator=ConversationCollator(processor),
+                      **{"cp_size": 2, **kwargs})
+            messages[name] = ""
+        except ValueError as err:
+            messages[name] = str(err)
+    return messages
