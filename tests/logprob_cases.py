@@ -29,7 +29,7 @@ BETA = 0.1
 
 
 def dpo_loss(sums: torch.Tensor, reference: torch.Tensor, beta: float = BETA) -> torch.Tensor:
-    """``-mean logsigmoid(beta * ((s_c - ref_c) - (s_r - ref_r)))`` over the pairs (chosen at even indices)."""
+    """``-mean logsigmoid(beta * ((s_c - ref_c) - (s_r - ref_r)))`` over the pairs (chosen: even indices)."""
     margin = (sums - reference.to(sums))
     return -F.logsigmoid(beta * (margin[0::2] - margin[1::2])).mean()
 

@@ -57,8 +57,8 @@ def p2(files):
     setup = {
         "references": {arch: (files[arch], files["data"], out) for arch in ("qwen2_vl", "llava")},
         "cases": [_case(files, "qwen2_vl ring replicate", "qwen2_vl", "qwen2_vl"),
-                  _case(files, "qwen2_vl ulysses hidden_shard auto", "qwen2_vl", "qwen2_vl", attention="ulysses",
-                        vision_mode="hidden_shard", image_strategy="auto"),
+                  _case(files, "qwen2_vl ulysses hidden_shard auto", "qwen2_vl", "qwen2_vl",
+                        attention="ulysses", vision_mode="hidden_shard", image_strategy="auto"),
                   _case(files, "llava ring allreduce_hook", "llava", "llava", vision_mode="allreduce_hook"),
                   _case(files, "llava ulysses replicate", "llava", "llava", attention="ulysses")],
         "ddp_reference": {"model_dir": files["qwen2_vl"], "data": files["data"], "out": out},
@@ -97,7 +97,8 @@ def test_cptrainer_dp2_cp2_equals_plain_trainer_on_two_processes(p4):
 
 def test_row_guard_refuses_trainers_own_sampler_and_names_the_ranks(p2):
     msg = p2["naive"]
-    assert "hold different rows" in msg and "CP rank 0 (global 0)" in msg and "CP rank 1 (global 1)" in msg, msg
+    assert "hold different rows" in msg, msg
+    assert "CP rank 0 (global 0)" in msg and "CP rank 1 (global 1)" in msg, msg
     assert "CPTrainer" in msg and "check_same_row=False" in msg
     assert "hold different rows" in p2["guard"][True] and p2["guard"][False] == ""  # off at parallelize
 
@@ -130,7 +131,8 @@ def test_collator_packs_what_a_padded_batch_holds_and_rows_are_vlmcp_trains(file
     lengths = padded["attention_mask"].sum(1).tolist()
     assert packed["cu_seqlens"].tolist() == [0, lengths[0], sum(lengths)]
     for key in ("input_ids", "labels", "mm_token_type_ids"):
-        assert torch.equal(packed[key][0], torch.cat([padded[key][i, :n] for i, n in enumerate(lengths)])), key
+        unpadded = torch.cat([padded[key][i, :n] for i, n in enumerate(lengths)])
+        assert torch.equal(packed[key][0], unpadded), key
     assert torch.equal(packed["pixel_values"], padded["pixel_values"])
     assert torch.equal(packed["image_grid_thw"], padded["image_grid_thw"])
     rows = ConversationDataset.from_files(files["data"], processor, 160, rows=True)
@@ -147,11 +149,13 @@ def test_collator_packs_what_a_padded_batch_holds_and_rows_are_vlmcp_trains(file
 def test_row_digest_sees_tokens_labels_boundaries_grids_and_pixel_shapes():
     ids = torch.arange(40)
     row = {"input_ids": ids, "labels": ids.clone(), "cu_seqlens": torch.tensor([0, 20, 40]),
-           "image_grid_thw": torch.tensor([[1, 4, 4]]), "pixel_values": torch.rand(64, 12, dtype=torch.float64)}
+           "image_grid_thw": torch.tensor([[1, 4, 4]]),
+           "pixel_values": torch.rand(64, 12, dtype=torch.float64)}
     base = row_digest(row)
     assert row_digest({k: v.clone() for k, v in row.items()}) == base
     changed = [{"input_ids": ids.flip(0)}, {"labels": torch.where(ids < 5, -100, ids)},
                {"cu_seqlens": torch.tensor([0, 21, 40])}, {"image_grid_thw": torch.tensor([[1, 2, 8]])},
-               {"pixel_values": torch.rand(32, 24, dtype=torch.float64)}, {"pixel_values": row["pixel_values"] + 1}]
+               {"pixel_values": torch.rand(32, 24, dtype=torch.float64)},
+               {"pixel_values": row["pixel_values"] + 1}]
     for change in changed:
         assert row_digest({**row, **change}) != base, sorted(change)

@@ -20,9 +20,10 @@ from vlmcp.grads import local_part
 from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 
 STEPS = 2
-TRAIN = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS, learning_rate=5e-3,
-             weight_decay=0.1, max_grad_norm=0.5, logging_steps=1, save_strategy="no", report_to=[], seed=0,
-             optim="adamw_torch", disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False,
+TRAIN = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS,
+             learning_rate=5e-3, weight_decay=0.1, max_grad_norm=0.5, logging_steps=1, save_strategy="no",
+             report_to=[], seed=0, optim="adamw_torch", disable_tqdm=True, dataloader_num_workers=0,
+             remove_unused_columns=False,
              use_cpu=True)
 
 
@@ -46,7 +47,8 @@ def load(model_dir: str):
 
     from vlmcp.data.hf.processor import load_processor
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float64,
+                                                        attn_implementation="sdpa")
     float64_norms(model)
     return model, load_processor(model_dir)
 
@@ -82,7 +84,8 @@ def run_trainer(model_dir: str, data: str, out: str, cp: dict | None, **train):
     dataset = ConversationDataset.from_files(data, processor, 512)
     args = TrainingArguments(output_dir=out, **{**TRAIN, **train})
     if cp is None:
-        trainer = Trainer(model=model, args=args, train_dataset=dataset, compute_loss_func=float64_causal_lm_loss,
+        trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                          compute_loss_func=float64_causal_lm_loss,
                           data_collator=ConversationCollator(processor, pack=False))
     else:
         trainer = CPTrainer(model=model, args=args, train_dataset=dataset, cp_size=cp["cp_size"],
@@ -127,18 +130,20 @@ def sft_run(group: dist.ProcessGroup, model_dir: str, data: str, out: str, steps
         pass
 
     processor = load_processor(model_dir)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32,
+                                                        attn_implementation="sdpa")
     dataset = ConversationDataset.from_files(data, processor, 512)
     args = SFTConfig(output_dir=out, per_device_train_batch_size=4, max_steps=steps, learning_rate=3e-3,
                      logging_steps=1, save_strategy="no", report_to=[], seed=0, disable_tqdm=True,
                      remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True}, use_cpu=True,
                      bf16=False)
-    trainer = CPSFTTrainer(model=model, args=args, train_dataset=dataset.as_hf_dataset(), processing_class=processor,
-                           data_collator=ConversationCollator(processor, dataset=dataset),
-                           cp_size=dist.get_world_size(group))
+    trainer = CPSFTTrainer(model=model, args=args, train_dataset=dataset.as_hf_dataset(),
+                           processing_class=processor, cp_size=dist.get_world_size(group),
+                           data_collator=ConversationCollator(processor, dataset=dataset))
     trainer.train()
-    return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h],
-            "activation_checkpointing": bool(trainer.accelerator.unwrap_model(trainer.model).is_activation_checkpointing)}
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    return {"losses": _result(trainer)["losses"],
+            "activation_checkpointing": bool(unwrapped.is_activation_checkpointing)}
 
 
 class _NaiveCPTrainer:
@@ -155,8 +160,8 @@ class _NaiveCPTrainer:
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
                 inputs = dict(inputs)
                 labels, cu = inputs.pop("labels"), inputs.pop("cu_seqlens")
-                batch = vlmcp.hf.shard_inputs(self.accelerator.unwrap_model(model), inputs, group, labels=labels,
-                                              cu_seqlens=cu)
+                batch = vlmcp.hf.shard_inputs(self.accelerator.unwrap_model(model), inputs, group,
+                                              labels=labels, cu_seqlens=cu)
                 return vlmcp.cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, group).loss
 
         vlmcp.hf.parallelize(model, group)
@@ -187,13 +192,14 @@ def p2_suite(group: dist.ProcessGroup, setup: dict) -> dict:
     from tests.logprob_cases import dpo_grid
 
     rank = dist.get_rank(group)
-    mine = {name: run_trainer(*run, None)[0] for i, (name, run) in enumerate(sorted(setup["references"].items()))
-            if i % 2 == rank}
+    runs = sorted(setup["references"].items())
+    mine = {name: run_trainer(*run, None)[0] for i, (name, run) in enumerate(runs) if i % 2 == rank}
     gathered = [None, None]
     dist.all_gather_object(gathered, mine, group=group)
     references = {**gathered[0], **gathered[1]}
     trainer_env(group)
-    out = {"references": {k: {"losses": v["losses"], "grad_norms": v["grad_norms"]} for k, v in references.items()}}
+    out = {"references": {k: {"losses": v["losses"], "grad_norms": v["grad_norms"]}
+                          for k, v in references.items()}}
     out["cp"] = [cp_case(group, case, references[case["reference"]]) for case in setup["cases"]]
     ddp = setup["ddp_reference"]
     ddp_result, _ = run_trainer(ddp["model_dir"], ddp["data"], ddp["out"], None)
@@ -215,7 +221,8 @@ def p4_suite(group: dist.ProcessGroup, cases: list[dict], reference: dict) -> li
 
 def cp_case(group: dist.ProcessGroup, case: dict, reference: dict) -> dict:
     """One CPTrainer run (``case``: name, model_dir, data, out, cp, train overrides) against ``reference``."""
-    result, trainer = run_trainer(case["model_dir"], case["data"], case["out"], case["cp"], **case.get("train", {}))
+    result, trainer = run_trainer(case["model_dir"], case["data"], case["out"], case["cp"],
+                                  **case.get("train", {}))
     model = trainer.accelerator.unwrap_model(trainer.model)
     return {"case": case["name"], **compare(result, reference, group, model)}
 
@@ -249,8 +256,10 @@ def refusals(group: dist.ProcessGroup, model_dir: str, data: str, out: str) -> d
     from vlmcp.integrations.conversations import ConversationCollator, ConversationDataset
     from vlmcp.integrations.transformers import CPOptions, CPTrainer
 
-    cases = {"cp_size": (dict(cp_size=3), {}), "compute_loss_func": (dict(compute_loss_func=float64_causal_lm_loss), {}),
-             "hidden_shard_save": (dict(cp_options=CPOptions(vision_mode="hidden_shard")), {"save_strategy": "steps"}),
+    cases = {"cp_size": (dict(cp_size=3), {}),
+             "compute_loss_func": (dict(compute_loss_func=float64_causal_lm_loss), {}),
+             "hidden_shard_save": (dict(cp_options=CPOptions(vision_mode="hidden_shard")),
+                                   {"save_strategy": "steps"}),
              "label_smoothing": (dict(), {"label_smoothing_factor": 0.1})}
     messages = {}
     for name, (kwargs, train) in cases.items():
@@ -258,7 +267,8 @@ def refusals(group: dist.ProcessGroup, model_dir: str, data: str, out: str) -> d
         dataset = ConversationDataset.from_files(data, processor, 512)
         args = TrainingArguments(output_dir=out, **{**TRAIN, **train})
         try:
-            CPTrainer(model=model, args=args, train_dataset=dataset, data_collator=ConversationCollator(processor),
+            CPTrainer(model=model, args=args, train_dataset=dataset,
+                      data_collator=ConversationCollator(processor),
                       **{"cp_size": 2, **kwargs})
             messages[name] = ""
         except ValueError as err:

@@ -105,14 +105,16 @@ class ConversationCollator:
             item = item["index"]
         if isinstance(item, int) and not isinstance(item, bool):
             if self.dataset is None:
-                raise TypeError("an item is an index: build the collator with dataset=the ConversationDataset")
+                raise TypeError("an item is an index: build the collator with dataset=the "
+                                "ConversationDataset")
             item = self.dataset[item]
         if isinstance(item, Conversation):
             return [item]
         if isinstance(item, tuple) and all(isinstance(c, Conversation) for c in item):
             return list(item)
+        keys = f" with keys {sorted(item)}" if isinstance(item, dict) else ""
         raise TypeError(f"ConversationCollator takes Conversations, tuples of them or dataset indices, got "
-                        f"{type(item).__name__}" + (f" with keys {sorted(item)}" if isinstance(item, dict) else ""))
+                        f"{type(item).__name__}{keys}")
 
     def __call__(self, features: list[Any]) -> dict[str, torch.Tensor]:
         samples = [encode_conversation(self.processor, c, self.video)

@@ -1,4 +1,4 @@
-"""vlmcp inside transformers' ``Trainer``: :class:`CPTrainer`, and :class:`CPTrainerMixin` for trainers built on it.
+"""vlmcp inside transformers' ``Trainer``: :class:`CPTrainer`, and :class:`CPTrainerMixin` for its subclasses.
 
 ``pip install 'vlmcp[trainer]'`` (transformers 5, accelerate, TRL). Docs: docs/trainers.md.
 
@@ -193,7 +193,8 @@ class CPTrainerMixin:
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
         acc = self.accelerator
-        acc.prepare_data_loader = functools.partial(_prepare_data_loader_over_dp, acc, lambda: self._vlmcp_mesh)
+        mesh = lambda: self._vlmcp_mesh  # built after Trainer.__init__, read when a dataloader is made
+        acc.prepare_data_loader = functools.partial(_prepare_data_loader_over_dp, acc, mesh)
         if not self.is_fsdp_enabled:
             acc.prepare_model = functools.partial(_prepare_model_without_ddp, acc.prepare_model)
 
@@ -205,13 +206,14 @@ class CPTrainerMixin:
         elif args.n_gpu > 1:
             why = "nn.DataParallel (several GPUs in one process): launch one process per GPU (torchrun)"
         elif getattr(self.accelerator, "parallelism_config", None) is not None:
-            why = ("accelerate's ParallelismConfig (its cp_size wraps torch's context_parallel, which knows no "
-                   "images or packed samples); vlmcp's cp_size replaces it")
+            why = ("accelerate's ParallelismConfig (its cp_size wraps torch's context_parallel, which knows "
+                   "no images or packed samples); vlmcp's cp_size replaces it")
         elif self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
             why = "FSDP1 (flat parameters lose vlmcp's per-parameter gradient rules); set fsdp_version=2"
         elif self.is_fsdp_enabled and mode in ("hidden_shard", "broadcast", "scatter"):
-            why = (f"vision_mode={mode!r} under FSDP: the projector slice of hidden_shard differs per CP rank, and "
-                   "broadcast/scatter skip the ViT on some ranks, so FSDP's collectives would not match")
+            why = (f"vision_mode={mode!r} under FSDP: the projector slice of hidden_shard differs per CP "
+                   "rank, and broadcast/scatter skip the ViT on some ranks, so FSDP's collectives would not "
+                   "match")
         elif self.compute_loss_func is not None:
             why = "compute_loss_func reads whole-batch logits; under CP each rank holds its own slots only"
         elif args.label_smoothing_factor:
@@ -233,7 +235,8 @@ class CPTrainerMixin:
 
         o = self.cp_options
         vlmcp.hf.parallelize(self.accelerator.unwrap_model(self.model), self._vlmcp_mesh.cp_group,
-                             attention=o.attention, vision_mode=o.vision_mode, check_same_row=o.check_same_row)
+                             attention=o.attention, vision_mode=o.vision_mode,
+                             check_same_row=o.check_same_row)
 
     # ---- what each step does ---------------------------------------------------------------
     def get_cp_size(self) -> int:
@@ -245,10 +248,12 @@ class CPTrainerMixin:
         inputs = dict(inputs)
         labels, cu = inputs.pop("labels", None), inputs.pop("cu_seqlens", None)
         if labels is None:
-            raise ValueError(f"{type(self).__name__}: the batch has no labels (use vlmcp's ConversationCollator)")
+            raise ValueError(f"{type(self).__name__}: the batch has no labels (use vlmcp's "
+                             "ConversationCollator)")
         if cu is None and inputs["input_ids"].shape[0] != 1:
-            raise ValueError(f"{type(self).__name__}: a batch of {inputs['input_ids'].shape[0]} padded rows; CP "
-                             "takes one packed row with cu_seqlens (ConversationCollator(processor, pack=True))")
+            raise ValueError(f"{type(self).__name__}: a batch of {inputs['input_ids'].shape[0]} padded rows; "
+                             "CP takes one packed row with cu_seqlens (ConversationCollator(processor, "
+                             "pack=True))")
         o = self.cp_options
         batch = vlmcp.hf.shard_inputs(self.accelerator.unwrap_model(model), inputs, self._vlmcp_mesh.cp_group,
                                       labels=labels, cu_seqlens=cu, sample_placement=o.sample_placement,
@@ -258,8 +263,8 @@ class CPTrainerMixin:
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """This rank's share of ``sum(token losses) / num_items_in_batch``, scaled as DDP would want it."""
         if return_outputs:
-            raise NotImplementedError(f"{type(self).__name__}: no model outputs under CP (each rank holds the "
-                                      "logits of its own slots); evaluate with prediction_loss_only=True")
+            raise NotImplementedError(f"{type(self).__name__}: no model outputs under CP (each rank holds "
+                                      "the logits of its own slots); evaluate with prediction_loss_only=True")
         batch, targets = self._vlmcp_batch(model, inputs)
         res = _row_loss(model, batch, self._vlmcp_mesh.cp_group)
         items = targets if num_items_in_batch is None else float(num_items_in_batch)
@@ -302,7 +307,7 @@ class CPTrainerMixin:
         return torch.tensor(norm, dtype=dtype, device=self.args.device)
 
     def _clip_grad_norm(self, model):
-        if self.is_fsdp_enabled:  # DTensor gradients: accelerate's norm is the true one after finish_ddp_gradients
+        if self.is_fsdp_enabled:  # DTensor gradients: accelerate's norm is the true one after finishing
             return super()._clip_grad_norm(model)
         norm = self._vlmcp_grad_norm(model)
         params = [p for p in self.accelerator.unwrap_model(model).parameters() if p.grad is not None]
@@ -335,8 +340,8 @@ class CPTrainerMixin:
 
     def save_model(self, output_dir=None, _internal_call=False):
         if self.cp_options.vision_mode == "hidden_shard" and self._vlmcp_mesh.cp_size > 1:
-            raise ValueError(f"{type(self).__name__}: hidden_shard holds a slice of the projector on each rank; "
-                             "save_model would write rank 0's slice")
+            raise ValueError(f"{type(self).__name__}: hidden_shard holds a slice of the projector on each "
+                             "rank; save_model would write rank 0's slice")
         return super().save_model(output_dir, _internal_call)
 
 

@@ -150,8 +150,8 @@ def cp_token_logprobs(
                         f"{type(group).__name__}")
     x = logits_or_hidden
     if x.dim() != 2 or labels.shape != x.shape[:1]:
-        raise ValueError(f"logits_or_hidden must be (N, vocab) or (N, H) and labels (N,), got {tuple(x.shape)} "
-                         f"and {tuple(labels.shape)}")
+        raise ValueError(f"logits_or_hidden must be (N, vocab) or (N, H) and labels (N,), got "
+                         f"{tuple(x.shape)} and {tuple(labels.shape)}")
     if not float(temperature) > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     vocab = x.shape[1] if weight is None else weight.shape[0]
@@ -166,7 +166,8 @@ def cp_token_logprobs(
         z = x.index_select(0, rows).to(_accumulation_dtype(x.dtype)) / float(temperature)
         picked = z.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(z, dim=1)
         return torch.zeros(x.shape[0], dtype=z.dtype, device=x.device).index_put((rows,), picked)
-    if weight.dim() != 2 or weight.shape[1] != x.shape[1] or (bias is not None and bias.shape != weight.shape[:1]):
+    bad_bias = bias is not None and bias.shape != weight.shape[:1]
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1] or bad_bias:
         raise ValueError(f"weight must be (vocab, H) with H = {x.shape[1]} and bias (vocab,), got "
                          f"{tuple(weight.shape)} and {None if bias is None else tuple(bias.shape)}")
     dtypes = {x.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
