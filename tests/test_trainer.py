@@ -78,7 +78,7 @@ def p4(files, p2):
 
 
 def _exact(row):
-    assert row["loss"] <= EXACT and row["grad_norm"] <= EXACT, row
+    assert row["loss"] <= EXACT and row["grad_norm"] <= EXACT and row["eval_loss"] <= EXACT, row
     assert row["weights"] <= WEIGHTS, (row["case"], row["worst"], row["weights"])
     assert len(row["losses"]) == trainer_cases.STEPS
 

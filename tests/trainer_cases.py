@@ -93,7 +93,8 @@ def run_trainer(model_dir: str, data: str, out: str, cp: dict | None, **train):
                             data_collator=ConversationCollator(processor))
     with float64_exact(torch.float64):
         trainer.train()
-    return _result(trainer), trainer
+        evaluated = trainer.evaluate(eval_dataset=dataset)["eval_loss"]
+    return {**_result(trainer), "eval_loss": evaluated}, trainer
 
 
 def compare(result: dict, reference: dict, group: dist.ProcessGroup, model) -> dict:
@@ -111,9 +112,11 @@ def compare(result: dict, reference: dict, group: dist.ProcessGroup, model) -> d
         if err > worst:
             worst, name = err, n
     errs = torch.tensor([rel(result["losses"], reference["losses"]),
-                         rel(result["grad_norms"], reference["grad_norms"]), worst], dtype=torch.float64)
+                         rel(result["grad_norms"], reference["grad_norms"]), worst,
+                         rel([result["eval_loss"]], [reference["eval_loss"]])], dtype=torch.float64)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=group)
-    return {"loss": float(errs[0]), "grad_norm": float(errs[1]), "weights": float(errs[2]), "worst": name,
+    return {"loss": float(errs[0]), "grad_norm": float(errs[1]), "weights": float(errs[2]),
+            "eval_loss": float(errs[3]), "worst": name,
             "losses": result["losses"], "ref_losses": reference["losses"], "grad_norms": result["grad_norms"]}
 
 

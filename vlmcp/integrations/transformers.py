@@ -267,15 +267,23 @@ class CPTrainerMixin:
                                       "the logits of its own slots); evaluate with prediction_loss_only=True")
         batch, targets = self._vlmcp_batch(model, inputs)
         res = _row_loss(model, batch, self._vlmcp_mesh.cp_group)
-        items = targets if num_items_in_batch is None else float(num_items_in_batch)
-        scale = targets / max(items, 1)
-        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            scale *= self._vlmcp_mesh.dp_size  # the DP mean of reduce_gradients (or FSDP) divides by D
+        scale = self._vlmcp_scale(targets, num_items_in_batch)
         logged = res.mean.detach() * scale
         if self.is_fsdp_enabled:
             scale *= self._vlmcp_mesh.cp_size  # FSDP averages over D*P ranks: Note [vlmcp gradient rules]
         self._vlmcp_logged = logged
         return res.loss * scale
+
+    def _vlmcp_scale(self, targets: int, num_items_in_batch) -> float:
+        """What turns the row's mean token loss into Trainer's per-process loss: ``targets /
+        num_items_in_batch``, times D when the items are counted over DP (DDP's mean over D then
+        gives the global token mean, as in Trainer's own ``compute_loss``)."""
+        if num_items_in_batch is None:
+            return 1.0
+        scale = targets / max(float(num_items_in_batch), 1.0)
+        if self.args.average_tokens_across_devices:
+            scale *= self._vlmcp_mesh.dp_size  # the DP mean of reduce_gradients (or FSDP) divides by D
+        return scale
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The trainer's step (backward included), then the exact gradients after the step's last
@@ -328,15 +336,17 @@ class CPTrainerMixin:
             self._vlmcp_mesh.cp_size, 1)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Evaluation: the row's mean token loss over the CP group (the same on its ranks), no logits."""
-        if not prediction_loss_only:
-            raise NotImplementedError(f"{type(self).__name__}: no logits under CP (each rank holds its own "
-                                      "slots); evaluate with prediction_loss_only=True")
+        """Evaluation: the batch's loss as Trainer's (token mean over the DP replicas' batches), no logits."""
+        if not prediction_loss_only and self.compute_metrics is not None:
+            raise NotImplementedError(f"{type(self).__name__}: compute_metrics needs logits, and under CP "
+                                      "each rank holds its own slots only; evaluate the loss (no "
+                                      "compute_metrics)")
         inputs = self._prepare_inputs(inputs)
+        num_items = self._get_num_items_in_batch([inputs], self.args.device)  # as Trainer's prediction_step
         with torch.no_grad(), self.compute_loss_context_manager():
-            batch, _ = self._vlmcp_batch(model, inputs)
+            batch, targets = self._vlmcp_batch(model, inputs)
             res = _row_loss(model, batch, self._vlmcp_mesh.cp_group)
-        return res.mean.detach(), None, None
+        return res.mean.detach() * self._vlmcp_scale(targets, num_items), None, None
 
     def save_model(self, output_dir=None, _internal_call=False):
         if self.cp_options.vision_mode == "hidden_shard" and self._vlmcp_mesh.cp_size > 1:
