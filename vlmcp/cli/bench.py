@@ -24,6 +24,7 @@ _HELP = {
     "vision": "ViT time per rank, replicate against scatter",
     "hf-memory": "a HF Qwen2-VL's saved bytes per rank: videos, image_strategy replicate/shard/auto",
     "hf-vision": "a HF Qwen2-VL's ViT time per rank for one long video, replicate against scatter",
+    "hf-loss": "what a HF Qwen2-VL's LM head and loss save at a real vocabulary: full logits against chunked",
 }
 
 

@@ -4,8 +4,8 @@ Note [vlmcp float64 parity: float32 islands]
 --------------------------------------------
 Several HF modules compute in float32 whatever the model dtype: RMSNorms (``x.float()``),
 the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and SigLIP2's
-position interpolation, MoE routers (Qwen3-VL-MoE's softmax, DeepSeek-V3's sigmoid and group
-top-k), Qwen3.5's zero-centred and gated norms, its decay and gated-delta-rule kernel, and
+position interpolation, MoE routers (Qwen3-VL-MoE's softmax and load-balancing loss, DeepSeek-V3's
+sigmoid and group top-k), Qwen3.5's zero-centred and gated norms, its decay and gated-delta-rule kernel, and
 Kimi-K2.5's temporal merge. In a float64 model each rounds the gradient to float32; a
 replicated token's gradient arrives in P shares, each rounded on its own, so CP and one
 process then differ by ~1e-8 relative: float32 noise, not a CP error. float64 parity
@@ -133,6 +133,23 @@ def _softmax_router(self, hidden_states):
     return logits, top / top.sum(-1, keepdim=True), index
 
 
+def _load_balancing(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+    """``load_balancing_loss_func`` of Qwen3-VL-MoE in the logits' dtype."""
+    if gate_logits is None or not isinstance(gate_logits, tuple):
+        return 0
+    counts, probs, rows = 0, 0, 0
+    for layer in gate_logits:
+        weights = layer.softmax(-1)
+        keep = torch.ones(weights.shape[0], dtype=weights.dtype) if attention_mask is None \
+            else attention_mask.reshape(-1).to(weights.dtype)
+        chosen = torch.topk(weights, top_k, dim=-1).indices.reshape(-1)
+        counts = counts + torch.zeros(num_experts, dtype=weights.dtype).scatter_add_(
+            0, chosen, keep.repeat_interleave(top_k))
+        probs = probs + (weights * keep[:, None]).sum(0)
+        rows = rows + keep.sum()
+    return (counts / rows * probs / rows).sum() * num_experts
+
+
 def _gated_norm(self, hidden_states, gate):
     """``Qwen3_5RMSNormGated.forward`` in the input dtype."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
@@ -187,6 +204,7 @@ ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
      staticmethod(_siglip2_positions)),
     (_modeling("qwen3_vl_moe"), "Qwen3VLMoeTextTopKRouter.forward", _softmax_router),
+    (_modeling("qwen3_vl_moe"), "load_balancing_loss_func", _load_balancing),
     (_modeling("qwen3_5"), "Qwen3_5RMSNorm.forward", _zero_centred_norm),
     (_modeling("qwen3_5"), "Qwen3_5RMSNormGated.forward", _gated_norm),
     (_modeling("qwen3_5"), "Qwen3_5GatedDeltaNet.forward", _qwen3_5_gated_deltanet),
