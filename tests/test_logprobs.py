@@ -10,15 +10,18 @@ import vlmcp
 pytestmark = pytest.mark.timeout(60)
 
 
-def _dense(hidden, weight, bias, labels, temperature):
-    logits = (hidden @ weight.t() + (0 if bias is None else bias)) / temperature
+def _dense(hidden, weight, bias, labels, temperature, softcap=None):
+    logits = hidden @ weight.t() + (0 if bias is None else bias)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
     picked = torch.log_softmax(logits, -1).gather(1, labels.clamp(min=0)[:, None]).squeeze(1)
     return torch.where(labels != -100, picked, torch.zeros_like(picked))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 64])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_chunked_from_hidden_states_is_exact(chunk_size, with_bias):
+@pytest.mark.parametrize("with_bias,softcap", [(False, None), (True, None), (True, 2.5)])
+def test_chunked_from_hidden_states_is_exact(chunk_size, with_bias, softcap):
     g = torch.Generator().manual_seed(0)
     n, h, v = 11, 6, 17
     hidden = torch.randn(n, h, dtype=torch.float64, generator=g, requires_grad=True)
@@ -29,17 +32,18 @@ def test_chunked_from_hidden_states_is_exact(chunk_size, with_bias):
     weights = torch.randn(n, dtype=torch.float64, generator=g)  # a loss that weighs each token's log-prob
     params = [hidden, weight] + ([bias] if with_bias else [])
 
-    ref = _dense(hidden, weight, bias, labels, 0.7)
+    ref = _dense(hidden, weight, bias, labels, 0.7, softcap)
     ref_grads = torch.autograd.grad((ref * weights).sum(), params)
     out = vlmcp.cp_token_logprobs(hidden, labels, None, weight=weight, bias=bias, chunk_size=chunk_size,
-                                  temperature=0.7)
+                                  temperature=0.7, softcap=softcap)
     grads = torch.autograd.grad((out * weights).sum(), params)
     assert torch.allclose(out, ref, rtol=0, atol=1e-13) and bool((out[[0, 4, 9]] == 0).all())
     for got, want in zip(grads, ref_grads, strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-12)
     assert bool((grads[0][[0, 4, 9]] == 0).all())  # rows without a target: no gradient
 
-    logits = (hidden @ weight.t() + (0 if bias is None else bias)).detach().requires_grad_()
+    logits = hidden @ weight.t() + (0 if bias is None else bias)
+    logits = (logits if softcap is None else softcap * torch.tanh(logits / softcap)).detach()
     from_logits = vlmcp.cp_token_logprobs(logits, labels, None, temperature=0.7)
     assert torch.allclose(from_logits, ref, rtol=0, atol=1e-13)
 

@@ -56,11 +56,13 @@ def p2(files):
     out = str(files["root"] / "out")
     setup = {
         "references": {arch: (files[arch], files["data"], out) for arch in ("qwen2_vl", "llava")},
-        "cases": [_case(files, "qwen2_vl ring replicate", "qwen2_vl", "qwen2_vl"),
+        "cases": [_case(files, "qwen2_vl ring replicate, loss chunks of 8", "qwen2_vl", "qwen2_vl",
+                        loss_chunk_size=8),
                   _case(files, "qwen2_vl ulysses hidden_shard auto", "qwen2_vl", "qwen2_vl",
                         attention="ulysses", vision_mode="hidden_shard", image_strategy="auto"),
                   _case(files, "llava ring allreduce_hook", "llava", "llava", vision_mode="allreduce_hook"),
-                  _case(files, "llava ulysses replicate", "llava", "llava", attention="ulysses")],
+                  _case(files, "llava ulysses replicate, full logits", "llava", "llava", attention="ulysses",
+                        loss_chunk_size=None)],
         "ddp_reference": {"model_dir": files["qwen2_vl"], "data": files["data"], "out": out},
         "naive": {"model_dir": files["qwen2_vl"], "data": files["data"], "out": out},
         "sft": {"model_dir": files["qwen2_vl"], "data": files["data"], "out": out, "steps": 8},

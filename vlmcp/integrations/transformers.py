@@ -18,9 +18,9 @@ method of its ``Accelerator`` instance replaced on that instance), and nothing e
     broadcasts rank 0's weights at wrap time       evaluation mode: autocast and compile only);
     (hidden_shard's slices: error 1.23), reduces   vlmcp.reduce_gradients after the step's last
     during backward                                backward: sum over CP, mean over DP, by rule
-    compute_loss: the model's loss of the batch    shard_inputs -> model -> this rank's target
-                                                   losses (one switchable function, _row_loss),
-                                                   scaled to sum / num_items_in_batch * D
+    compute_loss: the model's loss of the batch    shard_inputs -> vlmcp.hf.causal_lm_loss (the
+                                                   model's forward, the head chunked: never the
+                                                   logits), scaled to sum / num_items_in_batch * D
     num_items_in_batch: labels[..., 1:] of each    the packed row's targets (each sample shifted
     process, summed over D*P                       alone), summed over DP and accumulation
     clip_grad_norm_ of this process's gradients    the true norm (hidden_shard slices summed
@@ -74,6 +74,9 @@ class CPOptions:
     """``shard_inputs``' ``image_strategy``."""
     check_same_row: bool = True
     """The row guard of ``shard_inputs`` (Note [vlmcp row guard: one row per CP group])."""
+    loss_chunk_size: int | None = 4096
+    """Target tokens per chunk of the LM head in :func:`vlmcp.hf.causal_lm_loss`; None: the full
+    logits and :func:`vlmcp.cp_cross_entropy` (a LoRA-wrapped head, say)."""
 
     def __post_init__(self):
         choices = {"attention": ("ring", "ulysses"), "vision_mode": get_args(VisionMode),
@@ -82,6 +85,9 @@ class CPOptions:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"CPOptions.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        chunk = self.loss_chunk_size
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"CPOptions.loss_chunk_size must be a positive int or None, got {chunk!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,11 +101,6 @@ class _Mesh:
     dp_rank: int
 
 
-def _row_loss(model: nn.Module, batch, cp_group):
-    """This rank's loss share of the row (:class:`vlmcp.CPLoss`): the one place the loss is chosen."""
-    from vlmcp.loss import cp_cross_entropy
-
-    return cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, cp_group)
 
 
 def _row_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
@@ -242,6 +243,13 @@ class CPTrainerMixin:
     def get_cp_size(self) -> int:
         return self._vlmcp_mesh.cp_size if self._vlmcp_mesh is not None else super().get_cp_size()
 
+    def _vlmcp_row_loss(self, model: nn.Module, batch):
+        """This rank's loss share of the row (:class:`vlmcp.CPLoss`): the one place the loss is chosen."""
+        import vlmcp.hf
+
+        return vlmcp.hf.causal_lm_loss(model, batch, self._vlmcp_mesh.cp_group,
+                                       chunk_size=self.cp_options.loss_chunk_size)
+
     def _vlmcp_batch(self, model: nn.Module, inputs: dict):
         import vlmcp.hf
 
@@ -266,7 +274,7 @@ class CPTrainerMixin:
             raise NotImplementedError(f"{type(self).__name__}: no model outputs under CP (each rank holds "
                                       "the logits of its own slots); evaluate with prediction_loss_only=True")
         batch, targets = self._vlmcp_batch(model, inputs)
-        res = _row_loss(model, batch, self._vlmcp_mesh.cp_group)
+        res = self._vlmcp_row_loss(model, batch)
         scale = self._vlmcp_scale(targets, num_items_in_batch)
         logged = res.mean.detach() * scale
         if self.is_fsdp_enabled:
@@ -345,7 +353,7 @@ class CPTrainerMixin:
         num_items = self._get_num_items_in_batch([inputs], self.args.device)  # as Trainer's prediction_step
         with torch.no_grad(), self.compute_loss_context_manager():
             batch, targets = self._vlmcp_batch(model, inputs)
-            res = _row_loss(model, batch, self._vlmcp_mesh.cp_group)
+            res = self._vlmcp_row_loss(model, batch)
         return res.mean.detach() * self._vlmcp_scale(targets, num_items), None, None
 
     def save_model(self, output_dir=None, _internal_call=False):

@@ -15,9 +15,11 @@ Under CP a sample's tokens are spread over the ranks, so:
 * ``logp_i`` is local: a rank's logits hold the whole vocabulary for its own slots, so
   :func:`cp_token_logprobs` communicates nothing. Given the last hidden states and the LM
   head's weight it computes them a chunk of target rows at a time, forward and backward,
-  never holding the ``(N, vocab)`` logits (the backward recomputes each chunk's logits:
-  ``dz = g * (onehot(target) - softmax(z)) / T``, then ``d_hidden = dz @ W``,
-  ``d_W += dz.T @ hidden``). Rows without a target cost nothing and get a zero gradient.
+  never holding the ``(N, vocab)`` logits: the chunks are those of Note [vlmcp chunked
+  linear cross-entropy] (the same chunk logits, softcap included), with a gradient per row
+  instead of one for the sum (``dz = g_i * (onehot(target) - softmax(z / T)) / T``, times
+  ``1 - tanh^2`` under a softcap; then ``d_hidden = dz @ W``, ``d_W += dz.T @ hidden``).
+  Rows without a target cost nothing and get a zero gradient.
 * ``s_k`` needs every rank: :func:`per_sample_sum` sums this rank's slots of each sample
   (padding out; a replicated slot, which every rank holds, counted on rank 0 only) and
   all-reduces the ``(S,)`` vector: one all-reduce of S numbers. Its dual is the identity
@@ -36,39 +38,27 @@ import torch.distributed as dist
 
 from vlmcp.comm import all_reduce_sum
 from vlmcp.layout import RankShard
+from vlmcp.loss.linear_cross_entropy import _FLOATS, _accumulation_dtype, _chunk_logits
 
 __all__ = ["cp_token_logprobs", "per_sample_sum"]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _chunk_logits(hidden, weight, bias, rows, temperature):
-    h = hidden.index_select(0, rows)
-    z = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
-    z = z.to(_accumulation_dtype(hidden.dtype))  # a fresh tensor either way: in place below is safe
-    return z.div_(temperature) if temperature != 1.0 else z
-
 
 class _LinearLogProbs(torch.autograd.Function):
-    """``logp[rows] = log softmax((hidden[rows] @ W.T + b) / T)[targets]``, 0 elsewhere; ``(N,)``."""
+    """``logp[rows] = log softmax(cap(hidden[rows] @ W.T + b) / T)[targets]``, 0 elsewhere; ``(N,)``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, rows, chunk_size, temperature):
+    def forward(ctx, hidden, weight, bias, labels, rows, chunk_size, temperature, softcap):
         targets = labels.index_select(0, rows)
         out = torch.zeros(hidden.shape[0], dtype=_accumulation_dtype(hidden.dtype), device=hidden.device)
         lse = torch.empty(rows.numel(), dtype=out.dtype, device=hidden.device)
         for a in range(0, rows.numel(), chunk_size):
-            z = _chunk_logits(hidden, weight, bias, rows[a:a + chunk_size], temperature)
+            z = _chunk_logits(hidden, weight, bias, rows[a:a + chunk_size], softcap)[0].div_(temperature)
             c = z.shape[0]
             lse[a:a + c] = torch.logsumexp(z, dim=1)
             out[rows[a:a + c]] = z.gather(1, targets[a:a + c, None]).squeeze(1) - lse[a:a + c]
             del z
         ctx.save_for_backward(hidden, weight, bias, rows, targets, lse)
-        ctx.chunk_size, ctx.temperature = chunk_size, temperature
+        ctx.chunk_size, ctx.temperature, ctx.softcap = chunk_size, temperature, softcap
         return out
 
     @staticmethod
@@ -79,7 +69,7 @@ class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad):
         hidden, weight, bias, rows, targets, lse = ctx.saved_tensors
-        chunk, temperature = ctx.chunk_size, ctx.temperature
+        chunk, temperature, softcap = ctx.chunk_size, ctx.temperature, ctx.softcap
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = lse.dtype
         d_hidden = torch.zeros_like(hidden) if need_h else None
@@ -88,11 +78,14 @@ class _LinearLogProbs(torch.autograd.Function):
         g = grad.to(acc).index_select(0, rows)
         for a in range(0, rows.numel(), chunk):
             r = rows[a:a + chunk]
-            dz = _chunk_logits(hidden, weight, bias, r, temperature)
+            dz, t = _chunk_logits(hidden, weight, bias, r, softcap, keep_tanh=True)
             c = dz.shape[0]
-            dz.sub_(lse[a:a + c, None]).exp_().neg_()  # -softmax, in place of the logits
+            dz.div_(temperature).sub_(lse[a:a + c, None]).exp_().neg_()  # -softmax, in place of the logits
             dz[torch.arange(c, device=dz.device), targets[a:a + c]] += 1
             dz.mul_(g[a:a + c, None] / temperature)
+            if t is not None:
+                dz.mul_(t.mul_(t).neg_().add_(1))  # d cap*tanh(u/cap) / du = 1 - tanh^2
+                del t
             if need_b:
                 d_bias += dz.sum(0)
             dz = dz.to(hidden.dtype)
@@ -105,7 +98,7 @@ class _LinearLogProbs(torch.autograd.Function):
             d_weight = d_weight.to(weight.dtype)
         if need_b:
             d_bias = d_bias.to(bias.dtype)
-        return d_hidden, d_weight, d_bias, None, None, None, None
+        return d_hidden, d_weight, d_bias, None, None, None, None, None
 
 
 def cp_token_logprobs(
@@ -117,6 +110,7 @@ def cp_token_logprobs(
     bias: torch.Tensor | None = None,
     chunk_size: int = 4096,
     temperature: float = 1.0,
+    softcap: float | None = None,
     ignore_index: int = -100,
 ) -> torch.Tensor:
     """Each local target's log-probability: Note [vlmcp log-probs and per-sample sums under CP].
@@ -132,7 +126,10 @@ def cp_token_logprobs(
         weight: ``(vocab, H)`` the LM head's weight, to pass hidden states.
         bias: ``(vocab,)`` the head's bias, with ``weight``.
         chunk_size: target rows per chunk of logits (with ``weight``).
-        temperature: the logits are divided by it first (sampling temperature of RL rollouts).
+        temperature: the logits are divided by it (the sampling temperature of RL rollouts).
+        softcap: with ``weight``, ``cap``: the head's logits are ``cap * tanh(z / cap)`` before the
+            temperature (Gemma-2-style final logit softcapping), as in
+            :func:`vlmcp.cp_linear_cross_entropy`; pass capped logits yourself otherwise.
         ignore_index: label value that is not a target.
 
     Returns:
@@ -143,7 +140,7 @@ def cp_token_logprobs(
         TypeError: ``group`` is neither a process group nor None; dtypes that differ or are not
             floating.
         ValueError: bad shapes, a target outside ``[0, vocab)``, ``chunk_size < 1``,
-            ``temperature <= 0``.
+            ``temperature <= 0``, ``softcap <= 0`` or a softcap given with logits.
     """
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group must be a torch.distributed ProcessGroup (the CP group) or None, got "
@@ -161,8 +158,9 @@ def cp_token_logprobs(
         raise ValueError(f"labels must be in [0, {vocab}) or ignore_index={ignore_index}, got "
                          f"{targets[(targets < 0) | (targets >= vocab)][:5].tolist()}")
     if weight is None:
-        if bias is not None:
-            raise ValueError("bias is the LM head's: pass it with weight= (hidden states), not with logits")
+        if bias is not None or softcap is not None:
+            raise ValueError("bias and softcap are the LM head's: pass them with weight= (hidden states), "
+                             "not with logits")
         z = x.index_select(0, rows).to(_accumulation_dtype(x.dtype)) / float(temperature)
         picked = z.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(z, dim=1)
         return torch.zeros(x.shape[0], dtype=z.dtype, device=x.device).index_put((rows,), picked)
@@ -175,8 +173,11 @@ def cp_token_logprobs(
         raise TypeError(f"hidden, weight and bias must share one float dtype, got {sorted(map(str, dtypes))}")
     if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap must be > 0 or None, got {softcap!r}")
     with torch.autocast(x.device.type, enabled=False):
-        return _LinearLogProbs.apply(x, weight, bias, labels, rows, chunk_size, float(temperature))
+        return _LinearLogProbs.apply(x, weight, bias, labels, rows, chunk_size, float(temperature),
+                                     None if softcap is None else float(softcap))
 
 
 def per_sample_sum(values: torch.Tensor, shard: RankShard, group: dist.ProcessGroup | None) -> torch.Tensor:
