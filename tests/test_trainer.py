@@ -10,6 +10,8 @@ the DP=1 grid, the 2-process reference, the row guard, the refusals, SFTTrainer,
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -32,6 +34,9 @@ EXACT = 1e-12
 # rounding noise as its gradient, which AdamW divides by ~eps (1e-8): its updates differ by
 # ~1e-12 of the model's weight scale (measured: up to 2.9e-12) where every other weight agrees to 6e-14.
 WEIGHTS = 1e-10
+# parallelize/shard_inputs take a peft.PeftModel once issue 24 (branch finetune) is on main
+PEFT_READY = importlib.util.find_spec("vlmcp.hf.peft") is not None
+LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj", "qkv"]}
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +60,8 @@ def _case(files, name, arch, reference, cp_size=2, train=None, **options):
 def p2(files):
     out = str(files["root"] / "out")
     setup = {
-        "references": {arch: (files[arch], files["data"], out) for arch in ("qwen2_vl", "llava")},
+        "references": {arch: {"model_dir": files[arch], "data": files["data"], "out": out}
+                       for arch in ("qwen2_vl", "llava")},
         "cases": [_case(files, "qwen2_vl ring replicate, loss chunks of 8", "qwen2_vl", "qwen2_vl",
                         loss_chunk_size=8),
                   _case(files, "qwen2_vl ulysses hidden_shard auto", "qwen2_vl", "qwen2_vl",
@@ -68,6 +74,10 @@ def p2(files):
         "sft": {"model_dir": files["qwen2_vl"], "data": files["data"], "out": out, "steps": 8},
         "dpo": [("qwen2_vl", "ring", "logits"), ("qwen2_vl", "ulysses", "hidden")],
     }
+    if PEFT_READY:  # LoRA on the LLM's q/v and the ViT's qkv
+        setup["references"]["qwen2_vl lora"] = {**setup["references"]["qwen2_vl"], "lora": LORA}
+        setup["cases"].append({**_case(files, "qwen2_vl ring replicate lora", "qwen2_vl", "qwen2_vl lora"),
+                               "lora": LORA})
     return run_on_ranks(trainer_cases.p2_suite, 2, setup, timeout=540)[0]
 
 
@@ -90,6 +100,14 @@ def test_cptrainer_dp1_cp2_equals_plain_trainer_on_one_process(p2):
         _exact(row)
     qwen = p2["references"]["qwen2_vl"]
     assert min(qwen["grad_norms"]) > trainer_cases.TRAIN["max_grad_norm"]  # clipping acted, on the true norm
+
+
+@pytest.mark.skipif(not PEFT_READY, reason="parallelize/shard_inputs of a peft.PeftModel (issue 24, branch "
+                    "finetune) are not on main yet")
+def test_cptrainer_with_a_lora_peft_model_equals_plain_trainer(p2):
+    rows = [row for row in p2["cp"] if "lora" in row["case"]]
+    assert len(rows) == 1
+    _exact(rows[0])
 
 
 def test_cptrainer_dp2_cp2_equals_plain_trainer_on_two_processes(p4):

@@ -68,9 +68,10 @@ def _result(trainer) -> dict:
             "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def run_trainer(model_dir: str, data: str, out: str, cp: dict | None, **train):
+def run_trainer(model_dir: str, data: str, out: str, cp: dict | None, lora: dict | None = None, **train):
     """Train ``STEPS`` steps; ``cp=None``: plain ``Trainer`` (padded batches, the reference), else
-    ``CPTrainer(cp_size=cp["cp_size"], cp_options=CPOptions(**cp["options"]))`` on packed rows.
+    ``CPTrainer(cp_size=cp["cp_size"], cp_options=CPOptions(**cp["options"]))`` on packed rows;
+    ``lora``: a ``peft.LoraConfig``'s fields, the model wrapped by ``get_peft_model`` (seeded).
 
     Returns:
         ``(result, trainer)``: the logged losses and gradient norms and the final weights.
@@ -81,6 +82,11 @@ def run_trainer(model_dir: str, data: str, out: str, cp: dict | None, **train):
     from vlmcp.integrations.transformers import CPOptions, CPTrainer
 
     model, processor = load(model_dir)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(0)  # the same adapter weights in the reference and under CP
+        model = get_peft_model(model, LoraConfig(**lora)).to(torch.float64)
     dataset = ConversationDataset.from_files(data, processor, 512)
     args = TrainingArguments(output_dir=out, **{**TRAIN, **train})
     if cp is None:
@@ -196,7 +202,7 @@ def p2_suite(group: dist.ProcessGroup, setup: dict) -> dict:
 
     rank = dist.get_rank(group)
     runs = sorted(setup["references"].items())
-    mine = {name: run_trainer(*run, None)[0] for i, (name, run) in enumerate(runs) if i % 2 == rank}
+    mine = {name: run_trainer(cp=None, **run)[0] for i, (name, run) in enumerate(runs) if i % 2 == rank}
     gathered = [None, None]
     dist.all_gather_object(gathered, mine, group=group)
     references = {**gathered[0], **gathered[1]}
@@ -225,7 +231,7 @@ def p4_suite(group: dist.ProcessGroup, cases: list[dict], reference: dict) -> li
 def cp_case(group: dist.ProcessGroup, case: dict, reference: dict) -> dict:
     """One CPTrainer run (``case``: name, model_dir, data, out, cp, train overrides) against ``reference``."""
     result, trainer = run_trainer(case["model_dir"], case["data"], case["out"], case["cp"],
-                                  **case.get("train", {}))
+                                  lora=case.get("lora"), **case.get("train", {}))
     model = trainer.accelerator.unwrap_model(trainer.model)
     return {"case": case["name"], **compare(result, reference, group, model)}
 
