@@ -123,6 +123,10 @@ def test_row_guard_refuses_trainers_own_sampler_and_names_the_ranks(p2):
     assert "hold different rows" in p2["guard"][True] and p2["guard"][False] == ""  # off at parallelize
 
 
+def test_cptrainer_starts_every_rank_from_rank_0s_weights(p2):
+    assert p2["synced"]  # rank 1 loaded other weights
+
+
 def test_cptrainer_refuses_what_it_cannot_run_exactly(p2):
     words = {"cp_size": "does not divide the 2 processes", "compute_loss_func": "compute_loss_func",
              "hidden_shard_save": "save_strategy='no'", "label_smoothing": "label smoothing"}

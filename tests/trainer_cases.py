@@ -215,6 +215,7 @@ def p2_suite(group: dist.ProcessGroup, setup: dict) -> dict:
     out["ddp_reference"] = ddp_result if rank == 0 else None
     out["naive"] = naive_trainer_refused(group, **setup["naive"])
     out["guard"] = row_guard_messages(group)
+    out["synced"] = weights_synced(group, **setup["naive"])
     out["refusals"] = refusals(group, **setup["naive"])
     trainer_env(group)
     out["sft"] = sft_run(group, **setup["sft"])
@@ -283,3 +284,21 @@ def refusals(group: dist.ProcessGroup, model_dir: str, data: str, out: str) -> d
         except ValueError as err:
             messages[name] = str(err)
     return messages
+
+
+def weights_synced(group: dist.ProcessGroup, model_dir: str, data: str, out: str) -> bool:
+    """Ranks that loaded different weights start from rank 0's (as DDP's wrap would make them)."""
+    from transformers import TrainingArguments
+
+    from vlmcp.integrations.conversations import ConversationCollator, ConversationDataset
+    from vlmcp.integrations.transformers import CPTrainer
+
+    model, processor = load(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(dist.get_rank(group))
+    CPTrainer(model=model, args=TrainingArguments(output_dir=out, **TRAIN), cp_size=2,
+              train_dataset=ConversationDataset.from_files(data, processor, 512),
+              data_collator=ConversationCollator(processor))
+    reference, _ = load(model_dir)
+    return all(torch.equal(p, r) for p, r in zip(model.parameters(), reference.parameters(), strict=True))

@@ -16,8 +16,10 @@ method of its ``Accelerator`` instance replaced on that instance), and nothing e
     mixes them; measured: gradient error 2.3)      process_index=dp_rank); shard_inputs checks it
     DDP over D*P: averages the CP shares (loss/P), no DDP (accelerate prepares the model in
     broadcasts rank 0's weights at wrap time       evaluation mode: autocast and compile only);
-    (hidden_shard's slices: error 1.23), reduces   vlmcp.reduce_gradients after the step's last
-    during backward                                backward: sum over CP, mean over DP, by rule
+    (hidden_shard's slices: error 1.23), reduces   rank 0's weights broadcast once at set-up
+    during backward                                (hidden_shard's slices within each DP group);
+                                                   vlmcp.reduce_gradients after the step's last
+                                                   backward: sum over CP, mean over DP, by rule
     compute_loss: the model's loss of the batch    shard_inputs -> vlmcp.hf.causal_lm_loss (the
                                                    model's forward, the head chunked: never the
                                                    logits), scaled to sum / num_items_in_batch * D
@@ -94,6 +96,8 @@ class CPOptions:
 class _Mesh:
     """The DP x CP groups of this rank (None: one process, no group)."""
 
+    world: dist.ProcessGroup | None
+    """All of Trainer's processes (torch.distributed's default group: accelerate's)."""
     cp_group: dist.ProcessGroup | None
     dp_group: dist.ProcessGroup | None
     cp_size: int
@@ -119,10 +123,10 @@ def _build_mesh(cp_size: int) -> _Mesh:
     if world % cp_size:
         raise ValueError(f"cp_size={cp_size} does not divide the {world} processes of the run")
     if world == 1:
-        return _Mesh(cp_group=None, dp_group=None, cp_size=1, dp_size=1, dp_rank=0)
+        return _Mesh(world=None, cp_group=None, dp_group=None, cp_size=1, dp_size=1, dp_rank=0)
     cp_group, dp_group = dp_cp_groups(dist.group.WORLD, cp_size)
-    return _Mesh(cp_group=cp_group if cp_size > 1 else None, dp_group=dp_group, cp_size=cp_size,
-                 dp_size=world // cp_size, dp_rank=dist.get_rank(dp_group))
+    return _Mesh(world=dist.group.WORLD, cp_group=cp_group if cp_size > 1 else None, dp_group=dp_group,
+                 cp_size=cp_size, dp_size=world // cp_size, dp_rank=dist.get_rank(dp_group))
 
 
 def _prepare_data_loader_over_dp(accelerator, mesh_of, data_loader, device_placement=None,
@@ -187,6 +191,7 @@ class CPTrainerMixin:
         self._vlmcp_refuse()
         self._vlmcp_mesh = _build_mesh(cp_size)
         self._vlmcp_parallelize()
+        self._vlmcp_sync_weights()
         self.loss_is_scaled_for_ga = True  # normalized by the whole accumulated batch's targets
         self._vlmcp_logged: torch.Tensor | None = None
 
@@ -238,6 +243,24 @@ class CPTrainerMixin:
         vlmcp.hf.parallelize(self.accelerator.unwrap_model(self.model), self._vlmcp_mesh.cp_group,
                              attention=o.attention, vision_mode=o.vision_mode,
                              check_same_row=o.check_same_row)
+
+    def _vlmcp_sync_weights(self) -> None:
+        """Every rank starts from global rank 0's weights, as DDP's wrap makes it (one broadcast per
+        parameter, once); a PARTITIONED slice (hidden_shard) from the first DP replica of its CP rank."""
+        mesh = self._vlmcp_mesh
+        if mesh.dp_group is None:  # one process
+            return
+        from vlmcp.grads import GradRule, grad_rule, restore_grad_tags
+
+        model = self.accelerator.unwrap_model(self.model)
+        restore_grad_tags(model)
+        first_replica = dist.get_global_rank(mesh.dp_group, 0)
+        with torch.no_grad():
+            for p in model.parameters():
+                if grad_rule(p) is GradRule.PARTITIONED:
+                    dist.broadcast(p.data, src=first_replica, group=mesh.dp_group)
+                else:
+                    dist.broadcast(p.data, src=dist.get_global_rank(mesh.world, 0), group=mesh.world)
 
     # ---- what each step does ---------------------------------------------------------------
     def get_cp_size(self) -> int:
