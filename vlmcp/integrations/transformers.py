@@ -49,6 +49,12 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import finish_ddp_gradients, grad_norms, reduce_gradients
+from vlmcp.integrations.dp_world import (
+    Mesh,
+    build_mesh,
+    prepare_data_loader_over_dp,
+    prepare_model_without_ddp,
+)
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.layout.sample_placement import SamplePlacement
 from vlmcp.vision.placement import VisionMode
@@ -92,21 +98,6 @@ class CPOptions:
             raise ValueError(f"CPOptions.loss_chunk_size must be a positive int or None, got {chunk!r}")
 
 
-@dataclass(frozen=True, eq=False)
-class _Mesh:
-    """The DP x CP groups of this rank (None: one process, no group)."""
-
-    world: dist.ProcessGroup | None
-    """All of Trainer's processes (torch.distributed's default group: accelerate's)."""
-    cp_group: dist.ProcessGroup | None
-    dp_group: dist.ProcessGroup | None
-    cp_size: int
-    dp_size: int
-    dp_rank: int
-
-
-
-
 def _row_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
     """Next-token targets of a batch: each sample's labels but its first (HF's shift, per sample)."""
     if cu_seqlens is None:
@@ -114,48 +105,6 @@ def _row_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None) -> int:
     trained = labels.reshape(-1) != -100
     trained[cu_seqlens[:-1].long().to(trained.device)] = False
     return int(trained.sum())
-
-
-def _build_mesh(cp_size: int) -> _Mesh:
-    from vlmcp.train.groups import dp_cp_groups
-
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world % cp_size:
-        raise ValueError(f"cp_size={cp_size} does not divide the {world} processes of the run")
-    if world == 1:
-        return _Mesh(world=None, cp_group=None, dp_group=None, cp_size=1, dp_size=1, dp_rank=0)
-    cp_group, dp_group = dp_cp_groups(dist.group.WORLD, cp_size)
-    return _Mesh(world=dist.group.WORLD, cp_group=cp_group if cp_size > 1 else None, dp_group=dp_group,
-                 cp_size=cp_size, dp_size=world // cp_size, dp_rank=dist.get_rank(dp_group))
-
-
-def _prepare_data_loader_over_dp(accelerator, mesh_of, data_loader, device_placement=None,
-                                 slice_fn_for_dispatch=None):
-    """``Accelerator.prepare_data_loader`` with the DP replicas as the processes: every CP rank of a
-    replica gets the same batches (the same sampler seed, the same shard)."""
-    from accelerate.data_loader import prepare_data_loader
-
-    mesh = mesh_of()
-    if getattr(data_loader, "_is_accelerate_prepared", False):  # prepared here before (a second evaluate)
-        if data_loader not in accelerator._dataloaders:
-            accelerator._dataloaders.append(data_loader)
-        return data_loader
-    if device_placement is None:
-        device_placement = accelerator.device_placement
-    prepared = prepare_data_loader(
-        data_loader, accelerator.device, num_processes=mesh.dp_size, process_index=mesh.dp_rank,
-        split_batches=accelerator.split_batches, put_on_device=device_placement,
-        rng_types=accelerator.rng_types.copy(), dispatch_batches=False, even_batches=accelerator.even_batches,
-        slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=accelerator.use_seedable_sampler,
-        data_seed=accelerator.dataloader_config.data_seed, non_blocking=accelerator.non_blocking,
-        use_stateful_dataloader=accelerator.use_stateful_dataloader)
-    accelerator._dataloaders.append(prepared)
-    return prepared
-
-
-def _prepare_model_without_ddp(original, model, device_placement=None, evaluation_mode=False):
-    """accelerate's ``prepare_model`` without DDP: vlmcp reduces the gradients itself."""
-    return original(model, device_placement=device_placement, evaluation_mode=True)
 
 
 class CPTrainerMixin:
@@ -186,10 +135,10 @@ class CPTrainerMixin:
         if not isinstance(options, CPOptions):
             raise TypeError(f"cp_options must be a CPOptions, got {type(options).__name__}")
         self.cp_options = options
-        self._vlmcp_mesh: _Mesh | None = None
+        self._vlmcp_mesh: Mesh | None = None
         super().__init__(*args, **kwargs)
         self._vlmcp_refuse()
-        self._vlmcp_mesh = _build_mesh(cp_size)
+        self._vlmcp_mesh = build_mesh(cp_size)
         self._vlmcp_parallelize()
         self._vlmcp_sync_weights()
         self.loss_is_scaled_for_ga = True  # normalized by the whole accumulated batch's targets
@@ -200,9 +149,9 @@ class CPTrainerMixin:
         super().create_accelerator_and_postprocess()
         acc = self.accelerator
         mesh = lambda: self._vlmcp_mesh  # built after Trainer.__init__, read when a dataloader is made
-        acc.prepare_data_loader = functools.partial(_prepare_data_loader_over_dp, acc, mesh)
+        acc.prepare_data_loader = functools.partial(prepare_data_loader_over_dp, acc, mesh)
         if not self.is_fsdp_enabled:
-            acc.prepare_model = functools.partial(_prepare_model_without_ddp, acc.prepare_model)
+            acc.prepare_model = functools.partial(prepare_model_without_ddp, acc.prepare_model)
 
     def _vlmcp_refuse(self) -> None:
         args, mode = self.args, self.cp_options.vision_mode
