@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from vlmcp.comm import all_reduce_sum
 from vlmcp.layout import RankShard
-from vlmcp.loss.linear_cross_entropy import _FLOATS, _accumulation_dtype, _chunk_logits
+from vlmcp.loss.linear_cross_entropy import _FLOATS, _accumulation_dtype, _chunk_logits, chunked_head_backward
 
 __all__ = ["cp_token_logprobs", "per_sample_sum"]
 
@@ -69,36 +69,10 @@ class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad):
         hidden, weight, bias, rows, targets, lse = ctx.saved_tensors
-        chunk, temperature, softcap = ctx.chunk_size, ctx.temperature, ctx.softcap
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        acc = lse.dtype
-        d_hidden = torch.zeros_like(hidden) if need_h else None
-        d_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        d_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
-        g = grad.to(acc).index_select(0, rows)
-        for a in range(0, rows.numel(), chunk):
-            r = rows[a:a + chunk]
-            dz, t = _chunk_logits(hidden, weight, bias, r, softcap, keep_tanh=True)
-            c = dz.shape[0]
-            dz.div_(temperature).sub_(lse[a:a + c, None]).exp_().neg_()  # -softmax, in place of the logits
-            dz[torch.arange(c, device=dz.device), targets[a:a + c]] += 1
-            dz.mul_(g[a:a + c, None] / temperature)
-            if t is not None:
-                dz.mul_(t.mul_(t).neg_().add_(1))  # d cap*tanh(u/cap) / du = 1 - tanh^2
-                del t
-            if need_b:
-                d_bias += dz.sum(0)
-            dz = dz.to(hidden.dtype)
-            if need_h:
-                d_hidden.index_copy_(0, r, dz @ weight)
-            if need_w:
-                d_weight += (dz.t() @ hidden.index_select(0, r)).to(acc)
-            del dz
-        if need_w:
-            d_weight = d_weight.to(weight.dtype)
-        if need_b:
-            d_bias = d_bias.to(bias.dtype)
-        return d_hidden, d_weight, d_bias, None, None, None, None, None
+        row_grad = -grad.to(lse.dtype).index_select(0, rows)  # log p_i = -CE_i
+        grads = chunked_head_backward(hidden, weight, bias, rows, targets, lse, row_grad,
+                                      ctx.needs_input_grad[:3], ctx.chunk_size, ctx.softcap, ctx.temperature)
+        return (*grads, None, None, None, None, None)
 
 
 def cp_token_logprobs(
