@@ -50,6 +50,8 @@ class HFParallel:
     """The architecture's adapter."""
     dummy_vision: bool | None
     """Run the ViT on a blank image for rows without images: True, False, or None = when FSDP-sharded."""
+    check_same_row: bool = True
+    """``shard_inputs``' row guard by default (Note [vlmcp row guard: one row per CP group])."""
 
     def __deepcopy__(self, memo):
         return self
@@ -72,6 +74,7 @@ def parallelize(
     *,
     src: int = 0,
     dummy_vision: bool | None = None,
+    check_same_row: bool = True,
 ) -> nn.Module:
     """Run ``model``'s language model under context parallelism over ``cp_group`` (in place).
 
@@ -91,6 +94,10 @@ def parallelize(
         dummy_vision: on rows without an image, run the ViT on one blank image so every
             vision parameter gets a (zero) gradient, which FSDP/DDP over DP x CP need; None
             (default) does so when the model is FSDP-sharded at ``shard_inputs`` time.
+        check_same_row: :func:`vlmcp.hf.shard_inputs` checks by default that every rank of
+            the CP group holds the same row (one all-gather of 32 bytes per rank per call:
+            Note [vlmcp row guard: one row per CP group]); False turns it off for this
+            model once the loader is trusted (each call can still override it).
 
     Returns:
         ``model``.
@@ -118,6 +125,8 @@ def parallelize(
             f"vision_mode={vision_mode!r} needs a vlmcp adapter that names the ViT call and the projector's "
             f"last Linear; {type(model).__name__} (model_type={model.config.model_type!r}) supports "
             f"{adapter.vision_modes}")
+    if not isinstance(check_same_row, bool):
+        raise TypeError(f"check_same_row must be True or False, got {check_same_row!r}")
     if cp_group is not None and not isinstance(cp_group, dist.ProcessGroup):
         raise TypeError(f"cp_group must be a ProcessGroup or None, got {type(cp_group).__name__}")
     world = 1 if cp_group is None else dist.get_world_size(cp_group)
@@ -146,5 +155,6 @@ def parallelize(
     model.set_attn_implementation({"text_config": hf_attention.ATTN_NAME})
     place_hf_vision(model, adapter, vision_mode, cp_group, src)
     setattr(model, _ATTR, HFParallel(group=cp_group, cp_size=world, attention=attention,
-                                     vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision))
+                                     vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision,
+                                     check_same_row=check_same_row))
     return model

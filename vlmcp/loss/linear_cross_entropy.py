@@ -100,38 +100,54 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad):
         hidden, weight, bias, rows, targets, lse = ctx.saved_tensors
-        chunk, softcap = ctx.chunk_size, ctx.softcap
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        acc = lse.dtype
-        d_hidden = torch.zeros_like(hidden) if need_h else None
-        d_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        d_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
-        g = grad.to(acc)
-        for a in range(0, rows.numel(), chunk):
-            r = rows[a:a + chunk]
-            dz, t = _chunk_logits(hidden, weight, bias, r, softcap, keep_tanh=True)
-            c = dz.shape[0]
-            dz.sub_(lse[a:a + c, None]).exp_()  # softmax, in place of the logits
-            dz[torch.arange(c, device=dz.device), targets[a:a + c]] -= 1
-            dz.mul_(g)
-            if t is not None:
-                dz.mul_(t.mul_(t).neg_().add_(1))  # d cap*tanh(u/cap) / du = 1 - tanh^2
-                del t
-            if need_b:
-                d_bias += dz.sum(0)
-            dz = dz.to(hidden.dtype)
-            if need_h:
-                d_hidden.index_copy_(0, r, dz @ weight)
-            if need_w and dz.dtype == acc:
-                d_weight.addmm_(dz.t(), hidden.index_select(0, r))
-            elif need_w:  # a 16-bit matmul (fp32 inside the GEMM), accumulated over chunks in fp32
-                d_weight += (dz.t() @ hidden.index_select(0, r)).to(acc)
-            del dz
-        if need_w:
-            d_weight = d_weight.to(weight.dtype)
+        row_grad = grad.to(lse.dtype).expand(rows.numel())  # d loss / d CE_i = g for every target row
+        grads = chunked_head_backward(hidden, weight, bias, rows, targets, lse, row_grad,
+                                      ctx.needs_input_grad[:3], ctx.chunk_size, ctx.softcap)
+        return (*grads, None, None, None, None)
+
+
+def chunked_head_backward(hidden, weight, bias, rows, targets, lse, row_grad, needs, chunk, softcap,
+                          temperature=1.0):
+    """``(d_hidden, d_weight, d_bias)`` of ``sum_i row_grad_i * CE_i`` over the target ``rows``, the
+    logits of each chunk recomputed (Note [vlmcp chunked linear cross-entropy]).
+
+    ``CE_i = lse_i - z_i[target]``, ``z = cap(hidden @ weight.T + bias) / temperature``, so
+    ``dz = row_grad_i * (softmax(z_i) - onehot(target)) / temperature`` (times ``1 - tanh^2``
+    under a softcap). The log-probs of :func:`vlmcp.cp_token_logprobs` are ``-CE_i``: their
+    backward is this one with ``row_grad = -grad``. ``needs``: which of the three to compute.
+    """
+    need_h, need_w, need_b = needs
+    acc = lse.dtype
+    d_hidden = torch.zeros_like(hidden) if need_h else None
+    d_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+    d_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+    for a in range(0, rows.numel(), chunk):
+        r = rows[a:a + chunk]
+        dz, t = _chunk_logits(hidden, weight, bias, r, softcap, keep_tanh=True)
+        c = dz.shape[0]
+        if temperature != 1.0:
+            dz.div_(temperature)
+        dz.sub_(lse[a:a + c, None]).exp_()  # softmax, in place of the logits
+        dz[torch.arange(c, device=dz.device), targets[a:a + c]] -= 1
+        dz.mul_(row_grad[a:a + c, None] if temperature == 1.0 else row_grad[a:a + c, None] / temperature)
+        if t is not None:
+            dz.mul_(t.mul_(t).neg_().add_(1))  # d cap*tanh(u/cap) / du = 1 - tanh^2
+            del t
         if need_b:
-            d_bias = d_bias.to(bias.dtype)
-        return d_hidden, d_weight, d_bias, None, None, None, None
+            d_bias += dz.sum(0)
+        dz = dz.to(hidden.dtype)
+        if need_h:
+            d_hidden.index_copy_(0, r, dz @ weight)
+        if need_w and dz.dtype == acc:
+            d_weight.addmm_(dz.t(), hidden.index_select(0, r))
+        elif need_w:  # a 16-bit matmul (fp32 inside the GEMM), accumulated over chunks in fp32
+            d_weight += (dz.t() @ hidden.index_select(0, r)).to(acc)
+        del dz
+    if need_w:
+        d_weight = d_weight.to(weight.dtype)
+    if need_b:
+        d_bias = d_bias.to(bias.dtype)
+    return d_hidden, d_weight, d_bias
 
 
 def cp_linear_cross_entropy(
