@@ -89,7 +89,8 @@ def environment() -> list[str]:
 def run_tests(timeout: int) -> tuple[bool, list[str]]:
     """``pytest -m gpu`` on the CUDA tests; returns (passed, report lines)."""
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider",
-           "tests/test_cuda_review.py", "tests/test_attention_kernels.py", "tests/test_gdn_kernels.py"]
+           "tests/test_cuda_review.py", "tests/test_attention_kernels.py", "tests/test_gdn_kernels.py",
+           "tests/test_linear_cross_entropy.py"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

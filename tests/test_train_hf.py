@@ -122,6 +122,7 @@ def _check_trained(summary, index, cfg):
 @needs_hf_cp
 def test_llava_cp2_learns_and_saves_what_it_trained(llava_run):
     summary, index, cfg = llava_run
+    assert cfg.loss == "chunked"  # the default: vlmcp.hf.causal_lm_loss, never the full logits
     _check_trained(summary, index, cfg)
     assert summary["loss_curve"] and os.path.getsize(summary["loss_curve"]) > 0
     assert summary["tokens"] == sum(json.loads(line)["tokens"] for line in open(cfg.metrics_jsonl))
@@ -131,7 +132,8 @@ def test_llava_cp2_learns_and_saves_what_it_trained(llava_run):
 @pytest.mark.parametrize("arch, options", [
     # the saved projector is gathered from its slices; every conversation whole on one rank
     ("qwen2_vl", dict(vision_mode="hidden_shard", sample_placement="whole")),
-    ("qwen2_5_vl", dict(attention="ulysses", vision_mode="allreduce_hook", activation_checkpointing=True)),
+    ("qwen2_5_vl", dict(attention="ulysses", vision_mode="allreduce_hook", activation_checkpointing=True,
+                        offload_activations=True)),
 ])
 def test_qwen_cp2_learns_and_saves_what_it_trained(models, data, tmp_path, arch, options):
     cfg = _config(models[arch], data, tmp_path, cp=2, **options)
@@ -196,7 +198,8 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
 def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path):
     first = _config(models["llava"], data, tmp_path, cp=2, steps=2, checkpoint_every=2)
     _run(first, 2)
-    again = _config(models["llava"], data, tmp_path, cp=1, resume=True)  # layout-free checkpoint
+    # layout-free checkpoint; the full-logits loss continues the chunked run's (the default) exactly
+    again = _config(models["llava"], data, tmp_path, cp=1, resume=True, loss="full")
     summary, _ = _run(again, 1)
     assert summary["start_step"] == 2
     torch.testing.assert_close(summary["losses"], llava_run[0]["losses"][2:], rtol=1e-5, atol=1e-5)
@@ -206,6 +209,7 @@ def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path
 def test_joins_a_torchrun_launch(llava_run, models, data, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     args = [a if a != str(STEPS) else "3" for a in _args(models["llava"], data, tmp_path)]
+    args += ["--offload-activations", "--loss-chunk-size", "16"]  # both exact: the same losses
     proc = subprocess.run([*torchrun, "-m", "vlmcp", "train", *args], capture_output=True, text=True,
                           timeout=200, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -280,6 +284,18 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
     assert _error(capsys, base(data, blocker / "out")).startswith("vlmcp train: error: --output-dir ")
     assert "--model" in _error(capsys, ["--data", str(data)])
     assert "needs --model" in _error(capsys, ["--fsdp"])
+    for flags in (["--offload-activations"], ["--loss", "full"], ["--loss-chunk-size", "8"]):
+        assert "needs --model" in _error(capsys, flags)
+    zero = base(data) + ["--loss-chunk-size", "0"]
+    assert "--loss-chunk-size must be an integer >= 1" in _error(capsys, zero)
+    import contextlib
+    import io
+
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
+        main(["train", "--help"])
+    for flag in ("--loss {chunked,full}", "--loss-chunk-size N", "--offload-activations"):
+        assert flag in help_text.getvalue()
     assert "not a model directory" in _error(capsys, ["--model", str(tmp_path), "--data", str(data),
                                                       "--output-dir", str(tmp_path / "o")])
 

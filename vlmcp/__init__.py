@@ -20,7 +20,11 @@ The data flow, one entry point per step:
    reference model that does all of this).
 4. :func:`cp_attention`: exact attention over the whole row, ring, Ulysses or both (USP);
    :func:`reference_attention` is the dense single-process ground truth.
-5. :func:`cp_cross_entropy`: the rank's loss share, normalized over the CP group.
+5. :func:`cp_cross_entropy`: the rank's loss share, normalized over the CP group;
+   :func:`cp_linear_cross_entropy` computes the LM head and that loss a chunk of tokens at
+   a time, never the ``N x V`` logits;
+   :func:`cp_token_logprobs` and :func:`per_sample_sum`: per-token log-probs and per-sample
+   sums over the whole row, for RL and preference losses.
 6. :func:`reduce_gradients`: per-rank shares -> exact gradients (sum over CP, mean
    over DP, each parameter by its rule).
 
@@ -45,7 +49,7 @@ from vlmcp.layout import (
     shift_labels,
     unshard,
 )
-from vlmcp.loss import CPLoss, cp_cross_entropy
+from vlmcp.loss import CPLoss, cp_cross_entropy, cp_linear_cross_entropy, cp_token_logprobs, per_sample_sum
 from vlmcp.models import VLM, VLMConfig, merge_embeddings
 from vlmcp.vision import VisionConfig, VisionEncoder, check_images_match, place_vision
 
@@ -57,7 +61,8 @@ __all__ = [
     "IGNORE_INDEX", "VLM", "CPLoss", "CPPlan", "CostModel", "GradRule", "RankShard", "TokenKind",
     "VLMConfig", "VisionConfig", "VisionEncoder", "WorkReport", "attended_pairs",
     "check_images_match", "choose_image_strategy", "cp_attention", "cp_cross_entropy",
-    "ddp_ignored_params", "finish_ddp_gradients", "merge_embeddings", "mrope_position_ids",
-    "place_vision", "plan_cp", "position_ids", "reduce_gradients", "reference_attention",
+    "cp_linear_cross_entropy", "cp_token_logprobs", "ddp_ignored_params", "finish_ddp_gradients",
+    "merge_embeddings", "mrope_position_ids", "per_sample_sum", "place_vision", "plan_cp", "position_ids",
+    "reduce_gradients", "reference_attention",
     "shift_labels", "unshard", "varlen_attention",
 ]

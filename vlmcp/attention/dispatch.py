@@ -159,12 +159,25 @@ def cp_attention(
             sliding layers (transformers' ``sliding_window_overlay``). ``"ring"`` and
             ``"ulysses"``; ring blocks wholly outside the window are skipped. None: none.
 
+    Under ``torch.autocast`` q, k and v are cast to the autocast dtype on entry (HF's rotary
+    embedding leaves q and k in float32 while v comes from a bf16 projection) and the attention
+    runs without autocast inside: merges stay in float32, the output is in the autocast dtype.
+
     Returns:
         ``out (N, H, Dv)`` in q's dtype, or ``(out, lse)`` with ``return_lse``.
 
     Raises:
         ValueError, TypeError: bad input, raised before any communication.
     """
+    device = q.device.type if isinstance(q, torch.Tensor) else None
+    if device is not None and torch.is_autocast_enabled(device):
+        low = torch.get_autocast_dtype(device)
+        q, k, v = (x.to(low) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                   for x in (q, k, v))
+        with torch.autocast(device, enabled=False):
+            return cp_attention(q, k, v, shard, group, backend, image_attention, softmax_scale,
+                                return_lse=return_lse, kernel=kernel, ulysses_size=ulysses_size,
+                                sliding_window=sliding_window)
     scale = _check(q, k, v, shard, group, backend, image_attention, softmax_scale, ulysses_size)
     window = _check_window(sliding_window, backend)
     groups = _usp_groups(group, ulysses_size) if backend == "usp" else None

@@ -26,6 +26,7 @@ _HELP = {
                  "replicate/shard/auto",
     "hf-vision": "a HF Qwen2-VL/Qwen3-VL/Qwen3.5 ViT time per rank for one long video, replicate "
                  "against scatter",
+    "hf-loss": "what a HF Qwen2-VL's LM head and loss save at a real vocabulary: full logits against chunked",
 }
 
 

@@ -62,6 +62,15 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
                    help="FSDP2 over the DP x CP ranks (loss scaled by P), sharded checkpoints")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each decoder block in backward")
+    g.add_argument("--offload-activations", action="store_true",
+                   help="keep the tensors saved for backward (with --activation-checkpointing: the blocks' "
+                        "inputs) in pinned CPU memory until backward; exact")
+    g.add_argument("--loss", choices=("chunked", "full"), default="chunked",
+                   help="chunked (default): the LM head and the cross-entropy --loss-chunk-size target "
+                        "tokens at a time, never the tokens x vocab logits; full: the model's logits "
+                        "(for comparison)")
+    g.add_argument("--loss-chunk-size", type=int, default=4096, metavar="N",
+                   help="target tokens per chunk of logits of --loss chunked (default 4096)")
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
     add_video_arguments(p.add_argument_group(
         "videos (with --model)", "How a video becomes frames, as the model's own processor samples them "
@@ -75,7 +84,11 @@ def check_reference_args(args: argparse.Namespace) -> None:
     for flag in ("image_root", "nan_at_step"):
         if getattr(args, flag) is not None:
             raise ValueError(f"--{flag.replace('_', '-')} needs --model")
-    for flag in ("strict", "fsdp", "activation_checkpointing"):
+    for flag, default in (("loss", "chunked"), ("loss_chunk_size", 4096)):
+        if getattr(args, flag) != default:
+            raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM always computes "
+                             "its head and loss a chunk of tokens at a time)")
+    for flag in ("strict", "fsdp", "activation_checkpointing", "offload_activations"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
     if video_sampling(args) != VideoSampling():
@@ -91,7 +104,8 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
         if getattr(args, name) != getattr(defaults, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
     fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy", "steps",
-              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "checkpoint_dir",
+              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "offload_activations",
+              "loss", "loss_chunk_size", "checkpoint_dir",
               "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
     return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
                          video=video_sampling(args), **{f: getattr(args, f) for f in fields})

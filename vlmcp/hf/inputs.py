@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlmcp.hf import row_guard
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
@@ -70,6 +71,8 @@ _UNHANDLED_WHY = {
     "inputs_embeds": "vlmcp shards input_ids, and HF's merge runs on the local row",
     "cross_attention_mask": "cross-attention to the images (Mllama)",
     "aspect_ratio_ids": "tiled images of a cross-attention model (Mllama)",
+    "input_features": "audio features (Nemotron-H-Omni's Parakeet encoder), which vlmcp does not place",
+    "input_features_mask": "the padding mask of audio features (Nemotron-H-Omni)",
 }
 
 
@@ -157,6 +160,8 @@ def shard_inputs(
     cu_seqlens: torch.Tensor | None = None,
     sample_placement: SamplePlacement = "split",
     image_strategy: ImageStrategy | Literal["auto"] = "replicate",
+    *,
+    check_same_row: bool | None = None,
 ) -> HFBatch:
     """This rank's inputs, targets and shard for one (packed) processor row.
 
@@ -186,6 +191,11 @@ def shard_inputs(
             visual tokens it holds) or ``"auto"`` (the default :class:`~vlmcp.CostModel`
             prices both layouts of the row and keeps the cheaper: one decision per row,
             not per image), as :func:`vlmcp.plan_cp`.
+        check_same_row: check that every rank of ``cp_group`` holds this same row (one
+            all-gather of 32 bytes per rank, after the local checks and before any other
+            collective: Note [vlmcp row guard: one row per CP group]); None (default): as
+            :func:`vlmcp.hf.parallelize` set it for the model (on unless turned off there).
+            Turn it off once a loader is trusted to give the CP group one row.
 
     Returns:
         :class:`HFBatch` with ``model_inputs``, ``labels`` and ``shard``.
@@ -202,11 +212,14 @@ def shard_inputs(
             sharded visual tokens of a row with images on a model without a vlmcp adapter
             (all before any communication).
         NotImplementedError: videos for an architecture whose adapter takes none.
+        ValueError: (the row guard, on every rank) the ranks of ``cp_group`` hold different
+            rows; the message names which ranks hold which.
     """
     state = parallel_state(model)
     _check_call(state, cp_group, inputs, sample_placement, image_strategy)
     row = _read_row(model, state.adapter, inputs, labels, cu_seqlens)
     _check_layout(model, state, row, sample_placement, image_strategy)
+    _check_same_row(state, row, check_same_row)
     rank = 0 if cp_group is None else dist.get_rank(cp_group)
     plan = plan_cp(row.visuals.visual, state.cp_size, row.cu, image_strategy=image_strategy,
                    image_ids=row.visuals.unit_ids, sample_placement=sample_placement)
@@ -323,6 +336,17 @@ def _check_layout(model: nn.Module, state, row: _Row, sample_placement, image_st
         raise ValueError(f"image_strategy={image_strategy!r} with images needs a vlmcp adapter (the vision "
                          "wrapper gives each rank the features of the image tokens it holds); this model has "
                          "none: use image_strategy='replicate' or register one (vlmcp.hf.register_adapter)")
+
+
+def _check_same_row(state, row: _Row, check: bool | None) -> None:
+    """The row guard: every rank of the CP group holds this row (one all-gather; Note [vlmcp row guard:
+    one row per CP group]). Runs after every local check, so a row every rank holds fails on every rank
+    before it, and before any other collective."""
+    if not (state.check_same_row if check is None else check) or state.group is None or state.cp_size == 1:
+        return
+    tensors = {"input_ids": row.ids, "labels": row.labels, "cu_seqlens": row.cu, **row.per_token,
+               **row.pixels, **row.videos}
+    row_guard.check_same_row(tensors, row.ids.numel(), row.cu.numel() - 1, state.group)
 
 
 def _positions(model: nn.Module, adapter: HFAdapter, row: _Row) -> torch.Tensor:

@@ -7,8 +7,9 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 before any communication, the token-mixer audit included (Note [vlmcp HF token
 mixers]): a language model with anything mixing tokens but softmax attention and the
 mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.mixers.gdn`; LFM2's short
-convolutions, :mod:`vlmcp.hf.mixers.short_conv`; sliding-window attention whose module carries its
-``sliding_window``, Gemma 3) is refused, module by module (Mamba, chunked attention...).
+convolutions, :mod:`vlmcp.hf.mixers.short_conv`; Nemotron-H's Mamba-2, :mod:`vlmcp.hf.mixers.mamba2`;
+sliding-window attention whose module carries its ``sliding_window``, Gemma 3) is refused, module
+by module (other Mamba classes, chunked attention...).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
 from vlmcp.hf.mixers import gdn as hf_gdn
+from vlmcp.hf.mixers import mamba2 as hf_mamba2
 from vlmcp.hf.mixers import short_conv as hf_short_conv
 from vlmcp.hf.mixers.audit import audit_token_mixers
 from vlmcp.hf.vision import place_hf_vision
@@ -48,6 +50,8 @@ class HFParallel:
     """The architecture's adapter."""
     dummy_vision: bool | None
     """Run the ViT on a blank image for rows without images: True, False, or None = when FSDP-sharded."""
+    check_same_row: bool = True
+    """``shard_inputs``' row guard by default (Note [vlmcp row guard: one row per CP group])."""
 
     def __deepcopy__(self, memo):
         return self
@@ -70,6 +74,7 @@ def parallelize(
     *,
     src: int = 0,
     dummy_vision: bool | None = None,
+    check_same_row: bool = True,
 ) -> nn.Module:
     """Run ``model``'s language model under context parallelism over ``cp_group`` (in place).
 
@@ -89,6 +94,10 @@ def parallelize(
         dummy_vision: on rows without an image, run the ViT on one blank image so every
             vision parameter gets a (zero) gradient, which FSDP/DDP over DP x CP need; None
             (default) does so when the model is FSDP-sharded at ``shard_inputs`` time.
+        check_same_row: :func:`vlmcp.hf.shard_inputs` checks by default that every rank of
+            the CP group holds the same row (one all-gather of 32 bytes per rank per call:
+            Note [vlmcp row guard: one row per CP group]); False turns it off for this
+            model once the loader is trusted (each call can still override it).
 
     Returns:
         ``model``.
@@ -98,7 +107,8 @@ def parallelize(
             without an adapter, heads not divisible by P for Ulysses, a projector width not
             divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
             already, or a token mixer vlmcp does not run under CP (linear attention other than
-            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba, chunked windows,
+            Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba other than Nemotron-H's
+            Mamba-2, chunked windows,
             sliding windows HF's mask alone applies, sinks, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
@@ -115,6 +125,8 @@ def parallelize(
             f"vision_mode={vision_mode!r} needs a vlmcp adapter that names the ViT call and the projector's "
             f"last Linear; {type(model).__name__} (model_type={model.config.model_type!r}) supports "
             f"{adapter.vision_modes}")
+    if not isinstance(check_same_row, bool):
+        raise TypeError(f"check_same_row must be True or False, got {check_same_row!r}")
     if cp_group is not None and not isinstance(cp_group, dist.ProcessGroup):
         raise TypeError(f"cp_group must be a ProcessGroup or None, got {type(cp_group).__name__}")
     world = 1 if cp_group is None else dist.get_world_size(cp_group)
@@ -133,7 +145,8 @@ def parallelize(
             raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
                              f"but {out} is not divisible by P={world}")
     submodule(model, adapter.language_model)  # names the architecture if the path is wrong
-    for mixer_implementation in (hf_gdn, hf_short_conv):  # Qwen3.5's Gated DeltaNet, LFM2's short conv
+    # Qwen3.5's Gated DeltaNet, LFM2's short conv, Nemotron-H's Mamba-2
+    for mixer_implementation in (hf_gdn, hf_short_conv, hf_mamba2):
         mixer_implementation.register()  # classes of loaded transformers modules only: imports nothing
     mixers = audit_token_mixers(model, adapter.language_model)
     for mixer in mixers:
@@ -142,5 +155,6 @@ def parallelize(
     model.set_attn_implementation({"text_config": hf_attention.ATTN_NAME})
     place_hf_vision(model, adapter, vision_mode, cp_group, src)
     setattr(model, _ATTR, HFParallel(group=cp_group, cp_size=world, attention=attention,
-                                     vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision))
+                                     vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision,
+                                     check_same_row=check_same_row))
     return model

@@ -135,6 +135,8 @@ class HFVisionPlacement:
     """Width of the features (the LLM hidden size)."""
     levels: int
     """Feature levels: the main features and the adapter's deepstack levels."""
+    vision_paths: tuple[str, ...]
+    """The model's vision modules (:meth:`HFAdapter.vision_module_paths`), relative to the base model."""
 
     def __deepcopy__(self, memo):
         return self  # read-only; a copied model shares the CP group
@@ -206,7 +208,7 @@ def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
         return run(select(index)) if index else empty(0)  # an empty part still joins the gather
 
     emb = placed_features(pl.mode, pl.group, units, run_units, empty, src=pl.src,
-                          requires_grad=_vision_needs_grad(self, adapter))
+                          requires_grad=_vision_needs_grad(self, pl))
     partial = ctx is not None and (ctx.shard.plan.sample_placement != "split"
                                    or ctx.shard.image_strategy == "shard")
     if partial:  # this rank's input_ids hold only some visual tokens: their rows, in order
@@ -256,13 +258,12 @@ def _projector_last(base: nn.Module, pl: HFVisionPlacement) -> nn.Module:
     return submodule(base, pl.adapter.projector_last.removeprefix(pl.adapter.base_model + "."))
 
 
-def _vision_needs_grad(base: nn.Module, adapter: HFAdapter) -> bool:
+def _vision_needs_grad(base: nn.Module, pl: HFVisionPlacement) -> bool:
     """Whether the vision side's output requires grad, from the vision parameters alone (the same on
     every rank): a frozen ViT and projector under a trained LLM need no dual (no rank waits for one)."""
-    prefix = adapter.base_model + "."
-    params = [p for path in adapter.vision_modules
-              for p in submodule(base, path.removeprefix(prefix)).parameters()]
-    params += [base.get_parameter(path.removeprefix(prefix)) for path in adapter.vision_params]
+    prefix = pl.adapter.base_model + "."
+    params = [p for path in pl.vision_paths for p in submodule(base, path).parameters()]
+    params += [base.get_parameter(path.removeprefix(prefix)) for path in pl.adapter.vision_params]
     return torch.is_grad_enabled() and any(p.requires_grad for p in params)
 
 
@@ -301,7 +302,8 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
     """
     world = 1 if group is None else dist.get_world_size(group)
     base = submodule(model, adapter.base_model)
-    modules = [submodule(model, p) for p in adapter.vision_modules]
+    paths = adapter.vision_module_paths(model)
+    modules = [submodule(model, p) for p in paths]
     rule = mode_rule(mode)
     for m in modules:
         for p in m.parameters():
@@ -325,7 +327,9 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
         originals["video"] = type(base).get_video_features
     setattr(base, _ATTR, HFVisionPlacement(mode=mode, group=group, src=src, adapter=adapter,
                                            originals=MappingProxyType(originals), out_dim=out_dim,
-                                           levels=1 + len(deepstack)))
+                                           levels=1 + len(deepstack),
+                                           vision_paths=tuple(p.removeprefix(adapter.base_model + ".")
+                                                              for p in paths)))
     base.get_image_features = types.MethodType(_placed_image_features, base)
     if adapter.takes_videos:
         base.get_video_features = types.MethodType(_placed_video_features, base)

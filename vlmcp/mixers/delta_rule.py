@@ -53,6 +53,7 @@ import torch
 from torch.nn import functional as F
 
 from vlmcp.attention.merge import accumulator_dtype  # float32, or float64 for float64 inputs
+from vlmcp.mixers.chunks import chunk_layout, from_chunks, to_chunks
 
 __all__ = ["KERNELS", "SegmentMaps", "accumulator_dtype", "chunk_gated_delta_rule", "segment_maps",
            "select_kernel"]
@@ -125,22 +126,6 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def _chunk_layout(cu: torch.Tensor, chunk: int):
-    """Per chunk of the packed row: its segment, whether it is the segment's first/last, its token rows.
-
-    Returns ``(seg (C,), first (C,), last (C,), rows (C, chunk))``; ``rows`` holds token
-    indices, ``T`` (a zero row) past a segment's end.
-    """
-    lens = cu[1:] - cu[:-1]
-    n = (lens + chunk - 1) // chunk
-    seg = torch.repeat_interleave(torch.arange(lens.numel()), n)
-    start_chunk = torch.cumsum(n, 0) - n
-    within = torch.arange(seg.numel()) - start_chunk[seg]
-    rows = (cu[:-1][seg] + within * chunk)[:, None] + torch.arange(chunk)[None]
-    rows = torch.where(rows < cu[1:][seg][:, None], rows, int(cu[-1]))
-    return seg, within == 0, within == n[seg] - 1, rows
-
-
 def chunk_gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     cu_seqlens: torch.Tensor, initial_state: torch.Tensor | None = None, *, chunk_size: int = 64,
@@ -179,16 +164,12 @@ def chunk_gated_delta_rule(
     q = q * (K ** -0.5 if scale is None else scale)
     state0 = (torch.zeros(S, Hv, K, V, dtype=acc, device=v.device) if initial_state is None
               else initial_state.to(acc))
-    seg, first, last, rows = _chunk_layout(cu, chunk_size)
+    seg, first, last, rows = chunk_layout(cu, chunk_size)
     C = seg.numel()
     if C == 0:
         return v.new_zeros((T, Hv, V), dtype=out_dtype), state0
-
-    def chunked(x):  # (T, Hv, *) -> (Hv, C, chunk, *), zero rows past each segment's end
-        padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, 1))
-        return padded[rows.to(x.device)].movedim(2, 0)
-
-    q, k, v, g, beta = (chunked(x) for x in (q, k, v, g, beta))
+    # (T, Hv, *) -> (Hv, C, chunk, *), zero rows past each segment's end
+    q, k, v, g, beta = (to_chunks(x, rows).movedim(2, 0) for x in (q, k, v, g, beta))
     upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).triu(1)
     gc = g.cumsum(-1)  # (Hv, C, chunk): log decay from the chunk start, inclusive
     decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(upper, float("-inf")).exp()
@@ -218,8 +199,7 @@ def chunk_gated_delta_rule(
         state = state * cd + kd.transpose(-1, -2) @ v_new
         if last_l[c]:
             finals[seg_l[c]] = state
-    out = torch.stack(outs, 1).movedim(0, 2).reshape(C * chunk_size, Hv, V)
-    out = out[(rows.flatten() < T).to(out.device)]
+    out = from_chunks(torch.stack(outs, 1).movedim(0, 2), rows, T)
     return out.to(out_dtype), torch.stack(finals, 0)
 
 

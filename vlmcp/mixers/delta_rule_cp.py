@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from vlmcp.layout.plan import RankShard
 from vlmcp.mixers.delta_rule import accumulator_dtype, segment_maps
-from vlmcp.mixers.segments import segment_layout
+from vlmcp.mixers.segments import incoming_states, segment_layout
 from vlmcp.mixers.state_exchange import exchange_maps
 
 __all__ = ["gated_delta_rule_cp"]
@@ -81,16 +81,8 @@ def gated_delta_rule_cp(
     sm = segment_maps(*(x.index_select(0, valid) for x in (q, k, v, g, beta)), layout.local_cu, layout.fresh,
                       chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm, kernel=kernel)
     gathered = exchange_maps(sm.maps.index_select(0, layout.export.to(v.device)), layout, group)
-    incoming: dict[int, torch.Tensor] = {}
-    for steps in layout.scan:
-        state = None
-        for i, step in enumerate(steps):
-            if step.reads >= 0:
-                incoming[step.reads] = state
-            if i == len(steps) - 1:
-                break
-            m = gathered[step.index] if step.gathered else sm.maps[step.index]
-            state = m[..., K:] if state is None else m[..., :K] @ state + m[..., K:]
+    incoming = incoming_states(layout, sm.maps, gathered, lambda m: m[..., K:],
+                               lambda m, state: m[..., :K] @ state + m[..., K:])
     cu = layout.local_cu.tolist()
     pieces = []
     for i in range(layout.num_local):

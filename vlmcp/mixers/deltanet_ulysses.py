@@ -26,68 +26,22 @@ maps (which cost the state passing up to ``(K + V) / V`` times the recurrence). 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from vlmcp.comm import all_to_all
-from vlmcp.layout.choose import plan_cp
 from vlmcp.layout.plan import RankShard
-from vlmcp.mixers.conv_halo import causal_conv1d_cp
 from vlmcp.mixers.delta_rule import chunk_gated_delta_rule
+from vlmcp.mixers.head_shards import (
+    UlyssesRow,
+    conv_on_head_shards,
+    from_head_shards,
+    to_head_shards,
+    ulysses_row,
+)
 
 __all__ = ["UlyssesRow", "gated_deltanet_ulysses", "ulysses_row"]
-
-
-@dataclass(frozen=True, eq=False)
-class UlyssesRow:
-    """Rank r's index metadata for the Ulysses road (cached per shard).
-
-    Attributes:
-        order: ``LongTensor[L]``, for each global position, its row in
-            ``[received slots (P N) | this rank's own slots (N)]``.
-        back: ``LongTensor[P N]``, for each slot of each rank (rank order), its global
-            position, ``L`` (a zero row) for padding.
-        cu_seqlens: ``LongTensor[S+1]``, the row's samples.
-        whole_row: a one-rank shard of the row (positions ``0..L-1``), for the convolution.
-    """
-
-    order: torch.Tensor
-    back: torch.Tensor
-    cu_seqlens: torch.Tensor
-    whole_row: RankShard
-
-
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def ulysses_row(shard: RankShard) -> UlyssesRow:
-    """Build (or fetch) this rank's :class:`UlyssesRow` (metadata only)."""
-    cached = _CACHE.get(shard)
-    if cached is not None:
-        return cached
-    plan, P, N, L = shard.plan, shard.cp_size, shard.num_tokens, shard.seq_len
-    order = torch.full((L,), -1, dtype=torch.long)
-    back = []
-    for s, other in enumerate(plan.shards()):
-        held = other.positions >= 0
-        owned = held & ~other.replicated
-        order[other.positions[owned]] = s * N + torch.nonzero(owned).flatten()
-        back.append(torch.where(held, other.positions, L))
-    mine = torch.nonzero(shard.replicated & (shard.positions >= 0)).flatten()
-    order[shard.positions[mine]] = P * N + mine
-    if bool((order < 0).any()):
-        raise AssertionError("vlmcp.mixers.deltanet_ulysses: a position of the row is held by no rank")
-    cu = plan.cu_seqlens.long()
-    whole_row = plan_cp(torch.zeros(L, dtype=torch.bool), 1, cu).for_rank(0)
-    if not torch.equal(whole_row.positions, torch.arange(L)):
-        raise AssertionError("vlmcp.mixers.deltanet_ulysses: a one-rank plan is not the row in order")
-    row = UlyssesRow(order=order, back=torch.cat(back), cu_seqlens=cu, whole_row=whole_row)
-    _CACHE[shard] = row
-    return row
 
 
 def gated_deltanet_ulysses(
@@ -111,32 +65,19 @@ def gated_deltanet_ulysses(
         ``(N, Hv, V)`` in ``mixed.dtype``, zero at padding slots. Replicated slots' input
         gradients are this rank's share (its head slice).
     """
-    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    P = dist.get_world_size(group)
     if key_heads % P or value_heads % P:
         raise ValueError(f"Gated DeltaNet under Ulysses needs key and value heads divisible by P={P}, got "
                          f"{key_heads} and {value_heads}")
     N, L = shard.num_tokens, shard.seq_len
     hk, hv = key_heads // P, value_heads // P
     row = ulysses_row(shard)
-    device = mixed.device
-    # channel c of head slice j, for the q, k and v blocks in turn: (P, C/P) indices into C
-    q_ch = torch.arange(key_heads * key_dim).view(P, hk * key_dim)
-    v_ch = torch.arange(value_heads * value_dim).view(P, hv * value_dim) + 2 * key_heads * key_dim
-    slices = torch.cat([q_ch, q_ch + key_heads * key_dim, v_ch], 1).to(device)
-
-    def to_heads(x: torch.Tensor) -> torch.Tensor:  # (N, P, c) -> this rank's slice of the whole row (L, c)
-        received = all_to_all(x, group, scatter_dim=1, gather_dim=0).flatten(0, 1)
-        return torch.cat([received, x[:, rank]]).index_select(0, row.order.to(device))
-
-    x = to_heads(mixed[:, slices.flatten()].view(N, P, -1))
-    gs, bs = (to_heads(t.reshape(N, P, -1)) for t in (g, beta))
-    mine = slices[rank]
-    bias = conv_bias[mine] if conv_bias is not None else None
-    x = activation(causal_conv1d_cp(x, conv_weight[mine], bias, row.whole_row, None))
+    blocks = [key_heads * key_dim, key_heads * key_dim, value_heads * value_dim]
+    x = conv_on_head_shards(mixed, blocks, conv_weight, conv_bias, row, group, activation)
+    gs, bs = (to_head_shards(t.reshape(N, P, -1), row, group) for t in (g, beta))
     q, k, v = torch.split(x, [hk * key_dim, hk * key_dim, hv * value_dim], dim=-1)
     out, _ = chunk_gated_delta_rule(q.reshape(L, hk, key_dim), k.reshape(L, hk, key_dim),
                                     v.reshape(L, hv, value_dim), gs, bs, row.cu_seqlens,
                                     chunk_size=chunk_size, scale=scale, use_qk_l2norm=use_qk_l2norm,
                                     kernel=kernel)
-    out = torch.cat([out, out.new_zeros((1, hv, value_dim))]).index_select(0, row.back.to(device))
-    return all_to_all(out, group, scatter_dim=0, gather_dim=1)
+    return from_head_shards(out, row, group)

@@ -16,13 +16,14 @@ communication) and cached per :class:`~vlmcp.RankShard`.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from vlmcp.layout.plan import RankShard
 
-__all__ = ["RowSegments", "ScanStep", "SegmentLayout", "row_segments", "segment_layout"]
+__all__ = ["RowSegments", "ScanStep", "SegmentLayout", "incoming_states", "row_segments", "segment_layout"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,3 +171,32 @@ def segment_layout(shard: RankShard) -> SegmentLayout:
                            fresh=fresh, export=export, export_sizes=sizes, scan=tuple(scan))
     _CACHE[shard] = layout
     return layout
+
+
+def incoming_states(layout: SegmentLayout, own: torch.Tensor, gathered: torch.Tensor,
+                    start: Callable[[torch.Tensor], torch.Tensor],
+                    step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Compose the segment maps of every sample in global order: each local segment's incoming state.
+
+    Args:
+        layout: this rank's :class:`SegmentLayout` (its ``scan``).
+        own: ``(n, *map)``, this rank's local segments' maps (``layout.local`` order).
+        gathered: ``(sum(e), *map)``, the exported maps of every rank (the exchange's output).
+        start: a sample's first map -> the state after it (its map from a zero state).
+        step: ``(map, state) -> state`` after the segment.
+
+    Returns:
+        ``{local segment: its incoming state}`` for every local segment that does not start its
+        sample (those start from zero). Differentiable in ``own`` and ``gathered``.
+    """
+    incoming: dict[int, torch.Tensor] = {}
+    for steps in layout.scan:
+        state = None
+        for i, s in enumerate(steps):
+            if s.reads >= 0:
+                incoming[s.reads] = state
+            if i == len(steps) - 1:
+                break
+            m = gathered[s.index] if s.gathered else own[s.index]
+            state = start(m) if state is None else step(m, state)
+    return incoming

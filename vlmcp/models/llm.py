@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 from vlmcp.attention import cp_attention
 from vlmcp.layout import RankShard
+from vlmcp.loss import CPLoss, cp_linear_cross_entropy
 
 __all__ = ["DecoderLLM", "LLMConfig"]
 
@@ -140,7 +141,9 @@ class DecoderLLM(nn.Module):
     """Decoder-only LM over a rank's local tokens.
 
     ``forward(inputs_embeds, position_ids, shard, group)`` maps the local embeddings
-    ``(N, hidden)`` (already merged with image embeddings) to logits ``(N, vocab)``.
+    ``(N, hidden)`` (already merged with image embeddings) to logits ``(N, vocab)``; with
+    ``labels`` it returns the rank's loss instead, the head computed inside the forward a
+    chunk of tokens at a time (:func:`vlmcp.cp_linear_cross_entropy`: never the logits).
     """
 
     def __init__(self, cfg: LLMConfig):
@@ -159,16 +162,22 @@ class DecoderLLM(nn.Module):
         group: dist.ProcessGroup | None,
         backend: str | Callable = "ring",
         image_attention: str = "causal",
-    ) -> torch.Tensor:
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor | CPLoss:
         """Args: inputs_embeds (N, hidden); position_ids (N,) local RoPE positions;
         backend: ``"ring"``, ``"ulysses"``, or a callable
         ``(q, k, v, shard, group, image_attention) -> out`` standing in for
-        :func:`cp_attention` (``vlmcp compare`` uses one for the naive baseline).
+        :func:`cp_attention` (``vlmcp compare`` uses one for the naive baseline);
+        labels: (N,) targets (``-100``: none), or None.
 
-        Returns: logits (N, vocab_size).
+        Returns: logits (N, vocab_size); with ``labels``, the :class:`~vlmcp.CPLoss` of this
+        rank's tokens over ``group``. Inside the forward, so that DDP sees it as the output.
         """
         x = inputs_embeds
         rope = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for block in self.blocks:
             x = block(x, rope, shard, group, backend, image_attention)
+        if labels is not None:
+            return cp_linear_cross_entropy(self.norm(x), self.lm_head.weight, labels, group,
+                                           bias=self.lm_head.bias)
         return self.lm_head(self.norm(x))

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.layout import RankShard
+from vlmcp.loss import CPLoss
 from vlmcp.models.llm import DecoderLLM, LLMConfig
 from vlmcp.models.merge import merge_embeddings
 from vlmcp.vision import VisionConfig, VisionEncoder, check_images_match
@@ -61,8 +62,9 @@ class VLM(nn.Module):
         group: dist.ProcessGroup | None,
         backend: str | Callable = "ring",
         image_attention: str = "causal",
-    ) -> torch.Tensor:
-        """Logits of this rank's tokens.
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor | CPLoss:
+        """Logits of this rank's tokens (with ``labels``: their loss, never the logits).
 
         Args:
             input_ids: ``(N,)`` local token ids (``shard.shard(row_ids)``).
@@ -73,6 +75,9 @@ class VLM(nn.Module):
             group: the CP group (None: single process, ``shard.cp_size`` must be 1).
             backend: ``"ring"``, ``"ulysses"`` or a stand-in callable (see :class:`DecoderLLM`).
             image_attention: ``"causal"`` or ``"bidirectional"``.
+            labels: ``(N,)`` local targets (``shard.shard_labels``): return this rank's
+                :class:`~vlmcp.CPLoss` over ``group`` instead of logits, the LM head and the
+                loss a chunk of tokens at a time (:func:`vlmcp.cp_linear_cross_entropy`).
         """
         if input_ids.shape != (shard.num_tokens,) or position_ids.shape != (shard.num_tokens,):
             raise ValueError(f"input_ids and position_ids must have shape ({shard.num_tokens},), got "
@@ -84,4 +89,4 @@ class VLM(nn.Module):
         image_embeds = self.vision(images)
         text_embeds = self.llm.embed(input_ids)
         x = merge_embeddings(text_embeds, image_embeds.to(text_embeds.dtype), shard)
-        return self.llm(x, position_ids, shard, group, backend, image_attention)
+        return self.llm(x, position_ids, shard, group, backend, image_attention, labels=labels)

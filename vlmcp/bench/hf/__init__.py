@@ -1,13 +1,15 @@
-"""Benchmarks of Hugging Face VLMs under vlmcp (``vlmcp bench hf-memory``, ``vlmcp bench hf-vision``).
+"""Benchmarks of Hugging Face VLMs under vlmcp (``vlmcp bench hf-memory``, ``hf-vision``, ``hf-loss``).
 
 * :mod:`vlmcp.bench.hf.memory`: busiest rank's saved-for-backward bytes of one training
   step over one process, per ``image_strategy`` and vision mode, on a long-video row and
   on a packed image row;
 * :mod:`vlmcp.bench.hf.vision`: ViT time per rank for one long video, ``replicate``
-  against ``scatter`` (frame groups spread over the group).
+  against ``scatter`` (frame groups spread over the group);
+* :mod:`vlmcp.bench.hf.loss`: what the LM head and its loss save for backward at a real
+  vocabulary, full logits against the chunked loss.
 
-Both build a scaled-down Qwen2-VL, Qwen3-VL or Qwen3.5 in code (:func:`bench_model`,
-``--arch``), so they run offline.
+They build a scaled-down Qwen2-VL (memory and vision: also Qwen3-VL or Qwen3.5, ``--arch``)
+in code (:func:`bench_model`), so they run offline.
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ def needs_transformers(name: str) -> bool:
 
 
 def bench_model(hidden: int = 512, layers: int = 4, vit_width: int = 256, vit_depth: int = 4,
-                patch: int = 14, seed: int = 0, arch: str = "qwen2_vl") -> Any:
+                patch: int = 14, seed: int = 0, vocab: int = 128, arch: str = "qwen2_vl") -> Any:
     """A seeded float32 ``arch`` (:data:`ARCHS`): an LLM of ``hidden`` width and ``layers`` layers (8
     heads over 2 K/V heads, SwiGLU 2x; Qwen3.5: three Gated DeltaNet layers in four, 4 key and 8
-    value heads), a ViT of ``vit_width`` and ``vit_depth`` blocks on ``patch``-px patches (Qwen3-VL:
-    deepstack after its first block; Qwen3-VL and Qwen3.5: 16x16 learned positions, interpolated)."""
+    value heads) and a ``vocab``-entry vocabulary, a ViT of ``vit_width`` and ``vit_depth`` blocks
+    on ``patch``-px patches (Qwen3-VL: deepstack after its first block; Qwen3-VL and Qwen3.5:
+    16x16 learned positions, interpolated)."""
     from vlmcp.hf.debug.tiny import tiny_config, tiny_model
 
     if arch not in ARCHS:
@@ -44,7 +47,8 @@ def bench_model(hidden: int = 512, layers: int = 4, vit_width: int = 256, vit_de
     heads = 8 if hidden % 8 == 0 and hidden >= 64 else 2
     head_dim = hidden // heads
     text = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=1 << 15)
+                num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=1 << 15,
+                vocab_size=vocab)
     vit_heads = 4 if vit_width % 4 == 0 else 1
     if arch == "qwen2_vl":
         vision = dict(embed_dim=vit_width, depth=vit_depth, num_heads=vit_heads, hidden_size=hidden,

@@ -52,7 +52,8 @@ from vlmcp.data.hf.schema import Conversation, ConversationSet, Skipped
 from vlmcp.data.hf.video import VideoSampling, video_rules
 from vlmcp.layout.labels import IGNORE_INDEX
 
-__all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "pack_first_fit", "row_at"]
+__all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "cat_padded", "pack_first_fit",
+           "pack_samples", "row_at"]
 
 
 def pack_first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
@@ -228,15 +229,29 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
             raise ValueError(f"{conv.where}: {len(sample)} tokens after decoding its images and videos, "
                              f"{index.lengths[i]} planned from their headers")
         samples.append(sample)
+    inputs, labels, cu = pack_samples(processor, samples, index.seq_len)
+    return HFRow(inputs=inputs, labels=labels, cu_seqlens=cu, tokens=sum(len(s) for s in samples), index=row,
+                 skipped=tuple(skipped), failures=tuple(failures))
+
+
+def pack_samples(processor, samples: list[EncodedSample], seq_len: int | None = None
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Encoded conversations -> one packed row: ``(inputs, labels (1, L), cu_seqlens)``, as :class:`HFRow`.
+
+    Samples follow each other in order; with ``seq_len``, one padding sample (pad tokens, no
+    target) fills the row to that length (None: no padding, L is the samples' total).
+    """
     used = sum(len(s) for s in samples)
-    pad = index.seq_len - used
+    pad = 0 if seq_len is None else seq_len - used
+    if pad < 0:
+        raise ValueError(f"{used} tokens do not fit a row of {seq_len}")
     pad_id = processor.tokenizer.pad_token_id
     pad_id = 0 if pad_id is None else pad_id
     ids = [s.input_ids for s in samples] + [torch.full((pad,), pad_id, dtype=torch.long)]
     labels = [s.labels for s in samples] + [torch.full((pad,), IGNORE_INDEX, dtype=torch.long)]
     lens = [len(s) for s in samples] + ([pad] if pad else [])
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(lens).cumsum(0)
+    cu[1:] = torch.tensor(lens, dtype=torch.long).cumsum(0)
     input_ids = torch.cat(ids)[None]
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     for key in _PER_TOKEN_TYPES:  # per token, like input_ids; the padding sample is text (0)
@@ -244,12 +259,11 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
             inputs[key] = torch.cat([getattr(s, key) for s in samples] +
                                     [torch.zeros(pad, dtype=torch.long)])[None]
     for key in dict.fromkeys(k for s in samples for k in s.pixels):
-        inputs[key] = _cat_padded([s.pixels[key] for s in samples if key in s.pixels])
-    return HFRow(inputs=inputs, labels=torch.cat(labels)[None], cu_seqlens=cu, tokens=used, index=row,
-                 skipped=tuple(skipped), failures=tuple(failures))
+        inputs[key] = cat_padded([s.pixels[key] for s in samples if key in s.pixels])
+    return inputs, torch.cat(labels)[None], cu
 
 
-def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+def cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(parts)`` along dim 0, each part zero-padded at the end of every other dim to the
     largest: a processor that pads within a call pads across the row's samples the same way
     (LLaVA-OneVision's ``pixel_values (images, max_tiles, 3, H, W)``: the model reads each image's

@@ -151,6 +151,9 @@ class HFAdapter:
     """The base model: it owns ``get_image_features`` (the ViT call) and the merge."""
     language_model: str = "model.language_model"
     """The decoder whose attention runs under CP."""
+    lm_head: str = "lm_head"
+    """The LM head, an ``nn.Linear`` the top-level forward calls once on the last hidden states and
+    returns as ``logits`` (:func:`vlmcp.hf.causal_lm_loss` runs the chunked loss in its place)."""
     vision_modules: tuple[str, ...] = ()
     """ViT + projector submodules (their parameters get the vision mode's gradient rule)."""
     vision_params: tuple[str, ...] = ()
@@ -203,6 +206,11 @@ class HFAdapter:
             if key in keys:
                 return kind
         return None
+
+    def vision_module_paths(self, model: nn.Module) -> tuple[str, ...]:
+        """The vision modules ``model`` has: :attr:`vision_modules`, and where an architecture's configs
+        build some only (Nemotron-H-Omni's ``vision_final_layernorm``), the adapter adds those present."""
+        return self.vision_modules
 
     @property
     def vision_modes(self) -> tuple[str, ...]:
@@ -357,6 +365,27 @@ class HFAdapter:
     def model_position_ids(self, local: torch.Tensor) -> torch.Tensor:
         """Sharded ids ``(R, N)`` in the shape ``model(position_ids=...)`` takes."""
         return local  # (1, N): batch 1
+
+    def auxiliary_loss(self, model: nn.Module, output, weights: torch.Tensor, group) -> torch.Tensor | None:
+        """This rank's share of what the model's forward adds to the token loss besides it (a MoE
+        router's load-balancing loss), or None (:func:`vlmcp.hf.causal_lm_loss`).
+
+        The default adds nothing and refuses an output that carries an ``aux_loss``: the model's
+        own forward would add it to its loss, and vlmcp does not know how to split it over the group.
+
+        Args:
+            model: the top-level model.
+            output: ``model(**batch.model_inputs)``'s output.
+            weights: ``BoolTensor[N]``, the local slots that count once over the CP group.
+            group: the CP group, or None.
+        """
+        if getattr(output, "aux_loss", None) is not None:
+            raise NotImplementedError(
+                f"{type(model).__name__} (vlmcp adapter {self.name!r}) returns an auxiliary loss (aux_loss: "
+                "output_router_logits is set) that its own forward adds to the loss, and the adapter does "
+                "not say how to compute it under CP; set output_router_logits=False or register an adapter "
+                "whose auxiliary_loss handles it")
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,10 @@ the model's own rope index on the global row keep the timestamps where they are.
 ``get_video_features`` is ``get_image_features`` on the video inputs (deepstack included);
 the ViT attends within each frame group (per-``t`` ``cu_seqlens``, position interpolation
 repeated per ``t``), so frame groups are ``scatter``'s ViT units.
+
+Qwen3-VL-MoE with ``output_router_logits``: its forward adds ``router_aux_loss_coef`` times the
+router's load-balancing loss; :meth:`Qwen3VLAdapter.auxiliary_loss` adds each rank's share of
+the whole row's (Note [vlmcp HF MoE auxiliary loss under CP]).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmcp.hf.adapters.qwen2_vl import QwenVLAdapter
+from vlmcp.hf.moe_aux import load_balancing_share
 
 __all__ = ["QWEN3_VL", "Qwen3VLAdapter"]
 
@@ -49,6 +54,14 @@ class Qwen3VLAdapter(QwenVLAdapter):
     def deepstack_projectors(self, model):
         levels = len(model.config.vision_config.deepstack_visual_indexes)
         return tuple(f"model.visual.deepstack_merger_list.{i}.linear_fc2" for i in range(levels))
+
+    def auxiliary_loss(self, model, output, weights, group):
+        if getattr(output, "aux_loss", None) is None:
+            return None
+        text = model.config.text_config
+        share = load_balancing_share(output.router_logits, int(text.num_experts),
+                                     int(text.num_experts_per_tok), weights, group)
+        return float(text.router_aux_loss_coef) * share
 
 
 QWEN3_VL = Qwen3VLAdapter(name="qwen3_vl", model_types=("qwen3_vl", "qwen3_vl_moe"))

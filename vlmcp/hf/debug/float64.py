@@ -4,20 +4,25 @@ Note [vlmcp float64 parity: float32 islands]
 --------------------------------------------
 Several HF modules compute in float32 whatever the model dtype: RMSNorms (``x.float()``),
 the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and SigLIP2's
-position interpolation, MoE routers (Qwen3-VL-MoE's and Qwen3.5-MoE's softmax, DeepSeek-V3's
-sigmoid and group top-k), Qwen3.5's (and Qwen3.5-MoE's) zero-centred and gated norms, its decay
-and gated-delta-rule kernel, and Kimi-K2.5's temporal merge. In a float64 model each rounds
-the gradient to float32; a replicated token's gradient arrives in P shares, each rounded on
-its own, so CP and one process then differ by ~1e-8 relative: float32 noise, not a CP error.
-float64 parity therefore runs both models with those steps in the input dtype, for the duration
-only::
+position interpolation, MoE routers (Qwen3-VL-MoE's softmax and load-balancing loss, Qwen3.5-MoE's
+softmax, DeepSeek-V3's sigmoid and group top-k), Qwen3.5's (and Qwen3.5-MoE's) zero-centred and
+gated norms, its decay and gated-delta-rule kernel, Kimi-K2.5's temporal merge, Nemotron-H's gated
+norm, Mamba-2 decay, SSD scan, router and float32 logits, and RADIO's position interpolation. In
+a float64 model each rounds the gradient to float32; a replicated token's gradient arrives in P
+shares, each rounded on its own, so CP and one process then differ by ~1e-8 relative: float32
+noise, not a CP error. float64 parity therefore runs both models with those steps in the input
+dtype, for the duration only::
 
     with float64_exact(torch.float64):      # every island of every loaded transformers module
         reference and CP forward/backward   # (class- and module-wide, restored on exit)
 
 :data:`ISLANDS` is the one table: (transformers module, attribute path, replacement). An entry
 applies when its module is loaded (a model of it exists); a replacement named by a string is
-built by :func:`in_dtype` (the original function with its ``torch.float32`` read as float64).
+built by :func:`in_dtype` (the original function with its ``torch.float32`` read as float64, and
+its ``.float()`` calls as ``.to(float64)``: Nemotron-H's SSD scan, its logits, RADIO's position
+interpolation). Entries apply in table order, each built after the ones above it are in place,
+so an ``in_dtype`` copy of a function calls the lifted versions of the module's functions above
+it (Nemotron-H's mixer forward calls the lifted ``mamba2_chunk_scan``).
 :func:`float64_norms` makes one model's RMSNorm instances compute in their input dtype.
 A router's expert choice is a top-k of its scores, as in float32; the tiny test models are
 far from ties.
@@ -25,9 +30,12 @@ far from ties.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import inspect
 import sys
+import textwrap
 import types
 from collections.abc import Callable, Iterator
 
@@ -47,12 +55,49 @@ class _TorchWithFloat32As(types.ModuleType):
         return getattr(torch, name)
 
 
+class _FloatCallsAsFloat32(ast.NodeTransformer):
+    """``x.float()`` -> ``x.to(torch.float32)`` (which :func:`in_dtype` then reads as its dtype)."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "float" and not node.args and not node.keywords:
+            float32 = ast.Attribute(value=ast.Name(id="torch", ctx=ast.Load()), attr="float32",
+                                    ctx=ast.Load())
+            return ast.copy_location(ast.Call(func=ast.Attribute(value=func.value, attr="to", ctx=ast.Load()),
+                                              args=[float32], keywords=[]), node)
+        return node
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The names ``code`` and the code nested in it load (attributes included)."""
+    return set(code.co_names).union(*(_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
+
+
+@functools.cache
+def _without_float_calls(raw: Callable) -> types.CodeType:
+    """``raw``'s code, its ``.float()`` calls rewritten (:class:`_FloatCallsAsFloat32`), from its source."""
+    if raw.__code__.co_freevars:
+        raise NotImplementedError(f"in_dtype: {raw.__qualname__} has free variables "
+                                  f"{raw.__code__.co_freevars}; its .float() calls cannot be rewritten")
+    tree = ast.parse(textwrap.dedent(inspect.getsource(raw)))
+    tree.body[0].decorator_list = []
+    tree = ast.fix_missing_locations(_FloatCallsAsFloat32().visit(tree))
+    ast.increment_lineno(tree, raw.__code__.co_firstlineno - 1)
+    module = compile(tree, raw.__code__.co_filename, "exec")
+    return next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == raw.__name__)
+
+
 def in_dtype(fn: Callable, dtype: torch.dtype) -> Callable:
-    """``fn`` (decorators unwrapped) with every ``torch.float32`` it names read as ``dtype``."""
+    """``fn`` (decorators unwrapped) with every ``torch.float32`` it names read as ``dtype``, and every
+    ``x.float()`` it calls as ``x.to(dtype)``."""
     raw = inspect.unwrap(fn)
     namespace = dict(raw.__globals__)
     namespace["torch"] = _TorchWithFloat32As(dtype)
-    out = types.FunctionType(raw.__code__, namespace, raw.__name__, raw.__defaults__, raw.__closure__)
+    code = raw.__code__
+    if "float" in _names(code):
+        code = _without_float_calls(raw)
+    out = types.FunctionType(code, namespace, raw.__name__, raw.__defaults__, raw.__closure__)
     out.__kwdefaults__ = raw.__kwdefaults__
     return out
 
@@ -135,6 +180,23 @@ def _softmax_router(self, hidden_states):
     return logits, top / top.sum(-1, keepdim=True), index
 
 
+def _load_balancing(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+    """``load_balancing_loss_func`` of Qwen3-VL-MoE in the logits' dtype."""
+    if gate_logits is None or not isinstance(gate_logits, tuple):
+        return 0
+    counts, probs, rows = 0, 0, 0
+    for layer in gate_logits:
+        weights = layer.softmax(-1)
+        keep = torch.ones(weights.shape[0], dtype=weights.dtype) if attention_mask is None \
+            else attention_mask.reshape(-1).to(weights.dtype)
+        chosen = torch.topk(weights, top_k, dim=-1).indices.reshape(-1)
+        counts = counts + torch.zeros(num_experts, dtype=weights.dtype).scatter_add_(
+            0, chosen, keep.repeat_interleave(top_k))
+        probs = probs + (weights * keep[:, None]).sum(0)
+        rows = rows + keep.sum()
+    return (counts / rows * probs / rows).sum() * num_experts
+
+
 def _gated_norm(self, hidden_states, gate):
     """``Qwen3_5RMSNormGated.forward`` in the input dtype."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
@@ -203,12 +265,19 @@ ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
      staticmethod(_siglip2_positions)),
     (_modeling("qwen3_vl_moe"), "Qwen3VLMoeTextTopKRouter.forward", _softmax_router),
+    (_modeling("qwen3_vl_moe"), "load_balancing_loss_func", _load_balancing),
     *((_modeling(m), f"{prefix}RMSNorm.forward", _zero_centred_norm) for m, prefix in _QWEN3_5),
     *((_modeling(m), f"{prefix}RMSNormGated.forward", _gated_norm) for m, prefix in _QWEN3_5),
     *((_modeling(m), f"{p}GatedDeltaNet.forward", _gated_deltanet(_modeling(m))) for m, p in _QWEN3_5),
     (_modeling("qwen3_5_moe"), "Qwen3_5MoeTopKRouter.forward", _softmax_router),
     (_modeling("deepseek_v3"), "DeepseekV3TopkRouter.forward", "in_dtype"),
     (_modeling("kimi_k25"), "Kimi_K25VisionModel.temporal_merge", _kimi_temporal_merge),
+    (_modeling("nemotron_h"), "mamba2_chunk_scan", "in_dtype"),
+    (_modeling("nemotron_h"), "NemotronHMamba2Mixer.forward", "in_dtype"),  # after the scan: calls it
+    (_modeling("nemotron_h"), "NemotronHRMSNormGated.forward", "in_dtype"),
+    (_modeling("nemotron_h"), "NemotronHTopkRouter.forward", "in_dtype"),
+    (_modeling("nemotron_h"), "NemotronHForCausalLM.forward", "in_dtype"),  # logits.float()
+    (_modeling("radio"), "RadioPatchEmbeddings._interpolate_position_embedding", "in_dtype"),
 )
 """(transformers module, attribute path within it, replacement or ``"in_dtype"``): every float32
 island vlmcp's float64 parity lifts (Note [vlmcp float64 parity: float32 islands])."""
@@ -224,23 +293,21 @@ def float64_exact(dtype: torch.dtype) -> Iterator[None]:
     if dtype != torch.float64:
         yield
         return
-    patches = []
-    for module_name, path, replacement in ISLANDS:
-        module = sys.modules.get(module_name)
-        if module is None:
-            continue  # no model of it exists
-        *owners, name = path.split(".")
-        owner = module
-        for part in owners:
-            owner = getattr(owner, part)
-        if replacement == "in_dtype":
-            replacement = in_dtype(getattr(owner, name), dtype)
-        patches.append((owner, name, replacement))
-    saved = [owner.__dict__[name] for owner, name, _ in patches]
+    saved = []
     try:
-        for owner, name, replacement in patches:
+        for module_name, path, replacement in ISLANDS:  # in order: each built after those above are in place
+            module = sys.modules.get(module_name)
+            if module is None:
+                continue  # no model of it exists
+            *owners, name = path.split(".")
+            owner = module
+            for part in owners:
+                owner = getattr(owner, part)
+            if replacement == "in_dtype":
+                replacement = in_dtype(getattr(owner, name), dtype)
+            saved.append((owner, name, owner.__dict__[name]))
             setattr(owner, name, replacement)
         yield
     finally:
-        for (owner, name, _), original in zip(patches, saved, strict=True):
+        for owner, name, original in reversed(saved):
             setattr(owner, name, original)

@@ -6,8 +6,9 @@
   :func:`register_mixer` declares a CP implementation of a mixer class.
 * :mod:`.gdn` — Qwen3.5's Gated DeltaNet (Note [vlmcp HF Gated DeltaNet]).
 * :mod:`.short_conv` — LFM2's gated short convolution.
+* :mod:`.mamba2` — Nemotron-H's Mamba-2 (Note [vlmcp HF Mamba-2]).
 
-Both implementations read the CP layout from the call's :class:`~vlmcp.hf.attention.CPContext` and
+The implementations read the CP layout from the call's :class:`~vlmcp.hf.attention.CPContext` and
 run :mod:`vlmcp.mixers`' collectives.
 """
 

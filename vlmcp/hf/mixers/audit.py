@@ -22,7 +22,7 @@ model before it changes anything and before any collective (:func:`audit_token_m
                                       ring and Ulysses)
       owns parameters, not a known -> refused: vlmcp cannot tell that it is per-token
       per-token module
-    each decoder layer: exactly one accepted token mixer (zero for an MoE-only "moe" layer)
+    each decoder layer: exactly one accepted token mixer (zero for an MLP-only "moe" or "mlp" layer)
     config.layer_types: "full_attention"; "sliding_attention" where the layer's attention module
                         has a sliding_window attribute (Gemma 3, Qwen2-VL); or served by a
                         registered class
@@ -82,11 +82,15 @@ class MixerKind:
 KINDS: tuple[MixerKind, ...] = (
     MixerKind(name="linear_attention",
               why="a recurrent state carried along the sequence (Gated DeltaNet, Lightning, KDA; with a "
-                  "causal conv1d): each rank would start from a zero state at its shard",
+                  "causal conv1d): each rank would start from a zero state at its shard. vlmcp runs "
+                  "Qwen3.5's Gated DeltaNet (one decay per head); Kimi Delta Attention decays per key "
+                  "channel, which its kernel does not take",
               layer_types=("linear_attention",),
               class_names=("GatedDeltaNet", "DeltaNet", "LinearAttention", "LightningAttention",
                            "DeltaAttention")),
-    MixerKind(name="state_space", why="a Mamba/SSM scan carried along the sequence",
+    MixerKind(name="state_space",
+              why="a Mamba/SSM scan carried along the sequence (vlmcp runs Nemotron-H's "
+                  "NemotronHMamba2Mixer; this class is not registered)",
               layer_types=("mamba", "mamba2", "hybrid", "hybrid_sliding"),
               class_names=("Mamba", "Mixer", "SSM")),
     MixerKind(name="recurrent", why="an RG-LRU recurrence carried along the sequence",
@@ -123,7 +127,8 @@ _NONE_WHY = ("no token mixer vlmcp runs: no attention module with q_proj/k_proj/
 # Per-token modules that own parameters (every token is transformed on its own).
 _PER_TOKEN_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.PReLU)
 _PER_TOKEN_NAME = re.compile(r"(Norm|Linear|Embedding|Experts|Router|TopK|Activation)")
-_FULL, _SLIDING, _MLP_ONLY = "full_attention", "sliding_attention", "moe"
+_FULL, _SLIDING = "full_attention", "sliding_attention"
+_MLP_ONLY = ("moe", "mlp")  # layer types without a token mixer (Nemotron-H: "moe" and "mlp" blocks)
 
 _REGISTERED: dict[type[nn.Module], MixerPrepare] = {}
 
@@ -279,7 +284,7 @@ def audit_token_mixers(model: nn.Module, language_model_path: str) -> list[Token
             if len(mine) > 1:
                 why = _SEVERAL_WHY.format(len(mine), ", ".join(m.path for m in mine))
                 refused.append(_Refusal(lpath, cls, "several_mixers", why))
-            elif not mine and ltype != _MLP_ONLY:
+            elif not mine and ltype not in _MLP_ONLY:
                 refused.append(_Refusal(lpath, cls, "no_attention", _NONE_WHY))
             elif mine and ltype != _FULL and mine[0].prepare is hf_attention.mark and not (
                     ltype == _SLIDING and getattr(mine[0].module, "sliding_window", None) is not None):

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.data.hf.video import VideoSampling
-from vlmcp.train.options import AttentionBackend, DType, ImageStrategyChoice, SamplePlacement, VisionMode
+from vlmcp.train.options import (
+    AttentionBackend,
+    DType,
+    ImageStrategyChoice,
+    LossKind,
+    SamplePlacement,
+    VisionMode,
+)
 
 __all__ = ["HFTrainConfig"]
 
@@ -64,6 +71,15 @@ class HFTrainConfig:
     """FSDP2 ``fully_shard`` over the DP x CP ranks (loss scaled by P), sharded checkpoints."""
     activation_checkpointing: bool = False
     """Recompute each decoder block in backward."""
+    offload_activations: bool = False
+    """Keep the tensors the forward saves for backward (with activation checkpointing: the blocks'
+    inputs) in pinned host memory until backward (:func:`vlmcp.hf.offload_activations`); exact."""
+    loss: LossKind = "chunked"
+    """``chunked``: :func:`vlmcp.hf.causal_lm_loss` computes the LM head and the loss
+    ``loss_chunk_size`` target tokens at a time, never the ``tokens x vocab`` logits; ``full``:
+    the model's logits and :func:`vlmcp.cp_cross_entropy` (the same loss, for comparison)."""
+    loss_chunk_size: int = 4096
+    """Target tokens per chunk of logits of the ``chunked`` loss (a chunk holds ``size x vocab`` floats)."""
     checkpoint_dir: str | None = None
     """Where checkpoints go (default ``output_dir/checkpoints``)."""
     checkpoint_every: int = 0
@@ -91,13 +107,13 @@ class HFTrainConfig:
             object.__setattr__(self, "video", VideoSampling(**self.video))
         if not isinstance(self.video, VideoSampling):
             raise ValueError(f"video must be a VideoSampling, got {type(self.video).__name__}")
-        for name in ("cp", "dp", "steps", "seq_len"):
+        for name in ("cp", "dp", "steps", "seq_len", "loss_chunk_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name, choices in (("vision_mode", VisionMode), ("attention", AttentionBackend), ("dtype", DType),
                               ("sample_placement", SamplePlacement),
-                              ("image_strategy", ImageStrategyChoice)):
+                              ("image_strategy", ImageStrategyChoice), ("loss", LossKind)):
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")

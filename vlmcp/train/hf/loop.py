@@ -3,7 +3,10 @@
 Each step, every CP group takes one packed row (DP replicas take consecutive rows of
 the same sequence; Note [vlmcp data: HF rows, epochs and who decodes the images]),
 shards it with :func:`vlmcp.hf.shard_inputs`, and runs the model's forward and
-backward with the loss of :func:`vlmcp.cp_cross_entropy`. Gradients are made exact by
+backward with the loss of :func:`vlmcp.hf.causal_lm_loss`: the LM head and the
+cross-entropy a chunk of tokens at a time (``--loss full``: the model's logits and
+:func:`vlmcp.cp_cross_entropy`), the forward's saved tensors on the host with
+``--offload-activations``. Gradients are made exact by
 :func:`vlmcp.reduce_gradients` (sum over CP, mean over DP; 16-bit gradients reduced in
 fp32), or with ``--fsdp`` by FSDP2 over all D*P ranks with the loss scaled by P and
 :func:`vlmcp.grads.finish_ddp_gradients` (Note [vlmcp gradient rules]).
@@ -22,6 +25,7 @@ and the image, and the summary counts them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import signal
 import time
@@ -35,7 +39,6 @@ from torch import nn
 from vlmcp.data.hf.processor import load_processor
 from vlmcp.data.hf.rows import DataIndex, RowLoader
 from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, grad_rule, reduce_gradients
-from vlmcp.loss import cp_cross_entropy
 from vlmcp.report.metrics import MetricsWriter
 from vlmcp.train.faults import stall_guard
 from vlmcp.train.groups import dp_cp_groups
@@ -167,7 +170,9 @@ class _Run:
         batch = vlmcp.hf.shard_inputs(model, inputs, self.cp_group, labels=row.labels.to(self.device),
                                       cu_seqlens=row.cu_seqlens, sample_placement=cfg.sample_placement,
                                       image_strategy=cfg.image_strategy)
-        res = cp_cross_entropy(model(**batch.model_inputs).logits[0], batch.labels, self.cp_group)
+        chunk = cfg.loss_chunk_size if cfg.loss == "chunked" else None
+        with vlmcp.hf.offload_activations() if cfg.offload_activations else contextlib.nullcontext():
+            res = vlmcp.hf.causal_lm_loss(model, batch, self.cp_group, chunk_size=chunk)
         loss = res.loss
         if cfg.nan_at_step == step + 1 and self.rank == min(1, self.world - 1):
             loss = loss * float("nan")  # the test hook: one rank's loss goes bad

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from vlmcp.attention import cp_attention
 from vlmcp.data import PackedRow
 from vlmcp.layout import RankShard, position_ids
-from vlmcp.loss import CPLoss, cp_cross_entropy
+from vlmcp.loss import CPLoss
 from vlmcp.models import VLM
 
 __all__ = ["LocalInputs", "UspAttention", "forward_backward", "local_inputs"]
@@ -64,6 +64,9 @@ def forward_backward(
 ) -> CPLoss:
     """Forward and backward of this rank's share of ``row``'s loss.
 
+    The model computes its LM head and loss a chunk of tokens at a time, inside its forward
+    (:func:`vlmcp.cp_linear_cross_entropy`; DDP-safe): the full logits never exist.
+
     After it, each parameter's ``.grad`` holds this rank's share (Note [vlmcp gradient
     rules] in :mod:`vlmcp.grads`); :func:`vlmcp.reduce_gradients` turns shares into exact
     gradients.
@@ -84,8 +87,9 @@ def forward_backward(
     """
     inputs = local_inputs(row, shard)
     attention = UspAttention(ulysses_size) if backend == "usp" else backend
-    logits = model(inputs.input_ids, inputs.position_ids, row.images, shard, group,
-                   backend=attention, image_attention=image_attention)
-    out = cp_cross_entropy(logits, inputs.labels, group)
+    # with labels the model returns its loss: the head computed a chunk of tokens at a time
+    out = model(inputs.input_ids, inputs.position_ids, row.images, shard, group,
+                backend=attention, image_attention=image_attention, labels=inputs.labels)
+    out = CPLoss(*out)  # DDP hands a NamedTuple output back as a plain tuple
     (out.loss * loss_scale).backward()
     return out

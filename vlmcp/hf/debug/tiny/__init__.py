@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.debug.tiny import anyres, gemma3, kimi_k25, lfm2_vl, llava, qwen  # noqa: F401  (registration)
+from vlmcp.hf.debug.tiny import anyres, gemma3, kimi_k25, lfm2_vl, llava, nemotron, qwen  # noqa: F401  (registration)
 from vlmcp.hf.debug.tiny.registry import (
     DEFAULT_SAMPLES,
     VIDEO_ONLY_SAMPLES,
