@@ -65,7 +65,7 @@ def models(tmp_path_factory):
 
 
 def _config(model, data, out, **kw):
-    kw = {"steps": STEPS, **kw}
+    kw = {"steps": STEPS, "warmup_steps": 5, **kw}  # 5 warm-up steps: the rates do not depend on --steps
     return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ, lr=3e-3,
                          timeout=120.0, **kw)
 
@@ -149,7 +149,8 @@ def _cli(*args, **kw):
 
 def _args(model, data, out, *extra):
     return ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--cp", "2",
-            "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "3e-3", "--timeout", "120",
+            "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "3e-3", "--warmup-steps", "5",
+            "--timeout", "120",
             "--metrics-jsonl", str(out / "m.jsonl"), *extra]
 
 
@@ -196,8 +197,9 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
 
 @needs_hf_cp
 def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path):
-    first = _config(models["llava"], data, tmp_path, cp=2, steps=2, checkpoint_every=2)
-    _run(first, 2)
+    # the same 6-step run, stopped after its step-2 checkpoint (a NaN at step 3 saves nothing more)
+    first = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2, nan_at_step=3)
+    assert _run(first, 2)[0]["stopped"] == "nonfinite"
     # layout-free checkpoint; the full-logits loss continues the chunked run's (the default) exactly
     again = _config(models["llava"], data, tmp_path, cp=1, resume=True, loss="full")
     summary, _ = _run(again, 1)
