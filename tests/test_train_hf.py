@@ -65,8 +65,8 @@ def models(tmp_path_factory):
 
 
 def _config(model, data, out, **kw):
-    kw = {"steps": STEPS, "warmup_steps": 5, **kw}  # 5 warm-up steps: the rates do not depend on --steps
-    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ, lr=3e-3,
+    kw = {"steps": STEPS, "warmup_steps": 5, "lr": 3e-3, **kw}  # 5 warm-up steps: rates that do not depend
+    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ,  # on --steps
                          timeout=120.0, **kw)
 
 
@@ -407,3 +407,47 @@ def test_strict_decodes_every_image_before_any_rank_starts(models, cut_data, tmp
                                 "OSError: image file is truncated (28 bytes not processed) (--strict decodes "
                                 "every image before training)"]
     assert out.splitlines() == ["vlmcp train: --strict: decoding 7 images before training"]  # no rank
+
+
+def _worst(got: dict, want: dict) -> tuple[float, str]:
+    """The largest absolute difference of two state dicts, and where."""
+    assert got.keys() == want.keys()
+    return max((float((got[k] - w).abs().max()), k) for k, w in want.items())
+
+
+@needs_hf_cp
+def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume(models, data, tmp_path):
+    """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard), FSDP over --dp 2, and an accumulating run
+    resumed half way give one process's losses, clipped global gradient norms, eval loss and weights."""
+    from tests import finetune_cases
+    from vlmcp.cli.train_hf import plan_eval
+    from vlmcp.data.hf.processor import load_processor
+
+    held = data.parent / "held_out.jsonl"
+    held.write_text("".join(line + "\n" for line in data.read_text().splitlines()[-3:]))
+    base = _config(models["llava"], data, tmp_path, steps=2, warmup_steps=None, dtype="float64", lr=1e-3,
+                   weight_decay=0.1, max_grad_norm=0.05, eval_data=(str(held),))
+    index = plan_data(base)
+    eval_index = plan_eval(base, load_processor(base.model))
+    preload_model_code(base.model)
+    got = spawn_ranks(finetune_cases.global_batch_grid, 2, base, index, eval_index, str(tmp_path),
+                      timeout=220, threads_per_rank=1)[0]
+    want = got["oracle"]
+    assert min(want["grad_norms"]) > 0.05  # every step clipped
+    tight = dict(rtol=1e-7, atol=1e-10)  # float64; a wrong normaliser or norm is off by O(1)
+    for name in ("dp2", "cp2_accum2", "fsdp_dp2"):
+        torch.testing.assert_close(got[name]["losses"], want["losses"], **tight)
+        records = [r for r in got[name]["records"] if "loss" in r]
+        torch.testing.assert_close([r["grad_norm"] for r in records], want["grad_norms"], **tight)
+        assert [r["lr"] for r in records] == [1e-3, 0.5e-3]  # cosine to 0 over 2 steps, no warm-up
+        # Adam turns float64 noise in a ~0 gradient (a key bias, an unused position) into ~lr * noise / eps
+        assert _worst(got["saved"][name], want["weights"])[0] < 1e-6, (name, _worst(got["saved"][name],
+                                                                                    want["weights"]))
+    evals = got["cp2_accum2"]["evals"]
+    assert [e["step"] for e in evals] == [1, 2] and all(e["eval_rows"] == len(eval_index.rows) for e in evals)
+    torch.testing.assert_close(evals[-1]["eval_loss"], want["eval_loss"], **tight)
+    eval_records = [r for r in got["cp2_accum2"]["records"] if "eval_loss" in r]
+    assert [r["step"] for r in eval_records] == [1, 2]
+    assert got["resumed"]["start_step"] == 1
+    torch.testing.assert_close(got["resumed"]["losses"], want["losses"][1:], **tight)
+    assert _worst(got["saved"]["resumed"], want["weights"])[0] < 1e-6
