@@ -201,13 +201,13 @@ class HFTrainConfig:
     def with_steps(self, rows: int) -> HFTrainConfig:
         """This run with ``steps`` set: as given, or ``epochs`` (default 1) passes over ``rows`` planned
         rows, ``ceil(epochs * rows / rows_per_step)`` steps (a last partial batch is a full step of the
-        rows that follow, from the next epoch's order)."""
+        rows that follow, from the next epoch's order). The result carries ``steps`` only."""
         if self.steps is not None:
             return self
         if rows < 1:
             raise ValueError("the data planned no row to train on")
         epochs = 1.0 if self.epochs is None else float(self.epochs)
-        return replace(self, steps=max(1, math.ceil(epochs * rows / self.rows_per_step - 1e-9)))
+        return replace(self, epochs=None, steps=max(1, math.ceil(epochs * rows / self.rows_per_step - 1e-9)))
 
     @property
     def warmup(self) -> int:
