@@ -159,18 +159,23 @@ def _losses(path):
 
 
 @needs_hf_cp
-def test_sigterm_saves_and_resume_continues_exactly(llava_run, models, data, tmp_path):
-    proc = _cli(*_args(models["llava"], data, tmp_path))
+def test_ctrl_c_saves_and_resume_continues_exactly(llava_run, models, data, tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) is a SIGTERM: the step
+    finishes, a checkpoint is saved, exit 130 without a traceback; --resume continues bit-exactly.
+    (A SIGTERM takes the same path: tests/test_faults.py.)"""
+    proc = _cli(*_args(models["llava"], data, tmp_path), start_new_session=True)
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None:
         if (tmp_path / "m.jsonl").exists() and len(_losses(tmp_path / "m.jsonl")) >= 1:
-            proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+            os.killpg(proc.pid, signal.SIGINT)
             break
         time.sleep(0.05)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted: finishing the step and saving a checkpoint" in err
     done = len(_losses(tmp_path / "m.jsonl"))
-    assert 1 <= done < STEPS and f"SIGTERM: stopped after step {done}" in out
+    assert 1 <= done < STEPS and f"SIGINT: stopped after step {done}" in out
     assert not (tmp_path / "model.safetensors").exists()  # an unfinished run saves no model
     cfg = _config(models["llava"], data, tmp_path, cp=2, resume=True, metrics_jsonl=str(tmp_path / "m.jsonl"))
     summary, _ = _run(cfg, 2)
@@ -451,3 +456,24 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     assert got["resumed"]["start_step"] == 1
     torch.testing.assert_close(got["resumed"]["losses"], want["losses"][1:], **tight)
     assert _worst(got["saved"]["resumed"], want["weights"])[0] < 1e-6
+
+
+@needs_hf_cp
+def test_a_run_that_trains_no_token_is_an_error(models, cut_data, tmp_path, capsys):
+    import dataclasses
+
+    from vlmcp.cli.train_hf import _report
+
+    _, bad = cut_data  # its only image fails to decode in training: every row is empty
+    cfg = dataclasses.replace(_config(models["llava"], None, tmp_path, cp=1, steps=2), data=(str(bad),))
+    index = plan_data(cfg)
+    preload_model_code(cfg.model)
+    summary = spawn_ranks(train_hf_rank, 1, cfg, index, timeout=200, threads_per_rank=1)[0]
+    assert summary["stopped"] == "no_targets" and summary["model_dir"] is None
+    assert summary["target_tokens"] == 0
+    capsys.readouterr()
+    assert _report(cfg, index, summary) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["vlmcp train: steps 1-2 trained no target token (every conversation of their rows was "
+                   "skipped, or none has a trained turn); the model is not saved"]
+    assert not (tmp_path / "model.safetensors").exists()
