@@ -250,3 +250,34 @@ def test_model_traps_are_one_line_before_any_rank(llava, tmp_path, capsys):
         err = _one_error(capsys, argv)
         assert "unsupported architecture PaliGemmaForConditionalGeneration (model_type='paligemma')" in err
         assert "vlmcp supports model_type" in err and "qwen2_vl" in err and "llava" in err
+
+
+def test_feedback_writes_every_figure_to_the_metrics_and_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from vlmcp.report.metrics import read_metrics
+    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.hf.feedback import Feedback, tensorboard_dir
+
+    cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), steps=2, report_to="tensorboard",
+                        metrics_jsonl=str(tmp_path / "m.jsonl"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fb = Feedback(cfg, 0, enabled=True)
+        fb.bar.stream = out
+        record = {"step": 1, "loss": 2.0, "lr": 1e-5, "grad_norm": 0.5, "grad_norm_vision": 0.1,
+                  "grad_norm_projector": 0.2, "grad_norm_llm": 0.4, "tokens": 100, "target_tokens": 40,
+                  "tokens_per_second": 50.0, "memory_bytes": 2**30, "seconds": 2.0}
+        fb.step(record)
+        fb.evaluation(1, {"eval_loss": 2.5, "eval_tokens": 30, "eval_rows": 2})
+        fb.close()
+    assert "loss 2.0000  lr 1.00e-05  grad 0.5  mem 1.00 GiB" in out.getvalue()
+    assert "vlmcp train: step 1: eval loss 2.5000 over 30 target tokens (2 rows)" in out.getvalue()
+    assert read_metrics(tmp_path / "m.jsonl") == [record, {"step": 1, "eval_loss": 2.5, "eval_tokens": 30,
+                                                           "eval_rows": 2}]
+    events = EventAccumulator(str(tensorboard_dir(cfg)))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {f"train/{k}" for k in record if k != "step"} | {"eval/loss"} <= tags
+    assert events.Scalars("train/lr")[0].value == pytest.approx(1e-5)
