@@ -1,10 +1,11 @@
 """Rank functions of the fine-tuning loop's tests (tests/test_train_hf.py), one spawn for a grid.
 
-:func:`global_batch_grid` trains the same two steps of a tiny LLaVA in float64 four ways on 2
-ranks (DP 2; CP 2 with two accumulated rows and ``hidden_shard``; FSDP over DP 2; and a resume
-in the middle of an accumulating run) and, on rank 0, once more by hand in one process with
-plain transformers: each conversation alone, the loss summed over the global batch's targets,
-``clip_grad_norm_``, AdamW. Every run must give that run's losses, gradient norms and weights.
+:func:`global_batch_grid` trains the same two steps of a tiny LLaVA in float64 five ways on 2
+ranks (DP 2; CP 2 with two accumulated rows and ``hidden_shard``; FSDP over DP 2; FSDP over CP 2
+with ``hidden_shard``; and a resume in the middle of an accumulating run) and, on rank 0, once
+more by hand in one process with plain transformers: each conversation alone, the loss summed
+over the global batch's targets, ``clip_grad_norm_``, AdamW. Every run must give that run's
+losses, gradient norms and weights.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def global_batch_grid(group: dist.ProcessGroup, base, index, eval_index, root: s
         "dp2": dict(cp=1, dp=2),  # every run's global batch: 2 rows
         "cp2_accum2": dict(cp=2, dp=1, grad_accum=2, vision_mode="hidden_shard", eval_every=1),
         "fsdp_dp2": dict(cp=1, dp=2, fsdp=True),
+        # FSDP shards, hidden_shard's slices (kept out of FSDP) and CP shares in one global norm
+        "fsdp_cp2_hidden_shard": dict(cp=2, dp=1, grad_accum=2, fsdp=True, vision_mode="hidden_shard"),
     }
     out: dict = {}
     with float64_exact(torch.float64):
@@ -93,11 +96,13 @@ def global_batch_grid(group: dist.ProcessGroup, base, index, eval_index, root: s
                          "records": _metrics(cfg.metrics_jsonl) if rank == 0 else None}
         # an accumulating run stopped after its step-1 checkpoint, resumed to its end
         stopped = dataclasses.replace(base, cp=2, grad_accum=2, output_dir=f"{root}/stopped",
-                                      checkpoint_dir=f"{root}/ckpt", checkpoint_every=1, nan_at_step=2)
+                                      checkpoint_dir=f"{root}/ckpt", checkpoint_every=1, nan_at_step=2,
+                                      save_total_limit=1)
         assert train_hf_rank(group, stopped, index)["stopped"] == "nonfinite"
         resumed = dataclasses.replace(stopped, output_dir=f"{root}/resumed", nan_at_step=None, resume=True)
         summary = train_hf_rank(group, resumed, index)
-        out["resumed"] = {"start_step": summary["start_step"], "losses": summary["losses"]}
+        out["resumed"] = {"start_step": summary["start_step"], "losses": summary["losses"],
+                          "checkpoints": sorted(os.listdir(f"{root}/ckpt"))}
         dist.barrier(group=group)
         if rank == 0:
             oracle = dataclasses.replace(base, grad_accum=2)  # the runs' global batch: 2 rows

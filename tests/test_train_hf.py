@@ -422,8 +422,9 @@ def _worst(got: dict, want: dict) -> tuple[float, str]:
 
 @needs_hf_cp
 def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume(models, data, tmp_path):
-    """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard), FSDP over --dp 2, and an accumulating run
-    resumed half way give one process's losses, clipped global gradient norms, eval loss and weights."""
+    """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard), FSDP over --dp 2, FSDP over --cp 2 with
+    hidden_shard, and an accumulating run resumed half way give one process's losses, clipped global
+    gradient norms, eval loss and weights."""
     from tests import finetune_cases
     from vlmcp.cli.train_hf import plan_eval
     from vlmcp.data.hf.processor import load_processor
@@ -440,7 +441,7 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     want = got["oracle"]
     assert min(want["grad_norms"]) > 0.05  # every step clipped
     tight = dict(rtol=1e-7, atol=1e-10)  # float64; a wrong normaliser or norm is off by O(1)
-    for name in ("dp2", "cp2_accum2", "fsdp_dp2"):
+    for name in ("dp2", "cp2_accum2", "fsdp_dp2", "fsdp_cp2_hidden_shard"):
         torch.testing.assert_close(got[name]["losses"], want["losses"], **tight)
         records = [r for r in got[name]["records"] if "loss" in r]
         torch.testing.assert_close([r["grad_norm"] for r in records], want["grad_norms"], **tight)
@@ -454,6 +455,7 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     eval_records = [r for r in got["cp2_accum2"]["records"] if "eval_loss" in r]
     assert [r["step"] for r in eval_records] == [1, 2]
     assert got["resumed"]["start_step"] == 1
+    assert got["resumed"]["checkpoints"] == ["step_00000002.pt"]  # --save-total-limit 1
     torch.testing.assert_close(got["resumed"]["losses"], want["losses"][1:], **tight)
     assert _worst(got["saved"]["resumed"], want["weights"])[0] < 1e-6
 
