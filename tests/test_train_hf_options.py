@@ -281,3 +281,25 @@ def test_feedback_writes_every_figure_to_the_metrics_and_tensorboard(tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {f"train/{k}" for k in record if k != "step"} | {"eval/loss"} <= tags
     assert events.Scalars("train/lr")[0].value == pytest.approx(1e-5)
+
+
+def test_a_second_ctrl_c_stops_at_once(capsys):
+    """The launcher: the first Ctrl-C is a SIGTERM to the ranks and one line; the second exits 130.
+    A rank: the first SIGINT asks for a stop after the step; the second exits 130 at once."""
+    import signal
+
+    from vlmcp.cli.ranks import _Interrupt
+
+    handler = _Interrupt("vlmcp train")
+    handler(signal.SIGINT, None)  # no rank to forward to here
+    assert capsys.readouterr().err.strip() == ("vlmcp train: interrupted: finishing the step and saving a "
+                                               "checkpoint (Ctrl-C again to stop at once)")
+    with pytest.raises(SystemExit) as exc:
+        handler(signal.SIGINT, None)
+    assert exc.value.code == 130
+    code = ("import signal; from vlmcp.train.hf.loop import _StopSignals\n"
+            "s = _StopSignals(); s(signal.SIGTERM, None); print(s.flag, s.interrupted, flush=True)\n"
+            "s(signal.SIGINT, None); print(s.flag, s.interrupted, flush=True)\n"
+            "s(signal.SIGINT, None); print('not reached')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130 and out.stdout.split() == ["True", "False", "True", "True"], out
