@@ -198,6 +198,12 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
     assert f"the last good checkpoint is {tmp_path}/checkpoints/step_00000002.pt" in err[0]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002.pt"]
     assert len(_losses(tmp_path / "m.jsonl")) == 2
+    # --resume with another schedule: refused before any rank starts, naming each difference
+    argv = [a if a != str(STEPS) else "8" for a in _args(models["llava"], data, tmp_path, "--resume")]
+    assert main(["train", *argv, "--grad-accum", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "belongs to another run" in err[0], err
+    assert "--steps 6 -> 8" in err[0] and "--grad-accum 1 -> 2" in err[0]
 
 
 @needs_hf_cp
