@@ -329,13 +329,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _train_cli(*args) -> subprocess.Popen:
+def _train_cli(*args, **popen) -> subprocess.Popen:
     """``vlmcp train`` of this checkout in a fresh process (2000 steps: it runs until stopped)."""
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen([sys.executable, "-m", "vlmcp", "train", *SMALL, "--steps", "2000",
                              *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": path})
+                            env={**os.environ, "PYTHONPATH": path}, **popen)
 
 
 def _wait_for_steps(proc, metrics, n: int, seconds: float = 90) -> list[int]:
@@ -387,15 +387,22 @@ def test_ranks_do_not_outlive_a_killed_launcher(tmp_path):
     assert not any(_alive(p) for p in ranks)
 
 
-def test_sigterm_on_the_reference_path_finishes_the_step_saves_and_exits_0(tmp_path):
+@pytest.mark.parametrize("kind, rc", [("SIGTERM", 0), ("SIGINT", 130)])
+def test_sigterm_on_the_reference_path_finishes_the_step_saves_and_exits_0(tmp_path, kind, rc):
+    """SIGTERM to the launcher (it forwards it to every rank), or Ctrl-C (SIGINT to the whole process
+    group, as a terminal sends it): the step finishes, a checkpoint is saved; Ctrl-C exits 130."""
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
-    proc = _train_cli("--metrics-jsonl", metrics, "--checkpoint-dir", ckpt)
+    proc = _train_cli("--metrics-jsonl", metrics, "--checkpoint-dir", ckpt, start_new_session=True)
     _wait_for_steps(proc, metrics, 2)
-    proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+    if kind == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == rc, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
     done = len(_losses(metrics))
-    assert f"vlmcp train: SIGTERM: stopped after step {done} of 2000, checkpoint step_{done:08d}.pt; " \
+    assert f"vlmcp train: {kind}: stopped after step {done} of 2000, checkpoint step_{done:08d}.pt; " \
         "continue with --resume" in out
     assert [p.name for p in list_checkpoints(ckpt)] == [f"step_{done:08d}.pt"]
     assert load_checkpoint(ckpt / f"step_{done:08d}.pt").state["data_position"] > 0

@@ -297,8 +297,8 @@ def test_a_second_ctrl_c_stops_at_once(capsys):
     with pytest.raises(SystemExit) as exc:
         handler(signal.SIGINT, None)
     assert exc.value.code == 130
-    code = ("import signal; from vlmcp.train.hf.loop import _StopSignals\n"
-            "s = _StopSignals(); s(signal.SIGTERM, None); print(s.flag, s.interrupted, flush=True)\n"
+    code = ("import signal; from vlmcp.train.stop import StopSignals\n"
+            "s = StopSignals(); s(signal.SIGTERM, None); print(s.flag, s.interrupted, flush=True)\n"
             "s(signal.SIGINT, None); print(s.flag, s.interrupted, flush=True)\n"
             "s(signal.SIGINT, None); print('not reached')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

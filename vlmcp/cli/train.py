@@ -8,7 +8,8 @@ Every flag is checked before any rank starts, the paths it writes included.
 
 One run per directory: the run locks every place it writes (the checkpoint and output
 directories, the metrics file) for as long as it runs. SIGTERM finishes the step, saves
-a checkpoint and exits 0; ranks stop within a second when the launcher dies; a peer that
+a checkpoint and exits 0 (Ctrl-C too, exiting 130; a second Ctrl-C stops at once); ranks
+stop within a second when the launcher dies; a peer that
 does not answer within --timeout ends the run with one line naming the step, the
 collective and who did not answer.
 """
@@ -241,7 +242,7 @@ def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
               f"{max(1, (os.cpu_count() or 1) // cfg.world_size)} thread(s) each), {cfg.steps} steps of "
               f"{cfg.seq_len} tokens, vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
     summary = run_on_ranks("vlmcp train", train_rank, cfg.world_size, cfg, on_step, timeout=None,
-                           collective_timeout=cfg.timeout,
+                           collective_timeout=cfg.timeout, interrupt=True,
                            world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
     if is_rank_zero():
         losses = summary["losses"]
@@ -256,4 +257,6 @@ def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
                   f"and shard for {picks.count('shard')} of DP replica 0's {len(picks)} rows")
         if summary["loss_curve"]:
             print(f"vlmcp train: loss curve written to {summary['loss_curve']}")
+        if (summary["stopped"] or "").startswith("SIGINT"):
+            return 130  # Ctrl-C: saved and stopped, as a shell expects of an interrupted command
     return 0

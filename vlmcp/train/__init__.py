@@ -9,7 +9,8 @@ The shared layer (this package's modules):
 * :mod:`.groups` — :func:`dp_cp_groups`, the DP x CP process groups.
 * :mod:`.options` — the option types (``Literal`` choices, dtypes).
 * :mod:`.progress` — :class:`ProgressBar`; the metrics JSONL is :mod:`vlmcp.report.metrics`.
-* :mod:`.lock` — one run per directory; :mod:`.faults` — stalled peers, orphaned ranks.
+* :mod:`.lock` — one run per directory; :mod:`.faults` — stalled peers, orphaned ranks;
+  :mod:`.stop` — SIGTERM and Ctrl-C.
 
 The trainers: :mod:`.reference` (the built-in VLM, ``vlmcp train``) and :mod:`.hf` (a Hugging
 Face model directory, ``vlmcp train --model``); each keeps only its config, step and loop.

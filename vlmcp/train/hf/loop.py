@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +68,7 @@ from vlmcp.train.hf.final_model import save_trained_model
 from vlmcp.train.hf.optim import clip_gradients, make_optimizer, part_of, squared_norms
 from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.schedule import hf_lr_at
+from vlmcp.train.stop import StopSignals, stop_signals
 
 __all__ = ["load_parallel_model", "part_of", "train_hf_rank"]
 
@@ -126,22 +125,6 @@ def _check_same_plan(index: DataIndex, group: dist.ProcessGroup, device: torch.d
                          "images the same) on every node?")
 
 
-class _StopSignals:
-    """SIGTERM, or a first SIGINT (Ctrl-C): stop after this step, with a checkpoint. A second
-    SIGINT exits this rank at once (130), as a second Ctrl-C should."""
-
-    def __init__(self) -> None:
-        self.flag = False
-        self.interrupted = False
-
-    def __call__(self, signum, _frame) -> None:
-        if signum == signal.SIGINT:
-            if self.interrupted:
-                os._exit(130)
-            self.interrupted = True
-        self.flag = True
-
-
 def _memory(device: torch.device) -> float:
     """This rank's peak memory so far: CUDA memory allocated, or on the CPU the process's peak resident
     set (model, optimizer and data included, so an upper bound on activations)."""
@@ -183,7 +166,7 @@ class _Run:
         dist.all_reduce(total, group=self.dp_group)
         return counts, float(total.item())
 
-    def step(self, rows: list[HFRow], step: int, stop: _StopSignals) -> tuple[torch.Tensor, dict]:
+    def step(self, rows: list[HFRow], step: int, stop: StopSignals) -> tuple[torch.Tensor, dict]:
         """Forward and backward of this replica's rows of the global batch, exact gradients; one
         all-reduce of the step's figures.
 
@@ -265,13 +248,8 @@ def train_hf_rank(group: dist.ProcessGroup, cfg: HFTrainConfig, index: DataIndex
         ``{"step", "eval_loss", "eval_tokens", "eval_rows"}`` per evaluation).
     """
     cfg = cfg.with_steps(len(index.rows))
-    stop = _StopSignals()  # from the start: a SIGTERM while loading still ends with a checkpoint
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stop_signals() as stop:  # from the start: a SIGTERM while loading still ends with a checkpoint
         return _train(_Run(cfg, group, index), stop, on_finish, eval_index)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _due(cfg: HFTrainConfig, done: int) -> bool:
@@ -280,7 +258,7 @@ def _due(cfg: HFTrainConfig, done: int) -> bool:
     return saving and (done == cfg.steps or bool(cfg.checkpoint_every and done % cfg.checkpoint_every == 0))
 
 
-def _train(run: _Run, stop: _StopSignals, on_finish: Callable | None, eval_index: DataIndex | None) -> dict:
+def _train(run: _Run, stop: StopSignals, on_finish: Callable | None, eval_index: DataIndex | None) -> dict:
     cfg = run.cfg
     feedback = Feedback(cfg, run.start, enabled=run.rank == 0)
     loader = RowLoader(run.processor, run.index, seed=cfg.seed, dp=cfg.dp, dp_rank=run.dp_rank,

@@ -8,15 +8,14 @@ checkpoints. Nothing random happens after initialization (no dropout, data is a
 pure function of the data position), so a resumed run on CPU reproduces the
 uninterrupted one exactly.
 
-A SIGTERM on any rank (the launcher forwards its own) finishes the step, saves a
-checkpoint and ends the run cleanly: one all-reduce per step over the world carries
+A SIGTERM or Ctrl-C on any rank (the launcher forwards its own; :mod:`vlmcp.train.stop`)
+finishes the step, saves a checkpoint and ends the run cleanly: one all-reduce per step over the world carries
 the flag, so every rank stops after the same step. A collective that times out ends the
 rank with one line naming the step (Note [vlmcp stalled peers and orphaned ranks]).
 """
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -46,6 +45,7 @@ from vlmcp.train.reference.config import TrainConfig
 from vlmcp.train.reference.step import forward_backward
 from vlmcp.train.schedule import lr_at
 from vlmcp.train.state import full_state, load_full_state
+from vlmcp.train.stop import StopSignals, stop_signals
 from vlmcp.vision import VisionConfig, place_vision
 
 __all__ = ["check_resumable", "cost_model", "dataset_config", "model_config", "train_rank"]
@@ -136,7 +136,7 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
     Returns:
         ``start_step``, ``steps``, ``losses`` (per step, identical on every rank),
         ``loss_curve`` (rank 0), ``param_checksum`` (sum of this rank's parameters) and
-        ``stopped`` (None, or the line saying where a SIGTERM stopped the run).
+        ``stopped`` (None, or the line saying where a SIGTERM or SIGINT stopped the run).
 
     Raises:
         vlmcp.train.faults.CollectiveTimeout: a peer did not answer within ``cfg.timeout``.
@@ -150,15 +150,11 @@ def train_rank(group: dist.ProcessGroup, cfg: TrainConfig,
     cp_group, dp_group = dp_cp_groups(group, cfg.cp, timeout)
     if cfg.usp_size is not None:
         usp_groups(cp_group, cfg.usp_size, timeout)  # every rank, here: new_group is collective over the job
-    term = {"flag": False}  # from the start: a SIGTERM while loading still ends with a checkpoint
-    previous = signal.signal(signal.SIGTERM, lambda *_: term.__setitem__("flag", True))
-    try:
-        return _train(group, cfg, on_step, device, cp_group, dp_group, term)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with stop_signals() as stop:  # from the start: a SIGTERM while loading still ends with a checkpoint
+        return _train(group, cfg, on_step, device, cp_group, dp_group, stop)
 
 
-def _train(group, cfg: TrainConfig, on_step, device, cp_group, dp_group, term: dict) -> dict:
+def _train(group, cfg: TrainConfig, on_step, device, cp_group, dp_group, stop: StopSignals) -> dict:
     rank, cp_rank, dp_rank = dist.get_rank(group), dist.get_rank(cp_group), dist.get_rank(dp_group)
     dtype = TORCH_DTYPES[cfg.dtype]
 
@@ -183,7 +179,8 @@ def _train(group, cfg: TrainConfig, on_step, device, cp_group, dp_group, term: d
             loss, norms, plan, seconds, position = _step(cfg, model, optimizer, dataset, parts, costs, step,
                                                          position, (rank, dp_rank, cp_rank), cp_group,
                                                          dp_group, device, on_step)
-            flag = torch.tensor([float(term["flag"])], dtype=torch.float64, device=device)
+            flag = torch.tensor([float(stop.flag), float(stop.interrupted)], dtype=torch.float64,
+                                device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)  # every rank stops after the same step
         losses.append(loss)
         strategies.append(plan.image_strategy)
@@ -194,7 +191,7 @@ def _train(group, cfg: TrainConfig, on_step, device, cp_group, dp_group, term: d
                            "grad_norm_projector": norms["projector"], "grad_norm_llm": norms["llm"],
                            "tokens": tokens, "seconds": seconds})
         done = step + 1
-        sigterm = bool(flag) and done < cfg.steps
+        sigterm = bool(flag[0]) and done < cfg.steps
         if cfg.checkpoint_dir and (done == cfg.steps or sigterm or
                                    (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
             with stall_guard(f"checkpoint of step {done}"):
@@ -205,7 +202,8 @@ def _train(group, cfg: TrainConfig, on_step, device, cp_group, dp_group, term: d
         if sigterm:
             where = f"checkpoint step_{done:08d}.pt; continue with --resume" if cfg.checkpoint_dir \
                 else "no --checkpoint-dir, nothing saved"
-            stopped = f"SIGTERM: stopped after step {done} of {cfg.steps}, {where}"
+            kind = "SIGINT" if flag[1] else "SIGTERM"
+            stopped = f"{kind}: stopped after step {done} of {cfg.steps}, {where}"
             break
     bar.close()
     curve = None
