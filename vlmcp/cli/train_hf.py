@@ -338,6 +338,8 @@ def run_hf(args: argparse.Namespace) -> int:
     processor, index = _plan(cfg)
     cfg = cfg.with_steps(len(index.rows))  # --epochs: the steps of that many passes over the rows
     eval_index = plan_eval(cfg, processor)
+    if cfg.strict and eval_index is not None:
+        _decode_every_image(processor, eval_index)
     if not _resume_preflight(cfg):
         return 0
     fill = index.tokens / (len(index.rows) * cfg.seq_len)

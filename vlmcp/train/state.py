@@ -59,8 +59,12 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: d
         for n, p in params.items():
             full = state["model"][n]
             p.copy_(local_part(p, full.to(p.device, p.dtype)))
-    for group, hyper in zip(optimizer.param_groups, state["optimizer"]["param_groups"], strict=True):
-        group.update(hyper)
+    saved_groups = state["optimizer"]["param_groups"]
+    if len(saved_groups) == len(optimizer.param_groups):
+        for group, hyper in zip(optimizer.param_groups, saved_groups, strict=True):
+            group.update(hyper)
+    # else a checkpoint of before ``vlmcp train --model`` split decayed and plain parameters: the
+    # optimizer's own hyperparameters (the run's config; the rate is set every step) stand
     names = {p: n for n, p in params.items()}
     for group in optimizer.param_groups:
         for p in group["params"]:
