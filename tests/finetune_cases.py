@@ -1,8 +1,9 @@
 """Rank functions of the fine-tuning loop's tests (tests/test_train_hf.py), one spawn for a grid.
 
-:func:`global_batch_grid` trains the same two steps of a tiny LLaVA in float64 five ways on 2
-ranks (DP 2; CP 2 with two accumulated rows and ``hidden_shard``; FSDP over DP 2; FSDP over CP 2
-with ``hidden_shard``; and a resume in the middle of an accumulating run) and, on rank 0, once
+:func:`global_batch_grid` trains the same two steps of a tiny LLaVA in float64 seven ways on 2
+ranks (DP 2; CP 2 with two accumulated rows and ``hidden_shard``, ``broadcast`` or ``scatter``;
+FSDP over DP 2; FSDP over CP 2 with ``hidden_shard``; and a resume in the middle of an
+accumulating run) and, on rank 0, once
 more by hand in one process with plain transformers: each conversation alone, the loss summed
 over the global batch's targets, ``clip_grad_norm_``, AdamW. Every run must give that run's
 losses, gradient norms and weights.
@@ -83,6 +84,9 @@ def global_batch_grid(group: dist.ProcessGroup, base, index, eval_index, root: s
         "dp2": dict(cp=1, dp=2),  # every run's global batch: 2 rows
         "cp2_accum2": dict(cp=2, dp=1, grad_accum=2, vision_mode="hidden_shard", eval_every=1),
         "fsdp_dp2": dict(cp=1, dp=2, fsdp=True),
+        # the vision modes that run the ViT on some ranks only, evaluating too (a forward under no_grad)
+        "cp2_broadcast": dict(cp=2, dp=1, grad_accum=2, vision_mode="broadcast", eval_every=1),
+        "cp2_scatter": dict(cp=2, dp=1, grad_accum=2, vision_mode="scatter", eval_every=1),
         # FSDP shards, hidden_shard's slices (kept out of FSDP) and CP shares in one global norm
         "fsdp_cp2_hidden_shard": dict(cp=2, dp=1, grad_accum=2, fsdp=True, vision_mode="hidden_shard"),
     }

@@ -428,9 +428,9 @@ def _worst(got: dict, want: dict) -> tuple[float, str]:
 
 @needs_hf_cp
 def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume(models, data, tmp_path):
-    """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard), FSDP over --dp 2, FSDP over --cp 2 with
-    hidden_shard, and an accumulating run resumed half way give one process's losses, clipped global
-    gradient norms, eval loss and weights."""
+    """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard, broadcast, scatter), FSDP over --dp 2, FSDP
+    over --cp 2 with hidden_shard, and an accumulating run resumed half way give one process's losses,
+    clipped global gradient norms, eval loss and weights."""
     from tests import finetune_cases
     from vlmcp.cli.train_hf import plan_eval
     from vlmcp.data.hf.processor import load_processor
@@ -447,7 +447,7 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     want = got["oracle"]
     assert min(want["grad_norms"]) > 0.05  # every step clipped
     tight = dict(rtol=1e-7, atol=1e-10)  # float64; a wrong normaliser or norm is off by O(1)
-    for name in ("dp2", "cp2_accum2", "fsdp_dp2", "fsdp_cp2_hidden_shard"):
+    for name in ("dp2", "cp2_accum2", "cp2_broadcast", "cp2_scatter", "fsdp_dp2", "fsdp_cp2_hidden_shard"):
         torch.testing.assert_close(got[name]["losses"], want["losses"], **tight)
         records = [r for r in got[name]["records"] if "loss" in r]
         torch.testing.assert_close([r["grad_norm"] for r in records], want["grad_norms"], **tight)
@@ -455,9 +455,11 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
         # Adam turns float64 noise in a ~0 gradient (a key bias, an unused position) into ~lr * noise / eps
         assert _worst(got["saved"][name], want["weights"])[0] < 1e-6, (name, _worst(got["saved"][name],
                                                                                     want["weights"]))
-    evals = got["cp2_accum2"]["evals"]
-    assert [e["step"] for e in evals] == [1, 2] and all(e["eval_rows"] == len(eval_index.rows) for e in evals)
-    torch.testing.assert_close(evals[-1]["eval_loss"], want["eval_loss"], **tight)
+    for name in ("cp2_accum2", "cp2_broadcast", "cp2_scatter"):
+        evals = got[name]["evals"]
+        assert [e["step"] for e in evals] == [1, 2]
+        assert all(e["eval_rows"] == len(eval_index.rows) for e in evals)
+        torch.testing.assert_close(evals[-1]["eval_loss"], want["eval_loss"], **tight)
     eval_records = [r for r in got["cp2_accum2"]["records"] if "eval_loss" in r]
     assert [r["step"] for r in eval_records] == [1, 2]
     assert got["resumed"]["start_step"] == 1
