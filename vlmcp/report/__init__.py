@@ -9,7 +9,22 @@ Main entry points:
 Both draw with matplotlib's Agg backend (no display needed).
 """
 
-from vlmcp.report.loss_curve import plot_loss_curve
-from vlmcp.report.plan_picture import draw_plan
+import importlib
 
 __all__ = ["draw_plan", "plot_loss_curve"]
+
+_LAZY = {"plot_loss_curve": "vlmcp.report.loss_curve", "draw_plan": "vlmcp.report.plan_picture"}
+"""Imported on first use (PEP 562): matplotlib costs a second, and every trainer imports
+:mod:`vlmcp.report.metrics` from this package."""
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vlmcp.report' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
