@@ -23,8 +23,9 @@ from vlmcp.hf.debug.parity import (
     load_model,
     reference_for,
 )
-from vlmcp.hf.freeze import freeze, unwrap_peft
+from vlmcp.hf.freeze import freeze
 from vlmcp.hf.parallel import parallelize
+from vlmcp.hf.peft import unwrap_peft
 
 
 @dataclass(frozen=True)

@@ -25,21 +25,15 @@ from collections.abc import Iterable
 from torch import nn
 
 from vlmcp.hf.adapters import adapter_for, submodule
+from vlmcp.hf.peft import unwrap_peft
 
-__all__ = ["PARTS", "freeze", "part_names", "unwrap_peft"]
+__all__ = ["PARTS", "freeze", "part_names", "projector_paths"]
 
 PARTS = ("vision", "projector", "llm")
 
 
-def unwrap_peft(model: nn.Module) -> nn.Module:
-    """The transformers model inside a ``peft.PeftModel`` (``model`` itself otherwise)."""
-    get_base = getattr(type(model), "get_base_model", None)
-    if get_base is not None and type(model).__module__.startswith("peft."):
-        return model.get_base_model()
-    return model
-
-
-def _projector_paths(model: nn.Module, adapter) -> list[str]:
+def projector_paths(model: nn.Module, adapter) -> list[str]:
+    """The projector's module paths (see the module docstring)."""
     paths = adapter.vision_module_paths(model)
     out = []
     for last in (adapter.projector_last, *adapter.deepstack_projectors(model)):
@@ -69,7 +63,7 @@ def part_names(model: nn.Module) -> dict[str, list[str]]:
                          "vlmcp cannot tell its vision tower and projector from its language model")
     owner_of: dict[int, str] = {}
     if adapter.projector_last is not None:
-        for path in _projector_paths(inner, adapter):
+        for path in projector_paths(inner, adapter):
             for p in submodule(inner, path).parameters():
                 owner_of[id(p)] = "projector"
     for path in adapter.vision_params:

@@ -46,6 +46,7 @@ from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
 from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.hf.final_model import save_trained_model
+from vlmcp.train.hf.finetune import prepare_model, trainable_parameters, without_input_grad_hooks
 from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.progress import ProgressBar
 from vlmcp.train.schedule import lr_at
@@ -88,10 +89,12 @@ def load_parallel_model(cfg: HFTrainConfig, cp_group, world: int, device: torch.
     import vlmcp.hf
 
     hf_logging.disable_progress_bar()  # one progress bar per run (rank 0's), not one per rank and file
-    model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype]).to(device)
+    model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype])
+    model = prepare_model(cfg, model).to(device)  # --freeze, --lora
     model.train()
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        without_input_grad_hooks(model)
     vlmcp.hf.parallelize(model, cp_group, attention=cfg.attention, vision_mode=cfg.vision_mode)
     if cfg.fsdp:
         _fully_shard(model, world, device)
@@ -144,7 +147,7 @@ class _Run:
         _check_same_plan(index, group, self.device)
         self.processor = load_processor(cfg.model)
         self.model = load_parallel_model(cfg, self.cp_group, self.world, self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.lr, weight_decay=0.0)
         self.start, self.position = (load_hf_checkpoint(cfg, self.model, self.optimizer, group, self.device)
                                      if cfg.resume else (0, 0))
         self.losses: list[float] = []
