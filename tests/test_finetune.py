@@ -3,7 +3,9 @@
 One spawned group at P=2 runs the grid (tests/finetune_cases.py) on tiny random models: every
 vision mode with the ViT and projector frozen, under HF's gradient checkpointing (its input hook
 made ``broadcast`` hang: only the source's features required grad), the ViT alone frozen, the
-projector frozen (``hidden_shard`` keeps its slice frozen), the LLM frozen.
+projector frozen (``hidden_shard`` keeps its slice frozen), the LLM frozen; then LoRA (peft) on
+the LLM, the ViT and the projector in every vision mode (every adapter's gradient against one
+process, its B initialised nonzero), and the LoRA set-ups vlmcp refuses, by name.
 """
 
 from __future__ import annotations
@@ -33,8 +35,18 @@ FREEZE_CASES = (
     + [_c("llava", "broadcast", gc=True, freeze=("vision", "projector")),
        _c("llava", "hidden_shard", freeze=("projector", "llm"))]
 )
-CASES = FREEZE_CASES
-REFUSALS = []
+QWEN_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "qkv", "projector": "mlp.0"}
+LLAVA_LORA = {"rank": 4, "alpha": 8.0, "targets": "attn", "projector": "linear_1"}
+LORA_CASES = (
+    [_c(mode=m, gc=m in ("broadcast", "hidden_shard"), lora=QWEN_LORA) for m in MODES]
+    + [_c(mode="replicate", attention="ulysses", lora={**QWEN_LORA, "targets": "mlp", "vision": None}),
+       _c(mode="broadcast", lora={"rank": 2, "alpha": 4.0, "targets": None, "vision": "all"}),  # a frozen LLM
+       _c("llava", "scatter", lora=LLAVA_LORA), _c("llava", "hidden_shard", gc=True, lora=LLAVA_LORA)]
+)
+CASES = FREEZE_CASES + LORA_CASES
+REFUSALS = [_c(mode="hidden_shard", lora={**QWEN_LORA, "projector": "mlp.2"}),
+            _c(mode="replicate", lora={**QWEN_LORA, "targets": "q_proj,lm_head"}),
+            _c(mode="replicate", lora={**QWEN_LORA, "targets": "q_proj,qq_proj"})]
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +80,17 @@ def test_a_frozen_vit_runs_no_backward_and_broadcast_does_not_hang(results):
             assert row["vit_ran"] and row["vit_backward"], row
     broadcast = [r for r in _rows(results, FREEZE_CASES) if " broadcast gc=True" in r["case"]]
     assert len(broadcast) == 2  # qwen2_vl and llava, each of which hung before
+
+
+def test_lora_is_exact_in_every_vision_mode(results):
+    for row in _rows(results, LORA_CASES):
+        _exact(row)
+        assert row["lora_params"] > 0 and row["lora_grads"] > 0, row
+        assert row["trainable"] == row["lora_params"], row  # peft froze every base weight
+
+
+def test_lora_on_what_vlmcp_cannot_run_is_refused_by_name(results):
+    hidden, head, unknown = results["refused"]
+    assert "model.visual.merger.mlp.2" in hidden and "LoRA layer" in hidden and "hidden_shard" in hidden
+    assert "LM head" in head
+    assert "'qq_proj' matches no Linear layer" in unknown and "q_proj" in unknown
