@@ -38,8 +38,9 @@ _MLP = re.compile(r"mlp|feedforward|feed_forward|expert", re.IGNORECASE)
 
 
 def is_peft_model(model: nn.Module) -> bool:
-    """Whether ``model`` is a ``peft.PeftModel`` (checked without importing peft)."""
-    return type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model")
+    """Whether ``model`` is a ``peft.PeftModel`` (checked without importing peft; FSDP2's
+    ``fully_shard`` makes its class a subclass defined elsewhere)."""
+    return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft.") for c in type(model).__mro__)
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
