@@ -26,6 +26,7 @@ from vlmcp.cli.finetune import hf_shared_values, loop_options
 from vlmcp.cli.model_check import check_model_dir
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
+from vlmcp.cli.train_lora_args import add_lora_arguments, check_no_lora, lora_fields
 from vlmcp.cli.video import add_video_arguments, video_sampling
 from vlmcp.data.hf.video import VideoSampling
 from vlmcp.train.hf.config import HFTrainConfig
@@ -74,6 +75,7 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss-chunk-size", type=int, default=4096, metavar="N",
                    help="target tokens per chunk of logits of --loss chunked (default 4096)")
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
+    add_lora_arguments(p)
     add_video_arguments(p.add_argument_group(
         "videos (with --model)", "How a video becomes frames, as the model's own processor samples them "
         "(qwen-vl-utils for Qwen2-VL and Qwen2.5-VL; the video processor for Qwen3-VL, Qwen3.5 and GLM-4.1V; "
@@ -93,6 +95,7 @@ def check_reference_args(args: argparse.Namespace) -> None:
     for flag in ("strict", "fsdp", "activation_checkpointing", "offload_activations"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
+    check_no_lora(args)
     if video_sampling(args) != VideoSampling():
         raise ValueError("the --video-* flags need --model (the reference VLM's videos are its own frames)")
 
@@ -114,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
     check_output_outside_model(args.output_dir, args.model)
     return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
                          video=video_sampling(args), **{f: getattr(args, f) for f in fields},
-                         **hf_shared_values(args), **loop_options(args))
+                         **hf_shared_values(args), **loop_options(args), **lora_fields(args))
 
 
 def check_output_outside_model(output_dir, model) -> None:

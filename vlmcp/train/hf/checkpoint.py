@@ -47,6 +47,7 @@ from vlmcp.train.checkpoint import (
     remove_stale_temps,
     save_checkpoint,
 )
+from vlmcp.train.hf.finetune_config import finetune_changes
 from vlmcp.train.lock import writer_tag
 from vlmcp.train.state import full_state, load_full_state
 
@@ -140,6 +141,7 @@ def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
                for f in fields if not _same(f, saved.get(f), getattr(cfg, f))]
     if saved.get("fsdp") != cfg.fsdp:
         changed.append(f"--fsdp {saved.get('fsdp')} -> {cfg.fsdp}")
+    changed += finetune_changes(saved, cfg)
     if changed:
         raise ValueError(f"cannot resume from {where}: it belongs to another run ({', '.join(changed)})")
     if step > cfg.steps:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from vlmcp.data.hf.video import VideoSampling
+from vlmcp.train.hf.finetune_config import check_finetune
 from vlmcp.train.options import (
     AttentionBackend,
     DType,
@@ -130,6 +131,26 @@ class HFTrainConfig:
     and who did not answer. Must exceed the slowest rank's step time plus the longest save
     (a checkpoint, or the final ``save_pretrained``: rank 0 writes while the others wait in
     a barrier); raise it for a large model on a slow disk."""
+    freeze: tuple[str, ...] = ()
+    """Parts kept as loaded (``--freeze``, repeatable): ``vision``, ``projector``, ``llm``
+    (:mod:`vlmcp.hf.freeze`); with ``lora``, the parts that get no adapter."""
+    lora: bool = False
+    """Train LoRA adapters (:mod:`vlmcp.hf.peft`) on a frozen base; the output is a PEFT adapter."""
+    lora_rank: int = 8
+    """LoRA rank r."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (the update is scaled by ``alpha / r``)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
+    lora_targets: str = "all"
+    """The language model's adapted layers: ``all`` (every Linear but the LM head), ``attn``,
+    ``mlp`` or comma-separated module names."""
+    lora_vision: str | None = None
+    """Adapters in the vision tower too: ``all`` or comma-separated module names (None: none)."""
+    lora_projector: str | None = None
+    """Adapters in the projector too: ``all`` or comma-separated module names (None: none)."""
+    merge_lora: bool = False
+    """Save the merged weights (a plain model) instead of the PEFT adapter."""
     nan_at_step: int | None = None
     """Tests only: rank 1 (or 0) makes the loss of this step NaN."""
 
@@ -184,6 +205,7 @@ class HFTrainConfig:
         if self.seq_len < 8 * self.cp:
             raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: use at least "
                              f"{8 * self.cp}")
+        check_finetune(self)
         if self.fsdp and self.vision_mode in ("broadcast", "scatter"):
             # some rank skips (part of) the ViT, so FSDP's collectives would stop matching
             raise ValueError(f"--fsdp takes --vision-mode replicate, allreduce_hook or hidden_shard, got "
