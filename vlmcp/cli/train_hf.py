@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from vlmcp.cli.data_options import DATA_FLAGS, add_data_arguments
+from vlmcp.cli.data_options import check_reference as check_reference_data
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.video import add_video_arguments, video_sampling
@@ -71,6 +73,7 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
                         "(for comparison)")
     g.add_argument("--loss-chunk-size", type=int, default=4096, metavar="N",
                    help="target tokens per chunk of logits of --loss chunked (default 4096)")
+    add_data_arguments(g)
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
     add_video_arguments(p.add_argument_group(
         "videos (with --model)", "How a video becomes frames, as the model's own processor samples them "
@@ -91,14 +94,15 @@ def check_reference_args(args: argparse.Namespace) -> None:
     for flag in ("strict", "fsdp", "activation_checkpointing", "offload_activations"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
+    check_reference_data(args)
     if video_sampling(args) != VideoSampling():
         raise ValueError("the --video-* flags need --model (the reference VLM's videos are its own frames)")
 
 
 def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
-    if args.model is None or args.data is None or args.output_dir is None:
-        raise ValueError("--model, --data and --output-dir go together (a model directory, its training "
-                         "data and where the trained model goes)")
+    if args.model is None or (args.data is None and args.dataset is None) or args.output_dir is None:
+        raise ValueError("--model, --data (or --dataset) and --output-dir go together (a model directory, "
+                         "its training data and where the trained model goes)")
     defaults = TrainConfig()
     for name in _REFERENCE_ONLY:
         if getattr(args, name) != getattr(defaults, name):
@@ -106,8 +110,9 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
     fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy", "steps",
               "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "offload_activations",
               "loss", "loss_chunk_size", "checkpoint_dir",
-              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
-    return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
+              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step",
+              *DATA_FLAGS)
+    return HFTrainConfig(model=str(args.model), data=tuple(args.data or ()), output_dir=str(args.output_dir),
                          video=video_sampling(args), **{f: getattr(args, f) for f in fields})
 
 
@@ -130,13 +135,16 @@ def _plan(cfg: HFTrainConfig):
     """``(processor, index)``; with ``--strict`` every image is decoded too."""
     if not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
+    from vlmcp.data.hf.dataset_info import resolve_datasets
     from vlmcp.data.hf.processor import load_processor
     from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
-    data = read_conversations(cfg.data, cfg.image_root)
-    source = "--data " + ", ".join(cfg.data)
+    sources = [*cfg.data, *resolve_datasets(cfg.dataset or (), cfg.dataset_dir)]
+    data = read_conversations(sources, cfg.image_root, max_samples=cfg.max_samples)
+    source = " ".join(([f"--data {', '.join(cfg.data)}"] if cfg.data else [])
+                      + ([f"--dataset {cfg.dataset}"] if cfg.dataset else []))
     index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video)
     if cfg.strict:
         _decode_every_image(processor, index)
