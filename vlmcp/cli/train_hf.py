@@ -136,6 +136,7 @@ def _plan(cfg: HFTrainConfig):
     if not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
     from vlmcp.data.hf.dataset_info import resolve_datasets
+    from vlmcp.data.hf.image_bounds import ImageBounds
     from vlmcp.data.hf.processor import load_processor
     from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
@@ -145,7 +146,9 @@ def _plan(cfg: HFTrainConfig):
     data = read_conversations(sources, cfg.image_root, max_samples=cfg.max_samples)
     source = " ".join(([f"--data {', '.join(cfg.data)}"] if cfg.data else [])
                       + ([f"--dataset {cfg.dataset}"] if cfg.dataset else []))
-    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video)
+    bounds = ImageBounds(min_pixels=cfg.image_min_pixels, max_pixels=cfg.image_max_pixels)
+    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video,
+                        images=bounds, truncate=cfg.truncate)
     if cfg.strict:
         _decode_every_image(processor, index)
     return processor, index
@@ -202,7 +205,10 @@ def _skips(cfg: HFTrainConfig, index, decode_skipped=None) -> str:
     causes.append(("by a format rule", index.format_skipped))
     named = decode_skipped is not None  # the final summary names them; the plan line counts them
     parts = [f"{len(skips)} {what}{_where(skips) if named else ''}" for what, skips in causes]
-    return f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: {index.dropped_turns}"
+    cut = f"; conversations cut at --seq-len: {sum(c is not None for c in index.cuts)}" \
+        if cfg.truncate else ""
+    return (f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: "
+            f"{index.dropped_turns}{cut}")
 
 
 def _first_view(cfg: HFTrainConfig, processor, index) -> str:

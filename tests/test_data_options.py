@@ -1,0 +1,95 @@
+"""``--image-max-pixels``/``--image-min-pixels`` and ``--truncate`` (issue 24, item 8): planning and
+training agree, and the model's forward takes what they make."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+PIL = pytest.importorskip("PIL.Image")
+
+from vlmcp.data.hf.encode import encode_conversation, planned_tokens, sample_length  # noqa: E402
+from vlmcp.data.hf.image_bounds import ImageBounds  # noqa: E402
+from vlmcp.data.hf.processor import load_processor  # noqa: E402
+from vlmcp.data.hf.rows import build_index, build_row  # noqa: E402
+from vlmcp.data.hf.schema import Conversation, Media, Message  # noqa: E402
+from vlmcp.data.hf.truncate import Cut  # noqa: E402
+from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    return init_model("qwen2_vl", tmp_path_factory.mktemp("qwen2_vl"))
+
+
+def _image(path, size):
+    PIL.new("RGB", size, (200, 30, 30)).save(path)
+    return Media(kind="image", path=path)
+
+
+def _conv(images, *turns):
+    messages = tuple(Message(role=("user", "assistant")[i % 2], content=t) for i, t in enumerate(turns))
+    return Conversation(line=1, messages=messages, images=tuple(images), source="data.jsonl")
+
+
+def test_bounds_follow_llamafactorys_rule():
+    assert ImageBounds(max_pixels=250_000).size(1000, 500) == (707, 353)
+    assert ImageBounds(min_pixels=400).size(10, 10) == (20, 20)
+    assert ImageBounds(min_pixels=400, max_pixels=10_000).size(50, 50) == (50, 50)
+    with pytest.raises(ValueError, match="--image-min-pixels 9 exceeds --image-max-pixels 4"):
+        ImageBounds(min_pixels=9, max_pixels=4)
+
+
+def test_pixel_bounds_count_the_same_tokens_in_planning_and_training(qwen, tmp_path):
+    processor = load_processor(qwen)
+    conv = _conv([_image(tmp_path / "big.png", (224, 168)), _image(tmp_path / "small.png", (20, 16))],
+                 "<image><image>Compare.", "The first is larger.")
+    plain = sample_length(processor, conv)
+    # the tiny processor's own bounds are 256 ... 4096 pixels: these change what reaches it
+    for bounds in (ImageBounds(max_pixels=32 * 32), ImageBounds(min_pixels=48 * 48),
+                   ImageBounds(min_pixels=40 * 40, max_pixels=48 * 48)):
+        planned = sample_length(processor, conv, images=bounds)
+        sample = encode_conversation(processor, conv, bounds=bounds)
+        assert len(sample) == planned != plain
+        grid = sample.pixels["image_grid_thw"]
+        assert int(grid.prod(-1).sum()) == sample.pixels["pixel_values"].shape[0]
+    # through the planned index and the rows the ranks build
+    index = build_index(processor, [conv], 512, images=ImageBounds(max_pixels=32 * 32))
+    row = build_row(processor, index, 0)
+    assert row.tokens == index.lengths[0] < plain
+
+
+def test_truncate_cuts_before_an_image_and_drops_it_from_the_pixels(qwen, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    processor = load_processor(qwen)
+    conv = _conv([_image(tmp_path / "a.png", (56, 56)), _image(tmp_path / "b.png", (56, 56))],
+                 "<image>What is it?", "A red square.", "<image>And this one? " + "Tell me more. " * 4,
+                 "Another red square, " * 6)
+    _, ids, trained = planned_tokens(processor, conv)
+    pad = processor.image_token_id
+    second = [i for i, t in enumerate(ids) if t == pad and ids[i - 1] != pad][1]
+    seq_len = second + 2  # inside the second image
+    assert build_index(processor, [conv, _conv([], "hi", "ho")], seq_len).too_long[0].where == "data.jsonl:1"
+    index = build_index(processor, [conv], seq_len, truncate=True)
+    assert index.cuts == (Cut(tokens=second, images=1, videos=0),) and index.lengths == [second]
+    full = encode_conversation(processor, conv)
+    row = build_row(processor, index, 0)
+    assert torch.equal(row.inputs["input_ids"][0, :second], full.input_ids[:second])
+    assert torch.equal(row.labels[0, :second], full.labels[:second])
+    assert (row.labels[0, second:] == -100).all()
+    assert row.inputs["image_grid_thw"].shape[0] == 1
+    model = AutoModelForImageTextToText.from_pretrained(qwen).eval()
+    with torch.no_grad():  # HF's own check: as many image features as image tokens
+        model(input_ids=row.inputs["input_ids"][:, :second], pixel_values=row.inputs["pixel_values"],
+              image_grid_thw=row.inputs["image_grid_thw"],
+              mm_token_type_ids=row.inputs["mm_token_type_ids"][:, :second])
+    # a cut in the text after the last image keeps every image
+    index = build_index(processor, [conv], len(ids) - 3, truncate=True)
+    assert index.cuts == (Cut(tokens=len(ids) - 3, images=2, videos=0),)
+    assert build_row(processor, index, 0).inputs["image_grid_thw"].shape[0] == 2
+    # nothing trained before the cut: skipped as too long, with why
+    first_answer = trained.index(True)
+    index = build_index(processor, [conv, _conv([], "hi", "ho")], first_answer, truncate=True)
+    assert "nothing trains in its first" in index.too_long[0].reason
