@@ -90,6 +90,8 @@ def convert_value(action: argparse.Action, value: Any, what: str) -> Any:
         if value not in (True, False):
             raise ValueError(f"{what}: {flag} takes true or false, got {value!r}")
         return action.const if value else action.default
+    if value is None and action.default is None:  # null: the flag's own "not given"
+        return None
     repeated = isinstance(action, argparse._AppendAction) or action.nargs not in (None, "?")
     if repeated:
         items = value if isinstance(value, list) else [value]
@@ -97,7 +99,7 @@ def convert_value(action: argparse.Action, value: Any, what: str) -> Any:
             raise ValueError(f"{what}: {flag} cannot be set from a config file; give it on the command line")
         return [_scalar(action, item, what) for item in items]
     if isinstance(action, argparse._StoreAction):
-        return None if value is None and action.default is None else _scalar(action, value, what)
+        return _scalar(action, value, what)
     raise ValueError(f"{what}: {flag} cannot be set from a config file; give it on the command line")
 
 

@@ -396,7 +396,7 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
         elif isinstance(entry, NoEffect):
             if not entry.check(value):
                 raise ctx.error(key, f"unexpected value {value!r}")
-            ctx.notes.append(f"{key}: {value!r} changes nothing: {entry.why}")
+            ctx.notes.append(f"{key}: {json.dumps(value)} changes nothing: {entry.why}")
         else:
             where = key if key in raw else f"{key} (absent: LLaMA-Factory's default {value!r})"
             produced = entry.convert(value, ctx) if entry.convert else {entry.dests[0]: value}
