@@ -93,3 +93,34 @@ def test_truncate_cuts_before_an_image_and_drops_it_from_the_pixels(qwen, tmp_pa
     first_answer = trained.index(True)
     index = build_index(processor, [conv, _conv([], "hi", "ho")], first_answer, truncate=True)
     assert "nothing trains in its first" in index.too_long[0].reason
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "llava"])
+def test_an_ms_swift_pretraining_line_trains_its_text_plain(arch, qwen, tmp_path):
+    import json
+
+    from vlmcp.data.hf.reader import read_conversations
+
+    model = qwen if arch == "qwen2_vl" else init_model("llava", tmp_path / "llava")
+    processor = load_processor(model)
+    _image(tmp_path / "d.png", (32, 32))
+    lines = [{"messages": [{"role": "assistant", "content": "<image>is a red dog running home."}],
+              "images": ["d.png"]},
+             {"messages": [{"role": "assistant", "content": "Plain text, every token trained."}]}]
+    (tmp_path / "pt.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with_image, text = read_conversations(tmp_path / "pt.jsonl").conversations
+    assert with_image.pretrain and text.pretrain
+    tokenizer = processor.tokenizer
+    for conv, words in ((with_image, "is a red dog running home."),
+                        (text, "Plain text, every token trained.")):
+        sample = encode_conversation(processor, conv)  # the processor's own ids: the placement is checked
+        assert len(sample) == sample_length(processor, conv)
+        target = tokenizer.decode(sample.input_ids[sample.labels != -100])
+        assert target.replace(" ", "") == (words + tokenizer.eos_token).replace(" ", ""), target
+        assert "<|im_start|>" not in tokenizer.decode(sample.input_ids)  # no chat template
+    assert (encode_conversation(processor, with_image).input_ids == processor.image_token_id).sum() > 0
+    # anything beside the one assistant message is a chat line, refused as before
+    line = {"system": "s", "messages": lines[1]["messages"]}
+    (tmp_path / "pt.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match="pt.jsonl:1: the conversation opens with an assistant message"):
+        read_conversations(tmp_path / "pt.jsonl")
