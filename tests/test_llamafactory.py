@@ -174,6 +174,13 @@ def test_llamafactory_defaults_fill_what_changes_training(lf_dir):
     assert (got["seq_len"], got["truncate"]) == (2048, True)  # cutoff_len's default
     assert (got["image_max_pixels"], got["image_min_pixels"]) == (768 * 768, 32 * 32)
     assert got["dataset_dir"] is None  # vlmcp's default is LLaMA-Factory's: ./data
+    # finetuning_type's default is lora, at rank 8 on every linear layer, alpha twice the rank
+    path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\n")
+    got = resolved_config(_parse(_train_parser(stand_ins=True), path))
+    assert (got["lora"], got["lora_rank"], got["lora_alpha"], got["lora_targets"], got["freeze"]) == (
+        True, 8, 16, "all", None)
+    path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\nlora_rank: 4\n")
+    assert resolved_config(_parse(_train_parser(stand_ins=True), path))["lora_alpha"] == 8
 
 
 def _lf_error(capsys, path):

@@ -9,11 +9,11 @@ this vlmcp does not have is an error naming the flag, never dropped.
 
 Keys the file leaves out take vlmcp's defaults, except where LLaMA-Factory's default
 changes what trains (:data:`LLAMAFACTORY_DEFAULTS`): ``finetuning_type`` is ``lora``,
-LoRA's alpha is twice its rank, a full fine-tune freezes the vision tower and the
-projector, ``cutoff_len`` is 2048 and cuts over-long conversations (``--truncate``), and
-images are bounded to 32*32 ... 768*768 pixels. Relative paths are the current
-directory's, as in LLaMA-Factory. vlmcp keys (``vision_mode: broadcast``) may sit beside
-LLaMA-Factory's in the file.
+LoRA's rank is 8 on every linear layer (``lora_target: all``) with alpha twice the rank, a
+full fine-tune freezes the vision tower and the projector, ``cutoff_len`` is 2048 and cuts
+over-long conversations (``--truncate``), and images are bounded to 32*32 ... 768*768
+pixels. Relative paths are the current directory's, as in LLaMA-Factory. vlmcp keys
+(``vision_mode: broadcast``) may sit beside LLaMA-Factory's in the file.
 """
 
 from __future__ import annotations
@@ -332,7 +332,8 @@ LLAMAFACTORY_DEFAULTS: dict[str, Any] = {
     "finetuning_type": "lora", "cutoff_len": 2048, "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
 }
 """LLaMA-Factory's defaults that vlmcp applies when the file leaves the key out (plus LoRA's
-alpha = 2 x rank, and a full fine-tune's frozen vision tower and projector)."""
+rank 8, target ``all`` and alpha = 2 x rank, and a full fine-tune's frozen vision tower and
+projector)."""
 
 
 def mapped_dests() -> set[str]:
@@ -401,12 +402,15 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
             where = key if key in raw else f"{key} (absent: LLaMA-Factory's default {value!r})"
             produced = entry.convert(value, ctx) if entry.convert else {entry.dests[0]: value}
             _merge(values, where, produced, ctx, origin)
-    if values.get("lora"):
+    if values.get("lora"):  # LLaMA-Factory's LoRA defaults: rank 8, every linear layer, alpha = 2 x rank
+        lora = {"lora_rank": ("lora_rank", 8), "lora_target": ("lora_targets", "all")}
+        for key, (dest, default) in lora.items():
+            if key not in raw and dest not in raw:
+                _merge(values, f"{key} (absent: LLaMA-Factory's default {default!r})", {dest: default}, ctx,
+                       origin)
         if "lora_alpha" not in raw and "lora_alpha" not in values:
-            rank = values.get("lora_rank", getattr(actions.get("lora_rank"), "default", None))
-            if rank is not None:  # LLaMA-Factory's lora_alpha default: twice the rank
-                _merge(values, "lora_alpha (absent: LLaMA-Factory's default 2 x lora_rank)",
-                       {"lora_alpha": 2 * rank}, ctx, origin)
+            _merge(values, "lora_alpha (absent: LLaMA-Factory's default 2 x lora_rank)",
+                   {"lora_alpha": 2 * values["lora_rank"]}, ctx, origin)
     else:
         for key, part in (("freeze_vision_tower", "vision"), ("freeze_multi_modal_projector", "projector")):
             if key not in raw:  # LLaMA-Factory freezes both by default in a full fine-tune
