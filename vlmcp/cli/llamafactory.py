@@ -189,14 +189,6 @@ def _template(value, ctx):
     return {}
 
 
-def _epochs(value, ctx):
-    return {"epochs": value}
-
-
-def _not_null(key: str, why: str):
-    return Refused(why, unless=lambda value: value is None)
-
-
 def _equals(*accepted):
     return lambda value: value in accepted
 
@@ -300,7 +292,7 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "per_device_train_batch_size": Maps((), _batch_size),
     "gradient_accumulation_steps": Maps(("grad_accum",)),
     "learning_rate": Maps(("lr",)),
-    "num_train_epochs": Maps(("epochs",), _epochs),
+    "num_train_epochs": Maps(("epochs",)),
     "max_steps": Maps(("steps",)),
     "lr_scheduler_type": Maps(("lr_scheduler",)),
     "warmup_ratio": Maps(("warmup_ratio",)),

@@ -53,8 +53,10 @@ _DIR = re.compile(r"^step_(\d{8,})$")
 _TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
 KEEP_LAST = 3
-_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video")
-_PATH_FIELDS = ("model", "data", "image_root")
+_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video",
+                  # what the rows are made of (a checkpoint from before these fields holds their defaults)
+                  "dataset", "dataset_dir", "max_samples", "image_max_pixels", "image_min_pixels", "truncate")
+_PATH_FIELDS = ("model", "data", "image_root", "dataset_dir")
 
 
 def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -131,8 +133,9 @@ def _same(field: str, a, b) -> bool:
 
 def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
     """Raise if a checkpoint of ``saved`` config cannot continue the run ``cfg``."""
-    changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
-               for f in _RESUME_FIELDS if not _same(f, saved.get(f), getattr(cfg, f))]
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    changed = [f"--{f.replace('_', '-')} {saved.get(f, defaults.get(f))!r} -> {getattr(cfg, f)!r}"
+               for f in _RESUME_FIELDS if not _same(f, saved.get(f, defaults.get(f)), getattr(cfg, f))]
     if saved.get("fsdp") != cfg.fsdp:
         changed.append(f"--fsdp {saved.get('fsdp')} -> {cfg.fsdp}")
     if changed:
