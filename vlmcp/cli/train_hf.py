@@ -216,10 +216,14 @@ def _first_view(cfg: HFTrainConfig, processor, index) -> str:
     from vlmcp.data.hf.rows import row_at
     from vlmcp.data.hf.show import view_conversation
 
-    conv = index.conversations[index.rows[row_at(index, cfg.seed, 0)][0]]
+    i = index.rows[row_at(index, cfg.seed, 0)][0]
+    conv = index.conversations[i]
     more = f"; vlmcp data show --model {cfg.model} --data {conv.source} --line {conv.line} prints it all"
-    view = view_conversation(processor, conv, index.video).plain(max_lines=30, max_chars=2400, more=more)
-    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}"
+    view = view_conversation(processor, conv, index.video, index.images).plain(max_lines=30, max_chars=2400,
+                                                                              more=more)
+    cut = index.cuts[i] if index.cuts else None
+    cut = f"\n(--truncate trains its first {cut.tokens} tokens)" if cut else ""
+    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}{cut}"
 
 
 def _resume_preflight(cfg: HFTrainConfig) -> bool:
