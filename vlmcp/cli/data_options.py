@@ -24,18 +24,18 @@ def add_data_arguments(group) -> None:
                        help="datasets named in --dataset-dir/dataset_info.json (LLaMA-Factory's; file_name, "
                             "formatting sharegpt|alpaca, columns, tags), read after any --data files")
     group.add_argument("--dataset-dir", default=None, metavar="DIR",
-                       help="the directory of dataset_info.json; relative image paths start here (default: "
-                            "data, as in LLaMA-Factory)")
+                       help="the directory of dataset_info.json, where relative image paths start; none: "
+                            "./data, as in LLaMA-Factory")
     group.add_argument("--image-max-pixels", type=int, default=None, metavar="PX",
                        help="scale every image down (aspect kept) to at most PX pixels before the processor, "
-                            "as LLaMA-Factory's image_max_pixels (default: none)")
+                            "as LLaMA-Factory's image_max_pixels; none: no bound")
     group.add_argument("--image-min-pixels", type=int, default=None, metavar="PX",
-                       help="scale every image up to at least PX pixels before the processor (default: none)")
+                       help="scale every image up to at least PX pixels before the processor; none: no bound")
     group.add_argument("--truncate", action="store_true",
                        help="cut a conversation longer than --seq-len at --seq-len (before an image or video "
                             "that would be cut) instead of skipping it")
     group.add_argument("--max-samples", type=int, default=None, metavar="N",
-                       help="read only the first N lines of each --data file and --dataset (default: all)")
+                       help="read only the first N lines of each --data file and --dataset; none: all")
 
 
 def check_reference(args: argparse.Namespace) -> None:
