@@ -23,6 +23,11 @@ def qwen(tmp_path_factory):
     return init_model("qwen2_vl", tmp_path_factory.mktemp("qwen2_vl"))
 
 
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return init_model("llava", tmp_path_factory.mktemp("llava"))
+
+
 def _image(path, size):
     PIL.new("RGB", size, (200, 30, 30)).save(path)
     return Media(kind="image", path=path)
@@ -60,10 +65,12 @@ def test_pixel_bounds_count_the_same_tokens_in_planning_and_training(qwen, tmp_p
     assert row.tokens == index.lengths[0] < plain
 
 
-def test_truncate_cuts_before_an_image_and_drops_it_from_the_pixels(qwen, tmp_path):
+@pytest.mark.parametrize("arch", ["qwen2_vl", "llava"])
+def test_truncate_cuts_before_an_image_and_drops_it_from_the_pixels(arch, qwen, llava, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    processor = load_processor(qwen)
+    model_dir = qwen if arch == "qwen2_vl" else llava
+    processor = load_processor(model_dir)
     conv = _conv([_image(tmp_path / "a.png", (56, 56)), _image(tmp_path / "b.png", (56, 56))],
                  "<image>What is it?", "A red square.", "<image>And this one? " + "Tell me more. " * 4,
                  "Another red square, " * 6)
@@ -79,16 +86,17 @@ def test_truncate_cuts_before_an_image_and_drops_it_from_the_pixels(qwen, tmp_pa
     assert torch.equal(row.inputs["input_ids"][0, :second], full.input_ids[:second])
     assert torch.equal(row.labels[0, :second], full.labels[:second])
     assert (row.labels[0, second:] == -100).all()
-    assert row.inputs["image_grid_thw"].shape[0] == 1
-    model = AutoModelForImageTextToText.from_pretrained(qwen).eval()
+    images = "image_grid_thw" if arch == "qwen2_vl" else "pixel_values"
+    assert row.inputs[images].shape[0] == 1
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    keys = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    inputs = {k: v[:, :second] if k == "mm_token_type_ids" else v for k, v in row.inputs.items() if k in keys}
     with torch.no_grad():  # HF's own check: as many image features as image tokens
-        model(input_ids=row.inputs["input_ids"][:, :second], pixel_values=row.inputs["pixel_values"],
-              image_grid_thw=row.inputs["image_grid_thw"],
-              mm_token_type_ids=row.inputs["mm_token_type_ids"][:, :second])
+        model(input_ids=row.inputs["input_ids"][:, :second], **inputs)
     # a cut in the text after the last image keeps every image
     index = build_index(processor, [conv], len(ids) - 3, truncate=True)
     assert index.cuts == (Cut(tokens=len(ids) - 3, images=2, videos=0),)
-    assert build_row(processor, index, 0).inputs["image_grid_thw"].shape[0] == 2
+    assert build_row(processor, index, 0).inputs[images].shape[0] == 2
     # nothing trained before the cut: skipped as too long, with why
     first_answer = trained.index(True)
     index = build_index(processor, [conv, _conv([], "hi", "ho")], first_answer, truncate=True)
@@ -96,12 +104,12 @@ def test_truncate_cuts_before_an_image_and_drops_it_from_the_pixels(qwen, tmp_pa
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "llava"])
-def test_an_ms_swift_pretraining_line_trains_its_text_plain(arch, qwen, tmp_path):
+def test_an_ms_swift_pretraining_line_trains_its_text_plain(arch, qwen, llava, tmp_path):
     import json
 
     from vlmcp.data.hf.reader import read_conversations
 
-    model = qwen if arch == "qwen2_vl" else init_model("llava", tmp_path / "llava")
+    model = qwen if arch == "qwen2_vl" else llava
     processor = load_processor(model)
     _image(tmp_path / "d.png", (32, 32))
     lines = [{"messages": [{"role": "assistant", "content": "<image>is a red dog running home."}],
