@@ -41,9 +41,23 @@ class HFTrainConfig:
     """The model directory (``config.json``, weights, processor)."""
     data: tuple[str, ...]
     """The conversations files (``--data``, repeatable), read in order; one path (a string)
-    is taken as a one-file tuple."""
+    is taken as a one-file tuple. May be empty when ``dataset`` names the data."""
     output_dir: str
     """Where the trained model and processor are written with ``save_pretrained``."""
+    dataset: str | None = None
+    """LLaMA-Factory dataset names, comma-separated, in ``dataset_dir/dataset_info.json``
+    (:mod:`vlmcp.data.hf.dataset_info`), read after ``data``."""
+    dataset_dir: str | None = None
+    """The directory of ``dataset_info.json`` (default ``data``, as in LLaMA-Factory)."""
+    max_samples: int | None = None
+    """Read only the first lines of each data file and dataset."""
+    image_max_pixels: int | None = None
+    """Scale every image down to at most this many pixels before the processor (planning too)."""
+    image_min_pixels: int | None = None
+    """Scale every image up to at least this many pixels before the processor (planning too)."""
+    truncate: bool = False
+    """Cut a conversation longer than ``seq_len`` at ``seq_len`` (never inside an image or video)
+    instead of skipping it."""
     image_root: str | None = None
     """Directory relative image paths start from (default: the JSONL file's)."""
     strict: bool = False
@@ -156,9 +170,16 @@ class HFTrainConfig:
 
     def __post_init__(self):
         data = [self.data] if isinstance(self.data, (str, os.PathLike)) else self.data
-        if not isinstance(data, (list, tuple)) or not data or \
+        if not isinstance(data, (list, tuple)) or not (data or self.dataset) or \
                 not all(isinstance(p, (str, os.PathLike)) for p in data):
             raise ValueError(f"--data must be one or more file paths, got {self.data!r}")
+        for name in ("max_samples", "image_max_pixels", "image_min_pixels"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if self.image_max_pixels and self.image_min_pixels and self.image_min_pixels > self.image_max_pixels:
+            raise ValueError(f"--image-min-pixels {self.image_min_pixels} exceeds --image-max-pixels "
+                             f"{self.image_max_pixels}")
         object.__setattr__(self, "data", tuple(str(p) for p in data))
         if isinstance(self.video, dict):  # as to_dict() (and a checkpoint's config) holds it
             object.__setattr__(self, "video", VideoSampling(**self.video))
