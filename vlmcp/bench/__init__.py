@@ -14,7 +14,9 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
   videos and sharded visual tokens (``vlmcp bench hf-memory``), ViT time per rank for one
   long video (``vlmcp bench hf-vision``), what the LM head and loss save at a real vocabulary,
   full logits against chunked (``vlmcp bench hf-loss``), a whole training step at P against one
-  process: time and the busiest rank's peak (``vlmcp bench hf-step``); skipped without transformers.
+  process: time and the busiest rank's peak (``vlmcp bench hf-step``), ``vlmcp plan --model``'s memory
+  estimate against the exact counter on tiny models (``vlmcp bench hf-estimate``); skipped without
+  transformers.
 
 ``vlmcp bench all`` runs them all on their defaults (minutes; ``make bench``).
 """
@@ -22,4 +24,5 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
 __all__ = ["BENCHMARKS"]
 
 # The names ``vlmcp bench`` accepts, in the order ``vlmcp bench all`` runs them.
-BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision", "hf-loss", "hf-step")
+BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision", "hf-loss", "hf-step",
+              "hf-estimate")
