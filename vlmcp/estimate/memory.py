@@ -169,8 +169,8 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     from vlmcp.loss import chunk_transient_bytes
 
     b = DTYPE_BYTES[setup.dtype]
+    tower = tower_for(config, b)  # first: it names a refused architecture
     text = text_blocks(config, b)
-    tower = tower_for(config, b)
     P, L, V = setup.cp, setup.seq_len, setup.visual_tokens
     images = setup.images
     if tower.llm_tokens_per_image is not None and V:
