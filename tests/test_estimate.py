@@ -3,7 +3,8 @@
 The validation runs tiny models through a real step (``vlmcp.bench.hf.estimate.measure``: the
 busiest rank's :class:`~vlmcp.checks.saved_tensors.SavedTensorMeter` bytes) at P=1 in-process
 and at P=2 in one spawned group, over architectures x checkpointing x vision mode x
-``image_strategy``, and asks the estimate for the same config and row: within 10% each.
+``image_strategy`` (float32, and bfloat16 at P=1), and asks the estimate for the same config and
+row: within 10% each.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ TEXT = 100
 @pytest.fixture(scope="module")
 def measured():
     one = [(1, r) for r in bench.measure(None, list(bench.ARCHS), BOTH, TEXT)]
+    one += [(1, r) for r in bench.measure(None, ["qwen2_5_vl", "llava"], BOTH, TEXT, "bfloat16")]
     two = run_on_ranks(bench.measure, 2, ["qwen2_vl", "qwen3_vl", "llava"], BOTH, TEXT, timeout=200)[0]
     return one + [(2, r) for r in two]
 
@@ -41,13 +43,14 @@ def test_estimate_within_10_percent_of_the_counter(measured):
         est = bench.predicted(row, P)
         assert abs(est / row["measured"] - 1) < 0.10, (P, row["arch"], row["ckpt"], row["vision_mode"],
                                                        est, row["measured"])
-        seen.add((row["arch"], row["ckpt"], P, row["vision_mode"]))
-    assert {a for a, *_ in seen} == set(bench.ARCHS) and {c for _, c, _, _ in seen} == {False, True}
-    assert {p for *_, p, _ in seen} == {1, 2} and {m for *_, m in seen} == {"replicate", "scatter"}
+        seen.add((row["arch"], row["ckpt"], P, row["vision_mode"], row["dtype"]))
+    assert {s[0] for s in seen} == set(bench.ARCHS) and {s[1] for s in seen} == {False, True}
+    assert {s[2] for s in seen} == {1, 2} and {s[3] for s in seen} == {"replicate", "scatter"}
+    assert {s[4] for s in seen} == {"float32", "bfloat16"}
 
 
 def test_checkpointing_and_cp_shrink_the_measured_bytes_as_estimated(measured):
-    by = {(P, r["arch"], r["ckpt"]): r for P, r in measured}
+    by = {(P, r["arch"], r["ckpt"]): r for P, r in measured if r["dtype"] == "float32"}
     for arch in ("qwen2_vl", "llava"):
         assert by[(1, arch, True)]["measured"] < by[(1, arch, False)]["measured"] / 4
         assert by[(2, arch, False)]["measured"] < by[(1, arch, False)]["measured"]

@@ -142,8 +142,12 @@ def run(args: argparse.Namespace) -> int:
     budget = int(args.gpu_memory * 2**30)
     longest = max_seq_len(config, setup, budget, states)
     verdict = "fits" if est.peak <= budget else "does NOT fit"
-    print(f"--gpu-memory {args.gpu_memory:g} GiB: {verdict}; the longest --seq-len that fits (visual tokens "
-          f"as given): {longest:,}" if longest else
-          f"--gpu-memory {args.gpu_memory:g} GiB: {verdict}; no --seq-len fits (the states alone need "
-          f"{_gib(est.states)})")
+    if longest:
+        print(f"--gpu-memory {args.gpu_memory:g} GiB: {verdict}; the longest --seq-len that fits (visual "
+              f"tokens as given): {longest:,}")
+    else:
+        shortest = estimate_memory(config, replace(setup, seq_len=args.visual_tokens + 1), states)
+        print(f"--gpu-memory {args.gpu_memory:g} GiB: {verdict}; no --seq-len fits with "
+              f"{args.visual_tokens:,} visual tokens (the shortest such row peaks at {_gib(shortest.peak)}; "
+              f"the states alone are {_gib(est.states)})")
     return 0

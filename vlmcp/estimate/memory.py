@@ -184,7 +184,7 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     images = (1 if V else 0) if images is None else images
     T = L - V
     n_r = V + math.ceil(T / P) if setup.image_strategy == "replicate" else math.ceil(L / P)
-    visual_r = V if setup.image_strategy == "replicate" else min(V, n_r)
+    visual_r = V if setup.image_strategy == "replicate" else min(math.ceil(V / P), n_r)
     targets = min(math.ceil(T / P), n_r)
     images_r = math.ceil(images / P) if setup.vision_mode == "scatter" else images
     visual_vit = V * images_r // images if images else 0  # the rank's images' LLM tokens (equal images)

@@ -37,8 +37,9 @@ def _samples(arch: str, text: int) -> tuple:
     return tuple((before, image, text - before) for _ in range(4))
 
 
-def measure(group, archs, configs, text_tokens: int) -> list[dict]:
-    """Every rank: per (arch, config), this rank's saved bytes and the estimate's inputs."""
+def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> list[dict]:
+    """Every rank: per (arch, config), this rank's saved bytes and the estimate's inputs (``dtype``: the
+    parameters' and pixels')."""
     import vlmcp.hf
     from vlmcp.checks.saved_tensors import SavedTensorMeter
     from vlmcp.hf.debug.synthetic import synthetic_row
@@ -46,7 +47,7 @@ def measure(group, archs, configs, text_tokens: int) -> list[dict]:
 
     out = []
     for arch in archs:
-        base = tiny_model(tiny_config(arch), seed=0)
+        base = tiny_model(tiny_config(arch), seed=0).to(getattr(torch, dtype))
         inputs, labels, cu = synthetic_row(base, _samples(arch, text_tokens))
         visual = int((inputs["input_ids"] == base.config.image_token_id).sum())
         for ckpt, mode, strategy in configs:
@@ -65,7 +66,7 @@ def measure(group, archs, configs, text_tokens: int) -> list[dict]:
                 dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
             out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
                             seq_len=int(inputs["input_ids"].shape[1]), visual=visual, images=4,
-                            config=base.config.to_dict(), measured=int(saved)))
+                            config=base.config.to_dict(), measured=int(saved), dtype=dtype))
     return out
 
 
@@ -78,7 +79,7 @@ def predicted(row: dict, cp: int) -> int:
     cfg = dict(row["config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     setup = EstimateSetup(seq_len=row["seq_len"], cp=cp, visual_tokens=row["visual"], images=row["images"],
-                          activation_checkpointing=row["ckpt"], dtype="float32",
+                          activation_checkpointing=row["ckpt"], dtype=row["dtype"],
                           image_strategy=row["image_strategy"], vision_mode=row["vision_mode"])
     return estimate_memory(config, setup).saved
 
@@ -88,21 +89,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS),
                         help="architectures (default: all the estimate knows)")
     parser.add_argument("--text-tokens", type=int, default=120, help="text tokens per sample (default 120)")
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
+                        default=["float32", "bfloat16"], help="parameter dtypes (default float32 bfloat16)")
 
 
 def run(args: argparse.Namespace) -> int:
     if needs_transformers(NAME):
         return 0
-    print("tiny models, float32, one row of 4 samples [prompt, image of 16 tokens, answer]; busiest rank's "
+    print("tiny models, one row of 4 samples [prompt, image of 16 tokens, answer]; busiest rank's "
           "saved bytes")
-    print("| model | P | checkpointing | vision_mode | image_strategy | measured | estimate | error |")
-    print("|---|---|---|---|---|---|---|---|", flush=True)
-    for P in args.cp:
-        rows = (measure(None, args.archs, CONFIGS, args.text_tokens) if P == 1 else
-                spawn_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, timeout=1800)[0])
-        for row in rows:
-            est = predicted(row, P)
-            print(f"| {row['arch']} | {P} | {'yes' if row['ckpt'] else 'no'} | {row['vision_mode']} | "
-                  f"{row['image_strategy']} | {row['measured'] / 2**10:,.1f} KiB | {est / 2**10:,.1f} KiB | "
-                  f"{est / row['measured'] - 1:+.1%} |", flush=True)
+    print("| model | dtype | P | checkpointing | vision_mode | image_strategy | measured | estimate | "
+          "error |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for dtype in args.dtypes:
+        for P in args.cp:
+            _table(P, args, dtype)
     return 0
+
+
+def _table(P: int, args: argparse.Namespace, dtype: str) -> None:
+    rows = (measure(None, args.archs, CONFIGS, args.text_tokens, dtype) if P == 1 else
+            spawn_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, dtype, timeout=1800)[0])
+    for row in rows:
+        est = predicted(row, P)
+        print(f"| {row['arch']} | {dtype} | {P} | {'yes' if row['ckpt'] else 'no'} | {row['vision_mode']} | "
+              f"{row['image_strategy']} | {row['measured'] / 2**10:,.1f} KiB | {est / 2**10:,.1f} KiB | "
+              f"{est / row['measured'] - 1:+.1%} |", flush=True)
