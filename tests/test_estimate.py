@@ -130,9 +130,12 @@ def test_plan_model_cli(tmp_path, capsys):
     (["plan", "--model", "DIR", "--seq-len", "9", "--image-tokens", "4"],
      "--image-tokens apply to the layout"),
     (["plan", "--model", "/nonexistent", "--seq-len", "9"], "no config.json"),
+    (["plan", "--model", "{tiny}", "--seq-len", "99", "--fsdp", "--vision-mode", "scatter"],
+     "fsdp takes vision_mode replicate, allreduce_hook or hidden_shard"),
 ])
-def test_plan_flags_of_the_other_view_are_refused(argv, message, capsys):
-    assert main(argv) == 2
+def test_plan_flags_of_the_other_view_are_refused(argv, message, capsys, tmp_path):
+    tiny_config("llava").save_pretrained(tmp_path)
+    assert main([a.replace("{tiny}", str(tmp_path)) for a in argv]) == 2
     assert message in capsys.readouterr().err
 
 

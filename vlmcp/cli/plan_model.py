@@ -136,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"| **peak** | **{_gib(est.peak)}** | states + saved on the device + the larger transient |")
     modes = []
     for mode in VISION_MODES:
+        if args.fsdp and mode in ("broadcast", "scatter"):
+            continue
         m = estimate_memory(config, replace(setup, vision_mode=mode), states)
         modes.append(f"{mode} {_gib(m.terms['vit'])}")
-    print("ViT saved per vision mode (busiest rank): " + ", ".join(modes))
+    print("ViT saved per vision mode (busiest rank" + (", those --fsdp takes" if args.fsdp else "") + "): "
+          + ", ".join(modes))
     budget = int(args.gpu_memory * 2**30)
     longest = max_seq_len(config, setup, budget, states)
     verdict = "fits" if est.peak <= budget else "does NOT fit"

@@ -82,6 +82,9 @@ class EstimateSetup:
             raise ValueError(f"image_strategy must be 'replicate' or 'shard', got {self.image_strategy!r}")
         if self.vision_mode not in VISION_MODES:
             raise ValueError(f"vision_mode must be one of {VISION_MODES}, got {self.vision_mode!r}")
+        if self.fsdp and self.vision_mode in ("broadcast", "scatter"):  # as vlmcp train --fsdp refuses them
+            raise ValueError(f"fsdp takes vision_mode replicate, allreduce_hook or hidden_shard (as vlmcp "
+                             f"train --fsdp), got {self.vision_mode!r}")
         if self.images is not None and (self.images < 1 or self.images > max(self.visual_tokens, 1)):
             raise ValueError(f"images must be in [1, visual tokens], got {self.images}")
 
