@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -20,6 +21,7 @@ from vlmcp.cli import main  # noqa: E402
 from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states  # noqa: E402
 from vlmcp.estimate.towers import REFUSED, TOWERS, text_blocks  # noqa: E402
 from vlmcp.hf.debug.tiny import tiny_archs, tiny_config  # noqa: E402
+from vlmcp.loss import chunk_transient_bytes  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
@@ -83,8 +85,13 @@ def test_terms_scale_as_written():
     scatter = estimate_memory(config, EstimateSetup(**{**base.__dict__, "vision_mode": "scatter"}), s)
     assert scatter.vit_tokens == plain.vit_tokens // 4 == 1024
     offload = estimate_memory(config, EstimateSetup(**{**base.__dict__, "offload_activations": True}), s)
-    assert offload.peak == plain.peak - plain.saved
     text = text_blocks(config, 2)
+    assert offload.saved == plain.saved and offload.terms["recompute"] >= plain.llm_tokens * text.per_layer
+    assert offload.peak == plain.states + max(offload.terms["loss_chunk"], offload.terms["recompute"])
+    targets = math.ceil(3072 / 4)  # bf16: one chunk, the float32 accumulator of the head, d_hidden
+    assert plain.terms["loss_chunk"] == (chunk_transient_bytes(targets, text.vocab, torch.bfloat16,
+                                                               hidden_size=text.hidden)
+                                         + 4 * text.vocab * text.hidden + 2 * plain.llm_tokens * text.hidden)
     ckpt = estimate_memory(config, EstimateSetup(**{**base.__dict__, "activation_checkpointing": True}), s)
     assert ckpt.terms["recompute"] >= plain.llm_tokens * text.per_layer
     assert ckpt.terms["llm"] < plain.terms["llm"] / 4
@@ -99,6 +106,17 @@ def test_issue_23_figure_for_qwen2_5_vl_7b():
         num_key_value_heads=4, vocab_size=152064), vision_config=dict(hidden_size=1280, out_hidden_size=3584))
     text = text_blocks(config, 2)
     assert text.layers * text.checkpointed * 32768 == pytest.approx(6.6e9, rel=0.01)
+
+
+def test_bad_setups_are_refused():
+    with pytest.raises(ValueError, match="images must be in"):
+        EstimateSetup(seq_len=100, images=2)
+    with pytest.raises(ValueError, match="visual tokens must be in"):
+        EstimateSetup(seq_len=100, visual_tokens=100)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        EstimateSetup(seq_len=100, dtype="float64")
+    with pytest.raises(ValueError, match="are not a whole number of images"):
+        estimate_memory(tiny_config("llava"), EstimateSetup(seq_len=100, visual_tokens=20))
 
 
 def test_max_seq_len_is_the_boundary():

@@ -118,14 +118,15 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         ("parameters", t["params"], per), ("gradients", t["grads"], per),
         ("AdamW moments", t["adamw"], "2 x " + per),
-        ("FSDP unsharded", t["fsdp_unsharded"], "root unit + 2 blocks, gathered" if args.fsdp else "no FSDP"),
+        ("FSDP unsharded", t["fsdp_unsharded"], "root unit's params and grads + 2 blocks" if args.fsdp
+         else "no FSDP"),
         ("LLM saved", t["llm"], f"{est.llm_tokens:,} tokens x {text.layers} {ckpt}layers + embedding, norm"),
         ("ViT saved", t["vit"], f"{est.vit_tokens:,} ViT tokens x {tower.blocks} {ckpt}blocks + merger"),
         ("loss saved", t["loss"], f"{est.targets:,} targets x 20 B"),
         ("loss chunk (transient)", t["loss_chunk"], f"min({args.loss_chunk_size}, targets) x {text.vocab:,} "
-                                                     "logits"),
+                                                     "logits, the head's gradient accumulator"),
         ("recompute (transient)", t["recompute"], "one block's full set" if args.activation_checkpointing
-                                                  else "no checkpointing"),
+         else "one block's set copied back" if args.offload_activations else "no checkpointing"),
     ]
     print("| term | bytes | from |")
     print("|---|---|---|")

@@ -15,12 +15,18 @@ ranks (``D`` data-parallel replicas), the busiest rank holds::
     ViT          the tower's ViT tokens this rank encodes x (blocks x per_block + once + merger):
                  every image under replicate, allreduce_hook, hidden_shard and broadcast (the
                  source rank is the busiest), ceil(images / P) images under scatter
-    loss         20 bytes per target saved (row index, target, log-sum-exp), and a transient
-                 chunk of logits (:func:`vlmcp.loss.chunk_transient_bytes`); ``--loss full``
-                 is not estimated
+    loss         20 bytes per target saved (row index, target, log-sum-exp); a transient: one
+                 chunk of logits (:func:`vlmcp.loss.chunk_transient_bytes`), the head's float32
+                 gradient accumulator (V x H x 4, 16-bit weights only: a float32 one is the
+                 gradient itself) and the hidden states' gradient (n_r x H); ``--loss full`` is
+                 not estimated
     recompute    with checkpointing, one block's full saved set while backward recomputes it
-                 (the larger of an LLM layer on n_r tokens and a ViT block on the rank's patches)
-    peak         states + saved + max(loss transient, recompute)
+                 (the larger of an LLM layer on n_r tokens and a ViT block on the rank's patches);
+                 with offloading, the same set copied back to the device for its backward
+    peak         states + saved on the device + max(loss transient, recompute)
+
+Under FSDP the root unit's gradients (the embedding's and the head's, in b) also stay unsharded
+from the head's backward to the end of backward, so ``fsdp_unsharded`` counts the root twice.
 
 With ``offload_activations`` the saved tensors live in host memory: the device keeps none of
 them (``host`` says how many bytes the host needs). The per-token terms are
@@ -36,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vlmcp.estimate.towers import Tower, text_blocks, tower_for
+from vlmcp.estimate.towers import ACC, Tower, text_blocks, tower_for
 
 __all__ = ["EstimateSetup", "MemoryEstimate", "ModelStates", "estimate_memory", "max_seq_len", "model_states"]
 
@@ -60,12 +66,17 @@ class EstimateSetup:
     """Images (frame groups for a video) the visual tokens come in; None: one for a model with any image
     size, V / tokens-per-image for fixed-size images."""
     fsdp: bool = False
+    """FSDP2 over all D*P ranks, every block its own unit (``vlmcp train --fsdp``)."""
     activation_checkpointing: bool = False
+    """Every decoder layer and ViT block checkpointed (HF's non-reentrant checkpointing)."""
     offload_activations: bool = False
+    """The saved tensors kept in host memory (``vlmcp train --offload-activations``)."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    """Parameters' and activations' dtype."""
+    """Parameters' and activations' dtype (AdamW's moments take the parameters')."""
     image_strategy: Literal["replicate", "shard"] = "replicate"
-    vision_mode: str = "replicate"
+    """Visual tokens on every rank, or sharded with the text."""
+    vision_mode: Literal["replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard"] = "replicate"
+    """Which rank encodes which images (``scatter``: ceil(images / P) each)."""
     chunk_size: int = 4096
     """The chunked loss' targets per chunk."""
 
@@ -85,8 +96,8 @@ class EstimateSetup:
         if self.fsdp and self.vision_mode in ("broadcast", "scatter"):  # as vlmcp train --fsdp refuses them
             raise ValueError(f"fsdp takes vision_mode replicate, allreduce_hook or hidden_shard (as vlmcp "
                              f"train --fsdp), got {self.vision_mode!r}")
-        if self.images is not None and (self.images < 1 or self.images > max(self.visual_tokens, 1)):
-            raise ValueError(f"images must be in [1, visual tokens], got {self.images}")
+        if self.images is not None and not 1 <= self.images <= self.visual_tokens:
+            raise ValueError(f"images must be in [1, visual tokens {self.visual_tokens}], got {self.images}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,9 +139,13 @@ class MemoryEstimate:
     llm_tokens: int
     """n_r: the rank's LLM tokens (visual ones included)."""
     visual_on_rank: int
+    """Of them, visual tokens."""
     vit_tokens: int
     """ViT tokens (patches) the rank encodes."""
     targets: int
+    """Tokens with a next-token target on the rank."""
+    offloaded: bool = False
+    """The saved bytes live in host memory."""
     terms: dict[str, int] = field(default_factory=dict)
     """Bytes of each term, in print order: states (params, grads, adamw, fsdp_unsharded), saved
     (llm, vit, loss), transients (loss_chunk, recompute)."""
@@ -146,7 +161,7 @@ class MemoryEstimate:
 
     @property
     def on_device_saved(self) -> int:
-        return 0 if self.terms.get("offloaded") else self.saved
+        return 0 if self.offloaded else self.saved
 
     @property
     def peak(self) -> int:
@@ -203,16 +218,17 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     loss = 20 * targets + 4
     chunk = chunk_transient_bytes(min(setup.chunk_size, targets), text.vocab, _torch_dtype(setup.dtype),
                                   softcap=text.softcap is not None, hidden_size=text.hidden)
-    recompute = max(n_r * text.per_layer, vit_tokens * tower.per_block) if ckpt else 0
+    chunk += (ACC * text.vocab * text.hidden if b < ACC else 0) + b * n_r * text.hidden
+    again = ckpt or setup.offload_activations
+    recompute = max(n_r * text.per_layer, vit_tokens * tower.per_block) if again else 0
     s = states or model_states(config)
     world = setup.dp * P if setup.fsdp else 1
     shard = b * s.params // world
     terms = {"params": shard, "grads": shard, "adamw": 2 * shard,
-             "fsdp_unsharded": b * (s.root + 2 * s.largest_block) if setup.fsdp else 0,
-             "llm": llm, "vit": vit, "loss": loss, "loss_chunk": chunk, "recompute": recompute,
-             "offloaded": int(setup.offload_activations)}
+             "fsdp_unsharded": b * (2 * s.root + 2 * s.largest_block) if setup.fsdp else 0,
+             "llm": llm, "vit": vit, "loss": loss, "loss_chunk": chunk, "recompute": recompute}
     return MemoryEstimate(llm_tokens=n_r, visual_on_rank=visual_r, vit_tokens=vit_tokens, targets=targets,
-                          terms=terms)
+                          offloaded=setup.offload_activations, terms=terms)
 
 
 def _torch_dtype(name: str):

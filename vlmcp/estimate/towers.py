@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TOWERS", "TextBlocks", "Tower", "text_blocks", "tower_for"]
+__all__ = ["ACC", "REFUSED", "TOWERS", "TextBlocks", "Tower", "text_blocks", "tower_for"]
 
 DENSE_TEXT_TYPES = ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen2", "qwen3", "llama", "mistral")
 """Language models whose decoder layers are the dense Llama block (pre-norm RMSNorm, GQA, SwiGLU)."""
@@ -66,8 +66,11 @@ class TextBlocks:
     final_norm: int
     """The final norm's bytes per token."""
     hidden: int
+    """H, the LM head's input width."""
     vocab: int
+    """V, the LM head's output width."""
     softcap: float | None
+    """The config's final logit softcap (the chunked loss' transient depends on it)."""
 
 
 def _field(cfg: Any, name: str, arch: str) -> Any:
@@ -114,6 +117,7 @@ class Tower:
     """Saved bytes of a vision tower per ViT token (patch) and what one image or LLM token costs."""
 
     blocks: int
+    """ViT blocks."""
     per_block: int
     """Bytes one block saves per ViT token."""
     checkpointed: int
