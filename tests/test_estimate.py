@@ -115,6 +115,8 @@ def test_bad_setups_are_refused():
         EstimateSetup(seq_len=100, visual_tokens=100)
     with pytest.raises(ValueError, match="dtype must be one of"):
         EstimateSetup(seq_len=100, dtype="float64")
+    with pytest.raises(NotImplementedError, match="attention 'ulysses' is not estimated"):
+        EstimateSetup(seq_len=100, attention="ulysses")
     with pytest.raises(ValueError, match="are not a whole number of images"):
         estimate_memory(tiny_config("llava"), EstimateSetup(seq_len=100, visual_tokens=20))
 

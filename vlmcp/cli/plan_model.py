@@ -20,7 +20,7 @@ LAYOUT_ONLY = ("prompt_tokens", "image_tokens", "text_tokens", "image_attention"
                "kv_heads", "head_dim", "hidden_size", "mlp_ratio", "flops_per_byte", "out")
 # The estimate's flags; given without --model they are refused.
 MODEL_ONLY = ("seq_len", "dp", "fsdp", "activation_checkpointing", "offload_activations", "gpu_memory",
-              "visual_tokens", "images", "vision_mode", "loss_chunk_size")
+              "visual_tokens", "images", "vision_mode", "loss_chunk_size", "attention")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vision-mode", choices=VISION_MODES, default="replicate", help="--model: vision_mode")
     g.add_argument("--loss-chunk-size", type=int, default=4096,
                    help="--model: the chunked loss' targets per chunk")
+    g.add_argument("--attention", choices=("ring", "ulysses", "usp"), default="ring",
+                   help="--model: CP attention (ring only is estimated)")
 
 
 def check_flags(args: argparse.Namespace, defaults: dict) -> None:
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                           activation_checkpointing=args.activation_checkpointing,
                           offload_activations=args.offload_activations, dtype=args.dtype,
                           image_strategy=args.image_strategy, vision_mode=args.vision_mode,
-                          chunk_size=args.loss_chunk_size)
+                          chunk_size=args.loss_chunk_size, attention=args.attention)
     b = DTYPE_BYTES[args.dtype]
     tower = tower_for(config, b)  # first: it names a refused architecture
     text = text_blocks(config, b)
