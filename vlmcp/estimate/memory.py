@@ -220,7 +220,7 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     block = tower.checkpointed if ckpt else tower.per_block
     once = tower.once - (tower.rotary if ckpt else 0)
     vit = (vit_tokens * (tower.blocks * block + once) + visual_vit * tower.vit_per_llm_token * tower.head
-           + images_r * tower.per_image_once) if images_r else 0
+           + visual_vit * tower.head_llm + images_r * tower.per_image_once) if images_r else 0
     loss = 20 * targets + 4
     chunk = chunk_transient_bytes(min(setup.chunk_size, targets), text.vocab, _torch_dtype(setup.dtype),
                                   softcap=text.softcap is not None, hidden_size=text.hidden)

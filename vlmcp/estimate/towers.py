@@ -128,6 +128,8 @@ class Tower:
     """Of ``once``, the rotary tables' bytes, which checkpointed blocks do not save."""
     head: int
     """Bytes per ViT token of the merger or projector (and deepstack mergers), CLS tokens left out."""
+    head_llm: int = 0
+    """Bytes per visual LLM token of the projector beyond ``head`` (InternVL's, after the pixel shuffle)."""
     vit_per_llm_token: int
     """ViT tokens per visual LLM token (Qwen: spatial_merge_size**2; LLaVA: 1)."""
     per_image_vit: int = 0
@@ -213,8 +215,40 @@ def _llava(config: Any, b: int) -> Tower:
                  per_image_once=b * v.num_channels * v.image_size ** 2 + 8, llm_tokens_per_image=grid)
 
 
+def _pair(x) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def _internvl(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    for name, want in (("norm_type", "layer_norm"), ("use_qk_norm", False), ("hidden_act", "gelu"),
+                       ("use_mean_pooling", True)):
+        if getattr(v, name, want) != want:
+            raise NotImplementedError(f"internvl: vision {name}={getattr(v, name)!r} (the estimate knows "
+                                      f"{want!r})")
+    if config.projector_hidden_act != "gelu" or config.vision_feature_select_strategy != "default":
+        raise NotImplementedError(f"internvl: projector {config.projector_hidden_act!r}, feature strategy "
+                                  f"{config.vision_feature_select_strategy!r} (the estimate knows gelu, "
+                                  "default)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    (sh, sw), (ph, pw) = _pair(v.image_size), _pair(v.patch_size)
+    grid = (sh // ph) * (sw // pw)
+    shuffle = round(1 / config.downsample_ratio ** 2)  # patches per LLM token after the pixel shuffle
+    if grid % shuffle:
+        raise NotImplementedError(f"internvl: a {grid}-patch tile does not shuffle by {shuffle}")
+    # LN, q, k, v, out, layer scale (lambda_1 * attn), LN, fc1, GELU, layer scale (lambda_2 * mlp)
+    block = 2 * _layer_norm(e, b) + 4 * b * e + ACC * heads + b * e + 2 * b * m + b * e
+    h = config.text_config.hidden_size
+    # projector: the pixel-shuffled copy and its LayerNorm's output (per patch), statistics and two
+    # activations (per LLM token)
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e, once=0,
+                 head=2 * b * e, head_llm=8 + 2 * b * h, vit_per_llm_token=shuffle, per_image_vit=1,
+                 per_image_once=b * v.num_channels * sh * sw, llm_tokens_per_image=grid // shuffle)
+
+
 TOWERS: dict[str, Callable[[Any, int], Tower]] = {
-    "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava}
+    "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava,
+    "internvl": _internvl}
 """``model_type`` -> the vision tower's recipe; the architectures ``vlmcp plan --model`` estimates."""
 
 REFUSED = {
@@ -223,7 +257,7 @@ REFUSED = {
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
     "llava_next": "anyres tiling (tiles per image depend on the image size)",
     "llava_onevision": "anyres tiling (tiles per image depend on the image size)",
-    "internvl": "InternViT tower not written yet", "idefics3": "Idefics3 vision tower not written yet",
+"idefics3": "Idefics3 vision tower not written yet",
     "smolvlm": "Idefics3 vision tower not written yet", "mistral3": "Pixtral tower not written yet",
     "gemma3": "Gemma 3 decoder layers (four norms, softcap) and SigLIP tower not written yet",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",

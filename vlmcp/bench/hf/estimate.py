@@ -25,14 +25,14 @@ from vlmcp.bench.hf import needs_transformers
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-estimate"
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl")
 CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
     (False, "replicate", "replicate"), (True, "replicate", "replicate"), (False, "scatter", "shard"),
     (True, "scatter", "shard"))
 
 
 def _samples(arch: str, text: int) -> tuple:
-    image = (1,) if arch == "llava" else (1, 8, 8)  # 16 LLM tokens each
+    image = {"llava": (1,), "internvl": (4,)}.get(arch, (1, 8, 8))  # 16 LLM tokens each (InternVL: 4 tiles)
     before = max(1, text // 6)
     return tuple((before, image, text - before) for _ in range(4))
 
@@ -65,7 +65,8 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
             if group is not None:
                 dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
             out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
-                            seq_len=int(inputs["input_ids"].shape[1]), visual=visual, images=4,
+                            seq_len=int(inputs["input_ids"].shape[1]), visual=visual,
+                            images=16 if arch == "internvl" else 4,  # InternVL: tiles
                             config=base.config.to_dict(), measured=int(saved), dtype=dtype))
     return out
 
