@@ -1,115 +1,142 @@
-"""Rank functions of the fine-tuning loop's tests (tests/test_train_hf.py), one spawn for a grid.
+"""Rank functions for frozen parts and LoRA under CP (tests/test_finetune.py), one spawned group.
 
-:func:`global_batch_grid` trains the same two steps of a tiny LLaVA in float64 seven ways on 2
-ranks (DP 2; CP 2 with two accumulated rows and ``hidden_shard``, ``broadcast`` or ``scatter``;
-FSDP over DP 2; FSDP over CP 2 with ``hidden_shard``; and a resume in the middle of an
-accumulating run) and, on rank 0, once
-more by hand in one process with plain transformers: each conversation alone, the loss summed
-over the global batch's targets, ``clip_grad_norm_``, AdamW. Every run must give that run's
-losses, gradient norms and weights.
+Each case freezes parts of (or puts LoRA on) a tiny model, runs the unmodified model's step on
+one process (every sample alone, float64) and the CP step on the group, and compares the loss
+and every parameter's gradient, frozen ones included (``None`` on both sides).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
+import copy
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from vlmcp.hf.adapters import adapter_for, submodule
 from vlmcp.hf.debug.float64 import float64_exact
+from vlmcp.hf.debug.parity import (
+    DTYPES,
+    HFParityCase,
+    _cp_step,
+    compare_gradients,
+    load_model,
+    reference_for,
+)
+from vlmcp.hf.freeze import freeze
+from vlmcp.hf.parallel import parallelize
+from vlmcp.hf.peft import unwrap_peft
 
 
-def _saved(out: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+@dataclass(frozen=True)
+class FinetuneCase:
+    """One comparison: ``parity`` (model, mode, attention, gradient checkpointing), what is frozen, LoRA."""
 
-    return load_file(os.path.join(out, "model.safetensors"))
+    parity: HFParityCase
+    freeze: tuple[str, ...] = ()
+    lora: dict | None = None
+    """``vlmcp.hf.peft.apply_lora`` keywords, ``{"peft": LoraConfig keywords}``, or None."""
+    extra: dict = field(default_factory=dict)
 
-
-def _one_process(cfg, index, eval_index, out: str) -> dict:
-    """The run of ``cfg`` by hand: plain transformers, one process, one conversation at a time."""
-    from transformers import AutoModelForImageTextToText
-
-    from vlmcp.data.hf.encode import encode_conversation
-    from vlmcp.data.hf.processor import load_processor
-    from vlmcp.data.hf.rows import row_at
-    from vlmcp.train.hf.optim import make_optimizer
-    from vlmcp.train.schedule import hf_lr_at
-
-    processor = load_processor(cfg.model)
-    model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float64)
-    model.train()
-    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
-
-    def loss_sum(conv):
-        enc = encode_conversation(processor, conv, index.video)
-        out = model(input_ids=enc.input_ids[None], **enc.pixels)
-        targets = enc.labels[1:]
-        return torch.nn.functional.cross_entropy(out.logits[0, :-1], targets, ignore_index=-100,
-                                                 reduction="sum"), int((targets != -100).sum())
-
-    losses, norms = [], []
-    for step in range(cfg.steps):
-        rows = [row_at(index, cfg.seed, step * cfg.rows_per_step + j) for j in range(cfg.rows_per_step)]
-        convs = [index.conversations[i] for r in rows for i in index.rows[r]]
-        optimizer.zero_grad()
-        parts = [loss_sum(c) for c in convs]
-        total = sum(n for _, n in parts)
-        loss = sum(s for s, _ in parts) / total
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
-        for g in optimizer.param_groups:
-            g["lr"] = hf_lr_at(cfg, step)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    with torch.no_grad():
-        parts = [loss_sum(c) for c in eval_index.conversations]
-    eval_loss = float(sum(s for s, _ in parts) / sum(n for _, n in parts))
-    model.save_pretrained(out)  # the weights under the names the trainer's save_pretrained gives them
-    return {"losses": losses, "grad_norms": norms, "eval_loss": eval_loss, "weights": _saved(out)}
+    @property
+    def name(self) -> str:
+        c = self.parity
+        return (f"{c.model} {c.attention} {c.vision_mode} gc={c.gradient_checkpointing} "
+                f"freeze={','.join(self.freeze) or '-'} lora={self.lora}")
 
 
-def _metrics(path: str) -> list[dict]:
-    from vlmcp.report.metrics import read_metrics
+def _prepare(case: FinetuneCase, model):
+    if case.lora is not None and "peft" in case.lora:  # a LoraConfig of the user's own
+        from peft import LoraConfig, get_peft_model
 
-    return read_metrics(path)
+        model = get_peft_model(model, LoraConfig(**case.lora["peft"]))
+    elif case.lora is not None:
+        from vlmcp.hf.peft import apply_lora
+
+        torch.manual_seed(1)
+        model = apply_lora(model, **case.lora)
+        for name, p in model.named_parameters():  # nonzero B: the adapter's gradients all matter
+            if "lora_B" in name:
+                with torch.no_grad():
+                    p.normal_(0, 0.05)
+    freeze(model, case.freeze)
+    return model
 
 
-def global_batch_grid(group: dist.ProcessGroup, base, index, eval_index, root: str) -> dict:
-    """See the module docstring. Returns, on every rank, what each run gave (rank 0 adds the oracle)."""
-    from vlmcp.train.hf.loop import train_hf_rank
+def _vit_outputs(model) -> tuple[list, list]:
+    """Record whether each ViT block's output requires grad (a frozen ViT must run no backward)."""
+    inner = unwrap_peft(model)
+    adapter = adapter_for(inner)
+    seen, handles = [], []
+    blocks = [m for m in submodule(inner, adapter.vision_module_paths(inner)[0]).modules()
+              if type(m).__name__.endswith(("VisionBlock", "EncoderLayer"))]
+    for b in blocks:
+        handles.append(b.register_forward_hook(
+            lambda m, a, out: seen.append(bool((out[0] if isinstance(out, tuple) else out).requires_grad))))
+    return seen, handles
 
-    rank = dist.get_rank(group)
-    runs = {
-        "dp2": dict(cp=1, dp=2),  # every run's global batch: 2 rows
-        "cp2_accum2": dict(cp=2, dp=1, grad_accum=2, vision_mode="hidden_shard", eval_every=1),
-        "fsdp_dp2": dict(cp=1, dp=2, fsdp=True),
-        # the vision modes that run the ViT on some ranks only, evaluating too (a forward under no_grad)
-        "cp2_broadcast": dict(cp=2, dp=1, grad_accum=2, vision_mode="broadcast", eval_every=1),
-        "cp2_scatter": dict(cp=2, dp=1, grad_accum=2, vision_mode="scatter", eval_every=1),
-        # FSDP shards, hidden_shard's slices (kept out of FSDP) and CP shares in one global norm
-        "fsdp_cp2_hidden_shard": dict(cp=2, dp=1, grad_accum=2, fsdp=True, vision_mode="hidden_shard"),
-    }
-    out: dict = {}
-    with float64_exact(torch.float64):
-        for name, kw in runs.items():
-            cfg = dataclasses.replace(base, output_dir=f"{root}/{name}", metrics_jsonl=f"{root}/{name}.jsonl",
-                                      **kw)
-            summary = train_hf_rank(group, cfg, index, None, eval_index)
-            out[name] = {"losses": summary["losses"], "evals": summary["evals"],
-                         "records": _metrics(cfg.metrics_jsonl) if rank == 0 else None}
-        # an accumulating run stopped after its step-1 checkpoint, resumed to its end
-        stopped = dataclasses.replace(base, cp=2, grad_accum=2, output_dir=f"{root}/stopped",
-                                      checkpoint_dir=f"{root}/ckpt", checkpoint_every=1, nan_at_step=2,
-                                      save_total_limit=1)
-        assert train_hf_rank(group, stopped, index)["stopped"] == "nonfinite"
-        resumed = dataclasses.replace(stopped, output_dir=f"{root}/resumed", nan_at_step=None, resume=True)
-        summary = train_hf_rank(group, resumed, index)
-        out["resumed"] = {"start_step": summary["start_step"], "losses": summary["losses"],
-                          "checkpoints": sorted(os.listdir(f"{root}/ckpt"))}
-        dist.barrier(group=group)
-        if rank == 0:
-            oracle = dataclasses.replace(base, grad_accum=2)  # the runs' global batch: 2 rows
-            out["oracle"] = _one_process(oracle, index, eval_index, f"{root}/oracle")
-            out["saved"] = {name: _saved(f"{root}/{name}") for name in (*runs, "resumed")}
+
+def finetune_parity(group: dist.ProcessGroup, case: FinetuneCase) -> dict:
+    c = case.parity
+    dtype = DTYPES[c.dtype]
+    ref = _prepare(case, load_model(c.model, dtype, c.seed))
+    reference = reference_for(c, ref)  # float64_norms(ref) too
+    model = copy.deepcopy(ref)
+    for p in model.parameters():
+        p.grad = None
+    trainable_before = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    if c.gradient_checkpointing:
+        model.train()
+        model.gradient_checkpointing_enable()  # HF hooks the ViT patch embedding to require grad
+    parallelize(model, group, attention=c.attention, vision_mode=c.vision_mode)
+    trainable_after = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    seen, handles = _vit_outputs(model)
+    inputs, labels, cu = reference.row
+    with float64_exact(dtype):
+        loss, _ = _cp_step(model, inputs, labels, cu, group)
+    for h in handles:
+        h.remove()
+    err, worst = compare_gradients(model, ref, group)
+    frozen_with_grad = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
+    ref_loss = float(reference.loss)
+    return {"case": case.name, "loss_rel_error": abs(float(loss) - ref_loss) / abs(ref_loss),
+            "max_rel_grad_error": err, "worst_param": worst,
+            "trainable_kept": trainable_before == trainable_after, "trainable": len(trainable_after),
+            "frozen_with_grad": frozen_with_grad, "vit_backward": any(seen), "vit_ran": bool(seen),
+            "lora_grads": sum(1 for n, p in model.named_parameters() if "lora_" in n and p.grad is not None
+                              and float(p.grad.abs().sum()) > 0),
+            "lora_params": sum(1 for n, _ in model.named_parameters() if "lora_" in n),
+            "sliced_lora_B": _sliced_lora(model)}
+
+
+def _sliced_lora(model) -> bool:
+    """Under hidden_shard: the projector's last layer kept its adapter, B sliced and A whole."""
+    from vlmcp.grads import partition_of
+
+    inner = unwrap_peft(model)
+    last = submodule(inner, adapter_for(inner).projector_last)
+    if not hasattr(last, "lora_B"):
+        return False
+    b, a = last.lora_B["default"].weight, last.lora_A["default"].weight
+    w = last.base_layer.weight
+    return (partition_of(b) is not None and partition_of(w) is not None and partition_of(a) is None
+            and b.shape[0] == w.shape[0] == last.out_features and a.shape[1] == w.shape[1])
+
+
+def _refusal(fn) -> str:
+    try:
+        fn()
+    except (ValueError, NotImplementedError) as err:
+        return str(err)
+    return ""
+
+
+def suite(group: dist.ProcessGroup, cases: list[FinetuneCase], refusals: list[FinetuneCase]) -> dict:
+    """The whole grid, then the cases that must be refused (their messages)."""
+    out = {"parity": [finetune_parity(group, c) for c in cases], "refused": []}
+    for case in refusals:
+        def run(case=case):
+            model = _prepare(case, load_model(case.parity.model, torch.float64, 0))
+            parallelize(model, group, attention=case.parity.attention, vision_mode=case.parity.vision_mode)
+        out["refused"].append(_refusal(run))
     return out

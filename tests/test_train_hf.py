@@ -431,7 +431,7 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard, broadcast, scatter), FSDP over --dp 2, FSDP
     over --cp 2 with hidden_shard, and an accumulating run resumed half way give one process's losses,
     clipped global gradient norms, eval loss and weights."""
-    from tests import finetune_cases
+    from tests import global_batch_cases
     from vlmcp.cli.train_hf import plan_eval
     from vlmcp.data.hf.processor import load_processor
 
@@ -442,7 +442,7 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     index = plan_data(base)
     eval_index = plan_eval(base, load_processor(base.model))
     preload_model_code(base.model)
-    got = spawn_ranks(finetune_cases.global_batch_grid, 2, base, index, eval_index, str(tmp_path),
+    got = spawn_ranks(global_batch_cases.global_batch_grid, 2, base, index, eval_index, str(tmp_path),
                       timeout=220, threads_per_rank=1)[0]
     want = got["oracle"]
     assert min(want["grad_norms"]) > 0.05  # every step clipped

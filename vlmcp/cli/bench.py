@@ -28,6 +28,10 @@ _HELP = {
     "hf-vision": "a HF Qwen2-VL/Qwen3-VL/Qwen3.5 ViT time per rank for one long video, replicate "
                  "against scatter",
     "hf-loss": "what a HF Qwen2-VL's LM head and loss save at a real vocabulary: full logits against chunked",
+    "hf-step": "a HF Qwen2-VL's whole training step at P against one process: speed-up and the busiest "
+               "rank's peak, image_strategy and --loss chunked/full",
+    "hf-estimate": "vlmcp plan --model's memory estimate against the exact saved-bytes counter on tiny "
+                   "models",
 }
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.cli import command_help
+from vlmcp.cli.config_file import add_config_arguments, write_resolved_config
 from vlmcp.cli.finetune import HF_DEFAULTS, add_loop_arguments, check_no_loop_flags
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
@@ -99,6 +100,7 @@ def add_parser(sub) -> None:
     p.add_argument("--_fault", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     add_hf_arguments(p)
     add_loop_arguments(p)
+    add_config_arguments(p)  # last: it reads every flag above
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -219,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
             hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
             with _run_locks(args):
+                if is_rank_zero():
+                    write_resolved_config(args, check_writable_dir("--output-dir", args.output_dir))
                 return run_hf(args)
         check_reference_args(args)
         check_no_loop_flags(args)

@@ -22,10 +22,13 @@ import os
 import sys
 from pathlib import Path
 
+from vlmcp.cli.data_options import DATA_FLAGS, add_data_arguments
+from vlmcp.cli.data_options import check_reference as check_reference_data
 from vlmcp.cli.finetune import hf_shared_values, loop_options
 from vlmcp.cli.model_check import check_model_dir
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
+from vlmcp.cli.train_lora_args import add_lora_arguments, check_no_lora, lora_fields
 from vlmcp.cli.video import add_video_arguments, video_sampling
 from vlmcp.data.hf.video import VideoSampling
 from vlmcp.train.hf.config import HFTrainConfig
@@ -73,7 +76,9 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
                         "(for comparison)")
     g.add_argument("--loss-chunk-size", type=int, default=4096, metavar="N",
                    help="target tokens per chunk of logits of --loss chunked (default 4096)")
+    add_data_arguments(g)
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
+    add_lora_arguments(p)
     add_video_arguments(p.add_argument_group(
         "videos (with --model)", "How a video becomes frames, as the model's own processor samples them "
         "(qwen-vl-utils for Qwen2-VL and Qwen2.5-VL; the video processor for Qwen3-VL, Qwen3.5 and GLM-4.1V; "
@@ -93,14 +98,16 @@ def check_reference_args(args: argparse.Namespace) -> None:
     for flag in ("strict", "fsdp", "activation_checkpointing", "offload_activations"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
+    check_no_lora(args)
+    check_reference_data(args)
     if video_sampling(args) != VideoSampling():
         raise ValueError("the --video-* flags need --model (the reference VLM's videos are its own frames)")
 
 
 def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
-    if args.model is None or args.data is None or args.output_dir is None:
-        raise ValueError("--model, --data and --output-dir go together (a model directory, its training "
-                         "data and where the trained model goes)")
+    if args.model is None or (args.data is None and args.dataset is None) or args.output_dir is None:
+        raise ValueError("--model, --data (or --dataset) and --output-dir go together (a model directory, "
+                         "its training data and where the trained model goes)")
     defaults = TrainConfig()
     for name in _REFERENCE_ONLY:
         if getattr(args, name) != getattr(defaults, name):
@@ -108,13 +115,14 @@ def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
     fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy",
               "dtype", "seed", "fsdp", "activation_checkpointing", "offload_activations",
               "loss", "loss_chunk_size", "checkpoint_dir",
-              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
+              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step",
+              *DATA_FLAGS)
     if not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model {args.model}: not a model directory (no config.json)")
     check_output_outside_model(args.output_dir, args.model)
-    return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
+    return HFTrainConfig(model=str(args.model), data=tuple(args.data or ()), output_dir=str(args.output_dir),
                          video=video_sampling(args), **{f: getattr(args, f) for f in fields},
-                         **hf_shared_values(args), **loop_options(args))
+                         **hf_shared_values(args), **loop_options(args), **lora_fields(args))
 
 
 def check_output_outside_model(output_dir, model) -> None:
@@ -154,14 +162,20 @@ def plan_data(cfg: HFTrainConfig):
 def _plan(cfg: HFTrainConfig):
     """``(processor, index)``; with ``--strict`` every image is decoded too."""
     check_model_dir(cfg.model, cp=cfg.cp, attention=cfg.attention, vision_mode=cfg.vision_mode)
+    from vlmcp.data.hf.dataset_info import resolve_datasets
+    from vlmcp.data.hf.image_bounds import ImageBounds
     from vlmcp.data.hf.processor import load_processor
     from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
-    data = read_conversations(cfg.data, cfg.image_root)
-    source = "--data " + ", ".join(cfg.data)
-    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video)
+    sources = [*cfg.data, *resolve_datasets(cfg.dataset or (), cfg.dataset_dir)]
+    data = read_conversations(sources, cfg.image_root, max_samples=cfg.max_samples)
+    source = " ".join(([f"--data {', '.join(cfg.data)}"] if cfg.data else [])
+                      + ([f"--dataset {cfg.dataset}"] if cfg.dataset else []))
+    bounds = ImageBounds(min_pixels=cfg.image_min_pixels, max_pixels=cfg.image_max_pixels)
+    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video,
+                        images=bounds, truncate=cfg.truncate)
     if cfg.strict:
         _decode_every_image(processor, index)
     return processor, index
@@ -230,7 +244,10 @@ def _skips(cfg: HFTrainConfig, index, decode_skipped=None) -> str:
     causes.append(("by a format rule", index.format_skipped))
     named = decode_skipped is not None  # the final summary names them; the plan line counts them
     parts = [f"{len(skips)} {what}{_where(skips) if named else ''}" for what, skips in causes]
-    return f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: {index.dropped_turns}"
+    cut = f"; conversations cut at --seq-len: {sum(c is not None for c in index.cuts)}" \
+        if cfg.truncate else ""
+    return (f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: "
+            f"{index.dropped_turns}{cut}")
 
 
 def _first_view(cfg: HFTrainConfig, processor, index) -> str:
@@ -238,10 +255,14 @@ def _first_view(cfg: HFTrainConfig, processor, index) -> str:
     from vlmcp.data.hf.rows import row_at
     from vlmcp.data.hf.show import view_conversation
 
-    conv = index.conversations[index.rows[row_at(index, cfg.seed, 0)][0]]
+    i = index.rows[row_at(index, cfg.seed, 0)][0]
+    conv = index.conversations[i]
     more = f"; vlmcp data show --model {cfg.model} --data {conv.source} --line {conv.line} prints it all"
-    view = view_conversation(processor, conv, index.video).plain(max_lines=30, max_chars=2400, more=more)
-    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}"
+    view = view_conversation(processor, conv, index.video, index.images).plain(max_lines=30, max_chars=2400,
+                                                                              more=more)
+    cut = index.cuts[i] if index.cuts else None
+    cut = f"\n(--truncate trains its first {cut.tokens} tokens)" if cut else ""
+    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}{cut}"
 
 
 def _resume_preflight(cfg: HFTrainConfig) -> bool:

@@ -47,6 +47,7 @@ from vlmcp.train.checkpoint import (
     remove_stale_temps,
     save_checkpoint,
 )
+from vlmcp.train.hf.finetune_config import finetune_changes
 from vlmcp.train.lock import writer_tag
 from vlmcp.train.state import full_state, load_full_state
 
@@ -55,10 +56,12 @@ __all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkp
 _DIR = re.compile(r"^step_(\d{8,})$")
 _TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
-_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video")
+_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video",
+                  # what the rows are made of (a checkpoint from before these fields holds their defaults)
+                  "dataset", "dataset_dir", "max_samples", "image_max_pixels", "image_min_pixels", "truncate")
 _SCHEDULE_FIELDS = ("steps", "grad_accum", "lr", "lr_scheduler", "warmup_steps", "warmup_ratio")
 """Checked where the checkpoint has them (older checkpoints: ``steps`` only)."""
-_PATH_FIELDS = ("model", "data", "image_root")
+_PATH_FIELDS = ("model", "data", "image_root", "dataset_dir")
 
 
 def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -135,11 +138,13 @@ def _same(field: str, a, b) -> bool:
 
 def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
     """Raise if a checkpoint of ``saved`` config cannot continue the run ``cfg``."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     fields = _RESUME_FIELDS + tuple(f for f in _SCHEDULE_FIELDS if f in saved)
-    changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
-               for f in fields if not _same(f, saved.get(f), getattr(cfg, f))]
+    changed = [f"--{f.replace('_', '-')} {saved.get(f, defaults.get(f))!r} -> {getattr(cfg, f)!r}"
+               for f in fields if not _same(f, saved.get(f, defaults.get(f)), getattr(cfg, f))]
     if saved.get("fsdp") != cfg.fsdp:
         changed.append(f"--fsdp {saved.get('fsdp')} -> {cfg.fsdp}")
+    changed += finetune_changes(saved, cfg)
     if changed:
         raise ValueError(f"cannot resume from {where}: it belongs to another run ({', '.join(changed)})")
     if step > cfg.steps:

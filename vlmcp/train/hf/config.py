@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from vlmcp.data.hf.video import VideoSampling
+from vlmcp.train.hf.finetune_config import check_finetune
 from vlmcp.train.options import (
     AttentionBackend,
     DType,
@@ -40,9 +41,23 @@ class HFTrainConfig:
     """The model directory (``config.json``, weights, processor)."""
     data: tuple[str, ...]
     """The conversations files (``--data``, repeatable), read in order; one path (a string)
-    is taken as a one-file tuple."""
+    is taken as a one-file tuple. May be empty when ``dataset`` names the data."""
     output_dir: str
     """Where the trained model and processor are written with ``save_pretrained``."""
+    dataset: str | None = None
+    """LLaMA-Factory dataset names, comma-separated, in ``dataset_dir/dataset_info.json``
+    (:mod:`vlmcp.data.hf.dataset_info`), read after ``data``."""
+    dataset_dir: str | None = None
+    """The directory of ``dataset_info.json`` (default ``data``, as in LLaMA-Factory)."""
+    max_samples: int | None = None
+    """Read only the first lines of each data file and dataset."""
+    image_max_pixels: int | None = None
+    """Scale every image down to at most this many pixels before the processor (planning too)."""
+    image_min_pixels: int | None = None
+    """Scale every image up to at least this many pixels before the processor (planning too)."""
+    truncate: bool = False
+    """Cut a conversation longer than ``seq_len`` at ``seq_len`` (never inside an image or video)
+    instead of skipping it."""
     image_root: str | None = None
     """Directory relative image paths start from (default: the JSONL file's)."""
     strict: bool = False
@@ -130,14 +145,41 @@ class HFTrainConfig:
     and who did not answer. Must exceed the slowest rank's step time plus the longest save
     (a checkpoint, or the final ``save_pretrained``: rank 0 writes while the others wait in
     a barrier); raise it for a large model on a slow disk."""
+    freeze: tuple[str, ...] = ()
+    """Parts kept as loaded (``--freeze``, repeatable): ``vision``, ``projector``, ``llm``
+    (:mod:`vlmcp.hf.freeze`); with ``lora``, the parts that get no adapter."""
+    lora: bool = False
+    """Train LoRA adapters (:mod:`vlmcp.hf.peft`) on a frozen base; the output is a PEFT adapter."""
+    lora_rank: int = 8
+    """LoRA rank r."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (the update is scaled by ``alpha / r``)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
+    lora_targets: str = "all"
+    """The language model's adapted layers: ``all`` (every Linear but the LM head), ``attn``,
+    ``mlp`` or comma-separated module names."""
+    lora_vision: str | None = None
+    """Adapters in the vision tower too: ``all`` or comma-separated module names (None: none)."""
+    lora_projector: str | None = None
+    """Adapters in the projector too: ``all`` or comma-separated module names (None: none)."""
+    merge_lora: bool = False
+    """Save the merged weights (a plain model) instead of the PEFT adapter."""
     nan_at_step: int | None = None
     """Tests only: rank 1 (or 0) makes the loss of this step NaN."""
 
     def __post_init__(self):
         data = [self.data] if isinstance(self.data, (str, os.PathLike)) else self.data
-        if not isinstance(data, (list, tuple)) or not data or \
+        if not isinstance(data, (list, tuple)) or not (data or self.dataset) or \
                 not all(isinstance(p, (str, os.PathLike)) for p in data):
             raise ValueError(f"--data must be one or more file paths, got {self.data!r}")
+        for name in ("max_samples", "image_max_pixels", "image_min_pixels"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if self.image_max_pixels and self.image_min_pixels and self.image_min_pixels > self.image_max_pixels:
+            raise ValueError(f"--image-min-pixels {self.image_min_pixels} exceeds --image-max-pixels "
+                             f"{self.image_max_pixels}")
         object.__setattr__(self, "data", tuple(str(p) for p in data))
         if isinstance(self.video, dict):  # as to_dict() (and a checkpoint's config) holds it
             object.__setattr__(self, "video", VideoSampling(**self.video))
@@ -184,6 +226,7 @@ class HFTrainConfig:
         if self.seq_len < 8 * self.cp:
             raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: use at least "
                              f"{8 * self.cp}")
+        check_finetune(self)
         if self.fsdp and self.vision_mode in ("broadcast", "scatter"):
             # some rank skips (part of) the ViT, so FSDP's collectives would stop matching
             raise ValueError(f"--fsdp takes --vision-mode replicate, allreduce_hook or hidden_shard, got "

@@ -65,6 +65,7 @@ from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.hf.evaluate import evaluate, target_count
 from vlmcp.train.hf.feedback import Feedback
 from vlmcp.train.hf.final_model import save_trained_model
+from vlmcp.train.hf.finetune import prepare_model, without_input_grad_hooks
 from vlmcp.train.hf.optim import clip_gradients, make_optimizer, part_of, squared_norms
 from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.schedule import hf_lr_at
@@ -103,10 +104,12 @@ def load_parallel_model(cfg: HFTrainConfig, cp_group, world: int, device: torch.
     import vlmcp.hf
 
     hf_logging.disable_progress_bar()  # one progress bar per run (rank 0's), not one per rank and file
-    model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype]).to(device)
+    model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=TORCH_DTYPES[cfg.dtype])
+    model = prepare_model(cfg, model).to(device)  # --freeze, --lora
     model.train()
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        without_input_grad_hooks(model)
     vlmcp.hf.parallelize(model, cp_group, attention=cfg.attention, vision_mode=cfg.vision_mode)
     if cfg.fsdp:
         _fully_shard(model, world, device)
