@@ -239,6 +239,9 @@ def test_model_traps_are_one_line_before_any_rank(llava, tmp_path, capsys):
     err = _one_error(capsys, [*base, "--output-dir", str(tmp_path / "o"), "--cp", "4", "--attention",
                               "ulysses"])
     assert "--attention ulysses splits the model's 6 attention heads over --cp 4" in err
+    err = _one_error(capsys, [*base, "--output-dir", str(tmp_path / "o"), "--cp", "5", "--vision-mode",
+                              "hidden_shard"])
+    assert "--vision-mode hidden_shard splits the projector's 48 output columns" in err and "--cp 5" in err
     assert "--output-dir" in _one_error(capsys, [*base, "--output-dir", str(model)])
     assert "lies inside --model" in _one_error(capsys, [*base, "--output-dir", str(model / "out")])
     pali = tmp_path / "paligemma"

@@ -28,7 +28,9 @@ def check_model_dir(model: str, *, cp: int, attention: str, vision_mode: str | N
 def check_model_config(config, model: str, *, cp: int, attention: str,
                        vision_mode: str | None = None) -> None:
     """Refuse, in one line, an architecture without a vlmcp adapter, a vision mode its adapter does not
-    take, and Ulysses with attention heads that ``cp`` does not divide."""
+    take, Ulysses with attention heads that ``cp`` does not divide, ``hidden_shard`` with a hidden size
+    it does not divide, and attention dropout (what :func:`vlmcp.hf.parallelize` would refuse on
+    every rank after the spawn)."""
     import types
 
     from vlmcp.hf.adapters import adapter_for, supported_model_types
@@ -43,7 +45,15 @@ def check_model_config(config, model: str, *, cp: int, attention: str,
     if vision_mode is not None and vision_mode not in adapter.vision_modes:
         raise ValueError(f"--vision-mode {vision_mode}: {model} (model_type={model_type!r}) takes "
                          f"{', '.join(adapter.vision_modes)}")
-    heads = getattr(getattr(config, "text_config", config), "num_attention_heads", None)
+    text = getattr(config, "text_config", config)
+    heads = getattr(text, "num_attention_heads", None)
     if attention == "ulysses" and heads and heads % cp:
         raise ValueError(f"--attention ulysses splits the model's {heads} attention heads over --cp {cp}, "
                          f"which does not divide them; use --attention ring, or a --cp that divides {heads}")
+    hidden = getattr(text, "hidden_size", None)  # the projector's output width: the LM's embeddings
+    if vision_mode == "hidden_shard" and cp > 1 and hidden and hidden % cp:
+        raise ValueError(f"--vision-mode hidden_shard splits the projector's {hidden} output columns (the "
+                         f"language model's hidden size) over --cp {cp}, which does not divide them")
+    if getattr(text, "attention_dropout", 0.0):
+        raise ValueError(f"--model {model}: its text_config.attention_dropout is {text.attention_dropout}; "
+                         "vlmcp attention has no dropout (set it to 0 in config.json)")
