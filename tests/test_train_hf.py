@@ -326,15 +326,16 @@ def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, ca
                       too_long=(Skipped("d.jsonl:3", "70 tokens"), Skipped("d.jsonl:7", "90 tokens")),
                       unreadable=(Skipped("e.jsonl:2", "cannot read image x.png: OSError: ..."),),
                       format_skipped=(Skipped("e.jsonl:5", "nothing left to train"),))
-    summary = {"message": None, "stopped": None, "losses": [2.0, 1.5], "tokens": 1200, "seconds": 2.0,
+    summary = {"message": None, "stopped": None, "losses": [2.0, 1.5], "tokens": 1200, "target_tokens": 300,
+               "seconds": 2.0,
                "start_step": 0, "step": 2, "steps": 2, "model_dir": str(tmp_path),
                "checkpoint": str(tmp_path / "checkpoints" / "step_00000002.pt"), "loss_curve": "m.png",
                "decode_skipped": [Skipped("d.jsonl:9", "cannot decode image y.jpg: OSError: ...")],
                "peak_memory": {"bytes": 3 * 2**29, "kind": "resident"}}
     assert _report(cfg, index, summary) == 0
     out = capsys.readouterr().out
-    assert ("steps 1-2 of 2, 1,200 tokens, 600 tokens/s, loss 2.0000 -> 1.5000, peak memory 1.50 GiB per "
-            "rank (resident, busiest rank)") in out
+    assert ("steps 1-2 of 2, 1,200 tokens (300 trained), 600 tokens/s, loss 2.0000 -> 1.5000, peak memory "
+            "1.50 GiB per rank (resident, busiest rank)") in out
     assert ("conversations skipped: 2 longer than --seq-len 64 (d.jsonl:3, d.jsonl:7), 1 with an unreadable "
             "image (e.jsonl:2), 1 whose image failed to decode in training (d.jsonl:9), 1 by a format rule "
             "(e.jsonl:5); turns dropped by a format rule: 1") in out

@@ -333,8 +333,10 @@ def _report(cfg: HFTrainConfig, index, s: dict) -> int:
         print(f"vlmcp train: {s['message']}", file=sys.stderr if failed else sys.stdout)
     losses = s["losses"]
     rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
-    print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']} of {s['steps']}, {s['tokens']:,} tokens, "
-          f"{rate:,.0f} tokens/s" + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
+    targets = f" ({s['target_tokens']:,} trained)" if "target_tokens" in s else ""
+    print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']} of {s['steps']}, {s['tokens']:,} "
+          f"tokens{targets}, {rate:,.0f} tokens/s"
+          + (f", loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "")
           + _peak(s.get("peak_memory")))
     print(f"vlmcp train: {_skips(cfg, index, s.get('decode_skipped', []))}")
     if s["model_dir"]:
