@@ -155,7 +155,7 @@ def _args(model, data, out, *extra):
 
 
 def _losses(path):
-    return [json.loads(line)["loss"] for line in open(path)]
+    return [r["loss"] for r in map(json.loads, open(path)) if "loss" in r]  # not the eval records
 
 
 @needs_hf_cp
@@ -223,10 +223,17 @@ def test_joins_a_torchrun_launch(llava_run, models, data, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     args = [a if a != str(STEPS) else "3" for a in _args(models["llava"], data, tmp_path)]
     args += ["--offload-activations", "--loss-chunk-size", "16"]  # both exact: the same losses
+    held = tmp_path / "held_out.jsonl"  # and --eval-data: the command line's eval path, under torchrun
+    held.write_text("".join(line.replace('"images/', f'"{data.parent}/images/') + "\n"
+                            for line in data.read_text().splitlines()[-2:]))
+    args += ["--eval-data", str(held), "--eval-every", "2"]
     proc = subprocess.run([*torchrun, "-m", "vlmcp", "train", *args], capture_output=True, text=True,
                           timeout=200, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("model and processor saved") == 1  # rank 0 reports
+    evals = [r for r in map(json.loads, open(tmp_path / "m.jsonl")) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 3] and all(r["eval_tokens"] > 0 for r in evals)
+    assert proc.stdout.count("eval loss") == 3  # after steps 2 and 3, and in the summary
     want = llava_run[0]["losses"][:3]  # warm-up steps: the learning rate does not depend on --steps
     torch.testing.assert_close(_losses(tmp_path / "m.jsonl"), want, rtol=1e-6, atol=1e-6)
 
