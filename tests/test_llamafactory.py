@@ -181,6 +181,13 @@ def test_llamafactory_defaults_fill_what_changes_training(lf_dir):
         True, 8, 16, "all", None)
     path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\nlora_rank: 4\n")
     assert resolved_config(_parse(_train_parser(stand_ins=True), path))["lora_alpha"] == 8
+    # older and rarer keys map where they mean a vlmcp flag
+    path.write_text("model_name_or_path: tiny-qwen2-vl\nfinetuning_type: full\ntrain_mm_proj_only: true\n"
+                    "freeze_vision_tower: false\nfreeze_multi_modal_projector: false\n"
+                    "image_resolution: 4096\nreport_to: [tensorboard]\nmix_strategy: concat\n")
+    got = resolved_config(_parse(_train_parser(stand_ins=True), path))
+    want = (["vision", "llm"], 4096, "tensorboard")
+    assert (got["freeze"], got["image_max_pixels"], got["report_to"]) == want
 
 
 def _lf_error(capsys, path):
@@ -213,6 +220,8 @@ def _lf_error(capsys, path):
         ("galore_rank: 16", "unknown key 'galore_rank': neither a LLaMA-Factory training key"),
         ("resume_from_checkpoint: saves/x/checkpoint-100", "vlmcp resumes its own checkpoints: --resume"),
         ("learning_rate: fast", "--lr takes a float, got 'fast'"),
+    ("mix_strategy: interleave_under", "'interleave_under' cannot be honoured: vlmcp concatenates"),
+    ("freeze_trainable_layers: 2", "freeze_trainable_layers: 2 cannot be honoured: LLaMA-Factory's freeze"),
     ],
 )
 def test_a_key_vlmcp_cannot_honour_exits_2_naming_it_and_the_file(lf_dir, capsys, line, message):

@@ -146,6 +146,18 @@ def _freeze(part: str, key: str):
     return convert
 
 
+def _train_mm_proj_only(value, ctx):
+    if not isinstance(value, bool):
+        raise ctx.error("train_mm_proj_only", f"true or false, got {value!r}")
+    return {"freeze": ["vision", "llm"]} if value else {}
+
+
+def _report_to(value, ctx):
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return {"report_to": value}
+
+
 def _plot_loss(value, ctx):
     if not isinstance(value, bool):
         raise ctx.error("plot_loss", f"true or false, got {value!r}")
@@ -204,6 +216,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 """model_type -> the LLaMA-Factory templates of its chat-template family (what ``template`` may be)."""
 
 _NETWORK = "vlmcp runs offline and reads local files only"
+_FREEZE_TUNING = "LLaMA-Factory's freeze tuning trains some layers; vlmcp freezes whole towers (--freeze)"
 
 KEYS: dict[str, Maps | NoEffect | Refused] = {
     # model
@@ -211,6 +224,8 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "trust_remote_code": NoEffect("vlmcp runs transformers' own model code only, never a repository's",
                                   lambda v: isinstance(v, bool)),
     "image_max_pixels": Maps(("image_max_pixels",)),
+    "image_resolution": Maps(("image_max_pixels",)),  # LLaMA-Factory 0.9's name of image_max_pixels
+    "video_resolution": Maps(("video_max_pixels",)),
     "image_min_pixels": Maps(("image_min_pixels",)),
     "video_max_pixels": Maps(("video_max_pixels",)),
     "video_min_pixels": Maps(("video_min_pixels",)),
@@ -227,6 +242,15 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "rope_scaling": Refused("vlmcp trains the model's own positions", unless=lambda v: v is None),
     "adapter_name_or_path": Refused("vlmcp starts LoRA from a fresh adapter", unless=lambda v: v is None),
     "hf_hub_token": Refused(_NETWORK), "ms_hub_token": Refused(_NETWORK),
+    "model_revision": Refused(_NETWORK, unless=_equals("main")),
+    "use_fast_tokenizer": Refused("vlmcp uses the processor's tokenizer as the model directory has it",
+                                  unless=_equals(True)),
+    "low_cpu_mem_usage": NoEffect("vlmcp loads the model as transformers does",
+                                  lambda v: isinstance(v, bool)),
+    "upcast_layernorm": Refused("vlmcp keeps every parameter in --dtype", unless=_equals(False)),
+    "upcast_lmhead_output": Refused("vlmcp's chunked loss computes the head's logits in float32 already",
+                                    unless=_equals(False)),
+    "print_param_status": NoEffect("vlmcp prints no parameter table", lambda v: isinstance(v, bool)),
     "cache_dir": Refused(_NETWORK),
     # method
     "stage": Maps((), _stage),
@@ -244,6 +268,12 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "freeze_vision_tower": Maps(("freeze",), _freeze("vision", "freeze_vision_tower")),
     "freeze_multi_modal_projector": Maps(("freeze",), _freeze("projector", "freeze_multi_modal_projector")),
     "freeze_language_model": Maps(("freeze",), _freeze("llm", "freeze_language_model")),
+    "train_mm_proj_only": Maps(("freeze",), _train_mm_proj_only),
+    "freeze_trainable_layers": Refused(_FREEZE_TUNING),
+    "freeze_trainable_modules": Refused(_FREEZE_TUNING),
+    "freeze_extra_modules": Refused(_FREEZE_TUNING),
+    "use_llama_pro": Refused("vlmcp adds no blocks", unless=_equals(False)),
+    "create_new_adapter": Refused("vlmcp starts LoRA from a fresh adapter", unless=_equals(False)),
     "deepspeed": Refused("vlmcp shards with FSDP2 (--fsdp) over its own DP x CP ranks, not DeepSpeed",
                          unless=lambda v: v is None),
     "disable_gradient_checkpointing": Maps(("activation_checkpointing",),
@@ -266,6 +296,13 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "dataloader_num_workers": NoEffect("each rank decodes its rows in one background thread",
                                        lambda v: isinstance(v, int)),
     "streaming": Refused("vlmcp plans every row up front", unless=_equals(False)),
+    "mix_strategy": Refused("vlmcp concatenates the datasets in order (then shuffles the rows per epoch)",
+                            unless=_equals("concat")),
+    "interleave_probs": Refused("vlmcp concatenates the datasets", unless=lambda v: v is None),
+    "ignore_pad_token_for_loss": Refused("vlmcp never trains on padding", unless=_equals(True)),
+    "enable_thinking": Refused("vlmcp renders with the model's chat template as it is",
+                               unless=_equals(True, None)),
+    "disable_shuffling": Refused("vlmcp shuffles the rows every epoch (--seed)", unless=_equals(False)),
     "val_size": Refused("vlmcp evaluates a held-out file: --eval-data FILE", unless=lambda v: not v),
     "eval_dataset": Refused("give the held-out file as --eval-data FILE", unless=lambda v: v is None),
     "mask_history": Refused("vlmcp trains every assistant turn (per-turn loss: false in the data)",
@@ -283,7 +320,7 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
                                      lambda v: isinstance(v, bool)),
     "save_only_model": Refused("vlmcp's checkpoints always hold the optimizer state (for an exact --resume)",
                                unless=_equals(False)),
-    "report_to": Maps(("report_to",)),
+    "report_to": Maps(("report_to",), _report_to),
     "run_name": NoEffect("vlmcp names nothing by run", lambda v: isinstance(v, str) or v is None),
     "logging_dir": Refused("vlmcp writes its logs beside --metrics-jsonl", unless=lambda v: v is None),
     "save_strategy": Refused("vlmcp saves every save_steps steps", unless=_equals("steps")),
@@ -317,6 +354,13 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
                              unless=_equals("steps", "no")),
     "eval_steps": Maps(("eval_every",)),
     "do_eval": NoEffect("vlmcp evaluates when --eval-data is given", lambda v: isinstance(v, bool)),
+    "eval_on_each_dataset": Refused("vlmcp evaluates the --eval-data files together", unless=_equals(False)),
+    "do_predict": Refused("vlmcp train trains; it does not generate", unless=_equals(False)),
+    "predict_with_generate": Refused("vlmcp train trains; it does not generate", unless=_equals(False)),
+    "compute_accuracy": Refused("vlmcp's evaluation is the token-weighted loss", unless=_equals(False)),
+    "ddp_find_unused_parameters": NoEffect("vlmcp reduces gradients itself, not through DDP",
+                                           lambda v: isinstance(v, bool) or v is None),
+    "dataloader_pin_memory": NoEffect("each rank builds its rows itself", lambda v: isinstance(v, bool)),
 }
 """Every LLaMA-Factory training key vlmcp reads (see the module docstring)."""
 
@@ -376,6 +420,8 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
     filled = {k: v for k, v in LLAMAFACTORY_DEFAULTS.items() if k not in raw}
     for key, value in {**raw, **filled}.items():
         entry = KEYS.get(key)
+        if key in filled and isinstance(entry, Maps) and set(entry.dests) & set(values):
+            continue  # the file set that flag by another key (image_resolution, a vlmcp key)
         if entry is None:
             dest = _key_to_dest(key, actions)
             if dest is None:
