@@ -298,6 +298,9 @@ def test_a_llamafactory_yaml_trains_with_cp2_in_one_command(tmp_path, name, monk
     if "full" in name:
         assert len(metrics) == 3 and (out / "config.json").is_file()
         assert "image_max_pixels: 4096" in resolved
+    else:  # LoRA: a PEFT adapter (--lora's output), trained for one epoch of two-row steps
+        assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+        assert "grad_accum: 2" in resolved and 'lr_scheduler: "cosine"' in resolved
     # the resolved config is the same run's: resumed from it, the finished run has nothing to do
     monkeypatch.chdir(root)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
