@@ -138,12 +138,12 @@ def test_resume_refuses_other_data_options_and_takes_old_checkpoints(tmp_path):
     from vlmcp.train.hf.checkpoint import check_resumable
     from vlmcp.train.hf.config import HFTrainConfig
 
-    cfg = HFTrainConfig(model="m", data=("d.jsonl",), output_dir=str(tmp_path), steps=10)
+    cfg = HFTrainConfig(model="m", data=("d.jsonl",), output_dir=str(tmp_path), steps=4)
     saved = cfg.to_dict()
     for new in ("dataset", "dataset_dir", "max_samples", "image_max_pixels", "image_min_pixels", "truncate"):
         del saved[new]  # a checkpoint written before these options: their defaults
     check_resumable(saved, cfg, 1, tmp_path)
-    other = HFTrainConfig(model="m", data=("d.jsonl",), output_dir=str(tmp_path), steps=10,
+    other = HFTrainConfig(model="m", data=("d.jsonl",), output_dir=str(tmp_path), steps=4,
                           image_max_pixels=4096, truncate=True)
     with pytest.raises(ValueError, match=r"--image-max-pixels None -> 4096, --truncate False -> True"):
         check_resumable(cfg.to_dict(), other, 1, tmp_path)
