@@ -147,3 +147,24 @@ def test_resume_refuses_other_data_options_and_takes_old_checkpoints(tmp_path):
                           image_max_pixels=4096, truncate=True)
     with pytest.raises(ValueError, match=r"--image-max-pixels None -> 4096, --truncate False -> True"):
         check_resumable(cfg.to_dict(), other, 1, tmp_path)
+
+
+def test_eval_data_gets_the_training_datas_pixel_bounds_and_truncation(qwen, tmp_path):
+    import json
+
+    from vlmcp.cli.train_hf import plan_eval
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    _image(tmp_path / "big.png", (224, 168))
+    line = {"messages": [{"role": "user", "content": "<image>What is it?"},
+                         {"role": "assistant", "content": "A red box. " * 20}], "images": ["big.png"]}
+    (tmp_path / "held.jsonl").write_text(json.dumps(line) + "\n")
+    processor = load_processor(qwen)
+    bounds = ImageBounds(max_pixels=32 * 32)
+    held = str(tmp_path / "held.jsonl")
+    cfg = HFTrainConfig(model=str(qwen), data=(held,), output_dir=str(tmp_path / "o"), steps=1, seq_len=48,
+                        eval_data=(held,), image_max_pixels=32 * 32, truncate=True)
+    index = plan_eval(cfg, processor)
+    assert index.images == bounds and index.cuts == (Cut(tokens=48, images=1, videos=0),)
+    assert len(planned_tokens(processor, index.conversations[0], images=bounds)[1]) > 48
+    assert build_row(processor, index, 0).tokens == 48

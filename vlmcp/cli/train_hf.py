@@ -185,12 +185,15 @@ def plan_eval(cfg: HFTrainConfig, processor):
     """The planned ``--eval-data`` (None without it); read and checked like ``--data``."""
     if not cfg.eval_data:
         return None
+    from vlmcp.data.hf.image_bounds import ImageBounds
     from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
 
     data = read_conversations(cfg.eval_data, cfg.image_root)
+    bounds = ImageBounds(min_pixels=cfg.image_min_pixels, max_pixels=cfg.image_max_pixels)
     return build_index(processor, data, cfg.seq_len, strict=cfg.strict,
-                       source="--eval-data " + ", ".join(cfg.eval_data), video=cfg.video)
+                       source="--eval-data " + ", ".join(cfg.eval_data), video=cfg.video, images=bounds,
+                       truncate=cfg.truncate)
 
 
 def _decode_every_image(processor, index) -> None:
