@@ -181,6 +181,10 @@ def test_llamafactory_defaults_fill_what_changes_training(lf_dir):
         True, 8, 16, "all", None)
     path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\nlora_rank: 4\n")
     assert resolved_config(_parse(_train_parser(stand_ins=True), path))["lora_alpha"] == 8
+    # LoRA with the vision tower unfrozen: LLaMA-Factory's lora_target all reaches into it
+    path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\nfreeze_vision_tower: false\n")
+    got = resolved_config(_parse(_train_parser(stand_ins=True), path))
+    assert (got["lora_vision"], got["freeze"]) == ("all", None)
     # older and rarer keys map where they mean a vlmcp flag
     path.write_text("model_name_or_path: tiny-qwen2-vl\nfinetuning_type: full\ntrain_mm_proj_only: true\n"
                     "freeze_vision_tower: false\nfreeze_multi_modal_projector: false\n"
@@ -222,6 +226,8 @@ def _lf_error(capsys, path):
         ("learning_rate: fast", "--lr takes a float, got 'fast'"),
     ("mix_strategy: interleave_under", "'interleave_under' cannot be honoured: vlmcp concatenates"),
     ("freeze_trainable_layers: 2", "freeze_trainable_layers: 2 cannot be honoured: LLaMA-Factory's freeze"),
+    ("freeze_multi_modal_projector: false", "false with LoRA: vlmcp's --lora trains adapters only"),
+    ("freeze_vision_tower: false\nlora_target: q_proj", "false with lora_target 'q_proj': LLaMA-Factory"),
     ],
 )
 def test_a_key_vlmcp_cannot_honour_exits_2_naming_it_and_the_file(lf_dir, capsys, line, message):

@@ -265,7 +265,7 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "use_dora": Refused("vlmcp trains plain LoRA", unless=_equals(False)),
     "use_rslora": Refused("vlmcp trains plain LoRA (alpha / rank scaling)", unless=_equals(False)),
     "pissa_init": Refused("vlmcp initialises LoRA as PEFT does by default", unless=_equals(False)),
-    "freeze_vision_tower": Maps(("freeze",), _freeze("vision", "freeze_vision_tower")),
+    "freeze_vision_tower": Maps(("freeze", "lora_vision"), _freeze("vision", "freeze_vision_tower")),
     "freeze_multi_modal_projector": Maps(("freeze",), _freeze("projector", "freeze_multi_modal_projector")),
     "freeze_language_model": Maps(("freeze",), _freeze("llm", "freeze_language_model")),
     "train_mm_proj_only": Maps(("freeze",), _train_mm_proj_only),
@@ -403,6 +403,26 @@ def _merge(values: dict[str, Any], key: str, produced: dict[str, Any], ctx: _Con
         origin[dest] = key
 
 
+def _lora_towers(values: dict[str, Any], ctx: _Context, origin: dict) -> None:
+    """LoRA with an unfrozen vision tower or projector, as LLaMA-Factory means it.
+
+    Its ``lora_target: all`` takes every linear layer but the LM head and the projector, and the
+    vision tower's too unless ``freeze_vision_tower`` (the default): ``--lora-vision all``.
+    """
+    if ctx.raw.get("freeze_vision_tower", True) is False:
+        if values.get("lora_targets", "all") != "all":
+            raise ctx.error("freeze_vision_tower", f"false with lora_target {values['lora_targets']!r}: "
+                            "LLaMA-Factory matches those names in the vision tower too, vlmcp names the "
+                            "vision tower's adapters apart: use lora_target: all, or set the vlmcp key "
+                            "lora_vision to the vision tower's module names")
+        _merge(values, "freeze_vision_tower (false, with lora_target all)", {"lora_vision": "all"}, ctx,
+               origin)
+    if ctx.raw.get("freeze_multi_modal_projector", True) is False:
+        raise ctx.error("freeze_multi_modal_projector", "false with LoRA: vlmcp's --lora trains adapters "
+                        "only, never a projector's own weights beside them; keep it true (LLaMA-Factory's "
+                        "default), or set the vlmcp key lora_projector: all for adapters on the projector")
+
+
 def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse.Action],
               given: argparse.Namespace | None) -> dict[str, Any]:
     """The vlmcp flag values (by dest) of a LLaMA-Factory training YAML.
@@ -449,6 +469,7 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
         if "lora_alpha" not in raw and "lora_alpha" not in values:
             _merge(values, "lora_alpha (absent: LLaMA-Factory's default 2 x lora_rank)",
                    {"lora_alpha": 2 * values["lora_rank"]}, ctx, origin)
+        _lora_towers(values, ctx, origin)
     else:
         for key, part in (("freeze_vision_tower", "vision"), ("freeze_multi_modal_projector", "projector")):
             if key not in raw:  # LLaMA-Factory freezes both by default in a full fine-tune
