@@ -158,6 +158,8 @@ def test_the_lora_yaml_maps_to_the_flags_it_means(lf_dir, capsys):
     assert {k: got[k] for k in want} == want
     assert got["freeze"] is None  # LoRA: the base is frozen by LoRA itself
     notes = capsys.readouterr().out
+    assert "seed absent: vlmcp's default --seed (see --help), not transformers' 42" in notes
+    assert "learning_rate absent" not in notes
     for key in ("trust_remote_code", "overwrite_cache", "preprocessing_num_workers", "overwrite_output_dir"):
         assert f"note: --config {ASSETS / 'qwen2_vl_lora_sft.yaml'}: {key}:" in notes
     # the command line wins over the file

@@ -372,6 +372,12 @@ rank 8, target ``all`` and alpha = 2 x rank, and a full fine-tune's frozen visio
 projector)."""
 
 
+_VLMCP_DEFAULTS = {"learning_rate": "5.0e-5", "num_train_epochs": "3.0", "lr_scheduler_type": "linear",
+                   "seed": "42"}
+"""transformers' ``TrainingArguments`` defaults that vlmcp does not take: an absent key gets vlmcp's
+default, and a note says so."""
+
+
 def mapped_dests() -> set[str]:
     """Every vlmcp flag (dest) some LLaMA-Factory key maps to (the test checks each exists)."""
     return {d for entry in KEYS.values() if isinstance(entry, Maps) for d in entry.dests}
@@ -475,6 +481,11 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
             if key not in raw:  # LLaMA-Factory freezes both by default in a full fine-tune
                 _merge(values, f"{key} (absent: LLaMA-Factory's default true)", {"freeze": [part]}, ctx,
                        origin)
+    for key, theirs in _VLMCP_DEFAULTS.items():
+        dest = KEYS[key].dests[0]
+        if key not in raw and dest not in values:
+            ctx.notes.append(f"{key} absent: vlmcp's default --{dest.replace('_', '-')} (see --help), not "
+                             f"transformers' {theirs}")
     for note in ctx.notes:
         say(f"vlmcp train: note: --config {file}: {note}")
     return values
