@@ -168,3 +168,23 @@ def test_eval_data_gets_the_training_datas_pixel_bounds_and_truncation(qwen, tmp
     assert index.images == bounds and index.cuts == (Cut(tokens=48, images=1, videos=0),)
     assert len(planned_tokens(processor, index.conversations[0], images=bounds)[1]) > 48
     assert build_row(processor, index, 0).tokens == 48
+
+
+def test_eval_dataset_names_held_out_data_in_dataset_info(qwen, tmp_path):
+    import json
+
+    from vlmcp.cli.train_hf import plan_eval
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    lines = [{"q": f"Question {i}?", "a": f"Answer {i}."} for i in range(3)]
+    (tmp_path / "held.json").write_text(json.dumps(lines))
+    info = {"held": {"file_name": "held.json", "columns": {"prompt": "q", "response": "a"}}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(info))
+    processor = load_processor(qwen)
+    cfg = HFTrainConfig(model=str(qwen), data=(), dataset="held", dataset_dir=str(tmp_path),
+                        eval_dataset="held", max_samples=2, output_dir=str(tmp_path / "o"), steps=1,
+                        seq_len=128)
+    index = plan_eval(cfg, processor)
+    assert [c.messages[-1].content for c in index.conversations] == ["Answer 0.", "Answer 1."]
+    none = HFTrainConfig(model=str(qwen), data=("x.jsonl",), output_dir="o", steps=1)
+    assert plan_eval(none, processor) is None

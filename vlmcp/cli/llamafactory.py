@@ -91,9 +91,11 @@ def _lora_target(value, ctx):
     return {"lora_targets": value}
 
 
-def _dataset(value, ctx):
-    names = value if isinstance(value, list) else str(value).split(",")
-    return {"dataset": ",".join(n.strip() for n in names if n.strip())}
+def _names(dest: str):
+    def convert(value, ctx):
+        names = value if isinstance(value, list) else str(value).split(",")
+        return {dest: ",".join(n.strip() for n in names if n.strip())}
+    return convert
 
 
 def _cutoff_len(value, ctx):
@@ -280,7 +282,8 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
                                            lambda v, ctx: {"activation_checkpointing": not _bool(
                                                "disable_gradient_checkpointing")(v, ctx)}),
     # dataset
-    "dataset": Maps(("dataset",), _dataset),
+    "dataset": Maps(("dataset",), _names("dataset")),
+    "eval_dataset": Maps(("eval_dataset",), _names("eval_dataset")),
     "dataset_dir": Maps(("dataset_dir",)),
     "media_dir": Maps(("image_root",)),
     "template": Maps((), _template),
@@ -303,8 +306,8 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "enable_thinking": Refused("vlmcp renders with the model's chat template as it is",
                                unless=_equals(True, None)),
     "disable_shuffling": Refused("vlmcp shuffles the rows every epoch (--seed)", unless=_equals(False)),
-    "val_size": Refused("vlmcp evaluates a held-out file: --eval-data FILE", unless=lambda v: not v),
-    "eval_dataset": Refused("give the held-out file as --eval-data FILE", unless=lambda v: v is None),
+    "val_size": Refused("vlmcp evaluates held-out data it is given (eval_dataset, --eval-data FILE), it "
+                        "splits none off", unless=lambda v: not v),
     "mask_history": Refused("vlmcp trains every assistant turn (per-turn loss: false in the data)",
                             unless=_equals(False)),
     "train_on_prompt": Refused("vlmcp trains the assistant turns only", unless=_equals(False)),
