@@ -188,3 +188,32 @@ def test_eval_dataset_names_held_out_data_in_dataset_info(qwen, tmp_path):
     assert [c.messages[-1].content for c in index.conversations] == ["Answer 0.", "Answer 1."]
     none = HFTrainConfig(model=str(qwen), data=("x.jsonl",), output_dir="o", steps=1)
     assert plan_eval(none, processor) is None
+
+
+def test_truncate_drops_a_video_whole_before_its_first_token(qwen, tmp_path):
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.data.hf.export import export_shapes
+
+    pytest.importorskip("av")
+    line = json.loads(export_shapes(tmp_path / "v", 0, videos=1).read_text().splitlines()[0])
+    video = Media(kind="video", path=tmp_path / "v" / line["videos"][0])
+    messages = (Message("user", "Hi there, who are you?"), Message("assistant", "A model of shapes."),
+                Message("user", "<video>What happens?"), Message("assistant", "A shape moves. " * 5))
+    conv = Conversation(line=1, messages=messages, videos=(video,), source="data.jsonl")
+    processor = load_processor(qwen)
+    _, ids, _ = planned_tokens(processor, conv)
+    pads = [i for i, t in enumerate(ids) if t == processor.video_token_id]
+    index = build_index(processor, [conv], pads[len(pads) // 2], truncate=True)  # inside the video
+    assert index.cuts == (Cut(tokens=pads[0], images=0, videos=0),)
+    row = build_row(processor, index, 0)
+    assert "pixel_values_videos" not in row.inputs and row.tokens == pads[0]
+    model = AutoModelForImageTextToText.from_pretrained(qwen).eval()
+    with torch.no_grad():
+        model(input_ids=row.inputs["input_ids"][:, :pads[0]])
+    # a cut after the video keeps it whole
+    index = build_index(processor, [conv], len(ids) - 2, truncate=True)
+    assert index.cuts == (Cut(tokens=len(ids) - 2, images=0, videos=1),)
+    assert build_row(processor, index, 0).inputs["video_grid_thw"].shape[0] == 1
