@@ -190,7 +190,7 @@ def test_llamafactory_defaults_fill_what_changes_training(lf_dir):
     # older and rarer keys map where they mean a vlmcp flag
     path.write_text("model_name_or_path: tiny-qwen2-vl\nfinetuning_type: full\ntrain_mm_proj_only: true\n"
                     "freeze_vision_tower: false\nfreeze_multi_modal_projector: false\n"
-                    "image_resolution: 4096\nreport_to: [tensorboard]\nmix_strategy: concat\n")
+                    "image_max_pixels: 4096\nreport_to: [tensorboard]\nmix_strategy: concat\n")
     got = resolved_config(_parse(_train_parser(stand_ins=True), path))
     want = (["vision", "llm"], 4096, "tensorboard")
     assert (got["freeze"], got["image_max_pixels"], got["report_to"]) == want
@@ -226,6 +226,7 @@ def _lf_error(capsys, path):
         ("galore_rank: 16", "unknown key 'galore_rank': neither a LLaMA-Factory training key"),
         ("resume_from_checkpoint: saves/x/checkpoint-100", "vlmcp resumes its own checkpoints: --resume"),
         ("learning_rate: fast", "--lr takes a float, got 'fast'"),
+    ("image_resolution: 512", "give image_max_pixels (pixels) instead"),
     ("mix_strategy: interleave_under", "'interleave_under' cannot be honoured: vlmcp concatenates"),
     ("freeze_trainable_layers: 2", "freeze_trainable_layers: 2 cannot be honoured: LLaMA-Factory's freeze"),
     ("freeze_multi_modal_projector: false", "false with LoRA: vlmcp's --lora trains adapters only"),

@@ -226,8 +226,10 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "trust_remote_code": NoEffect("vlmcp runs transformers' own model code only, never a repository's",
                                   lambda v: isinstance(v, bool)),
     "image_max_pixels": Maps(("image_max_pixels",)),
-    "image_resolution": Maps(("image_max_pixels",)),  # LLaMA-Factory 0.9's name of image_max_pixels
-    "video_resolution": Maps(("video_max_pixels",)),
+    "image_resolution": Refused("an older LLaMA-Factory key whose meaning changed between versions (a side "
+                                "length, then pixels): give image_max_pixels (pixels) instead"),
+    "video_resolution": Refused("an older LLaMA-Factory key whose meaning changed between versions (a side "
+                                "length, then pixels): give video_max_pixels (pixels) instead"),
     "image_min_pixels": Maps(("image_min_pixels",)),
     "video_max_pixels": Maps(("video_max_pixels",)),
     "video_min_pixels": Maps(("video_min_pixels",)),
