@@ -85,8 +85,9 @@ def test_the_loader_is_generic_over_any_parser(tmp_path):
     parser.add_argument("--name", default="x", choices=("x", "y"))
     parser.add_argument("--tag", action="append", default=None)
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--extra", nargs="?", const="all", default=None)
     add_config_arguments(parser)
-    cfg = _write(tmp_path / "t.yaml", "size: 3\nname: y\ntag: one\nquiet: true\n")
+    cfg = _write(tmp_path / "t.yaml", "size: 3\nname: y\ntag: one\nquiet: true\nextra: true\n")
     args = parser.parse_args(["--config", cfg, "--size", "5"])
-    assert (args.size, args.name, args.tag, args.quiet) == (5, "y", ["one"], True)
-    assert resolved_config(args) == {"size": 5, "name": "y", "tag": ["one"], "quiet": True}
+    assert (args.size, args.name, args.tag, args.quiet, args.extra) == (5, "y", ["one"], True, "all")
+    assert resolved_config(args) == {"size": 5, "name": "y", "tag": ["one"], "quiet": True, "extra": "all"}

@@ -147,3 +147,73 @@ def test_resume_refuses_other_data_options_and_takes_old_checkpoints(tmp_path):
                           image_max_pixels=4096, truncate=True)
     with pytest.raises(ValueError, match=r"--image-max-pixels None -> 4096, --truncate False -> True"):
         check_resumable(cfg.to_dict(), other, 1, tmp_path)
+
+
+def test_eval_data_gets_the_training_datas_pixel_bounds_and_truncation(qwen, tmp_path):
+    import json
+
+    from vlmcp.cli.train_hf import plan_eval
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    _image(tmp_path / "big.png", (224, 168))
+    line = {"messages": [{"role": "user", "content": "<image>What is it?"},
+                         {"role": "assistant", "content": "A red box. " * 20}], "images": ["big.png"]}
+    (tmp_path / "held.jsonl").write_text(json.dumps(line) + "\n")
+    processor = load_processor(qwen)
+    bounds = ImageBounds(max_pixels=32 * 32)
+    held = str(tmp_path / "held.jsonl")
+    cfg = HFTrainConfig(model=str(qwen), data=(held,), output_dir=str(tmp_path / "o"), steps=1, seq_len=48,
+                        eval_data=(held,), image_max_pixels=32 * 32, truncate=True)
+    index = plan_eval(cfg, processor)
+    assert index.images == bounds and index.cuts == (Cut(tokens=48, images=1, videos=0),)
+    assert len(planned_tokens(processor, index.conversations[0], images=bounds)[1]) > 48
+    assert build_row(processor, index, 0).tokens == 48
+
+
+def test_eval_dataset_names_held_out_data_in_dataset_info(qwen, tmp_path):
+    import json
+
+    from vlmcp.cli.train_hf import plan_eval
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    lines = [{"q": f"Question {i}?", "a": f"Answer {i}."} for i in range(3)]
+    (tmp_path / "held.json").write_text(json.dumps(lines))
+    info = {"held": {"file_name": "held.json", "columns": {"prompt": "q", "response": "a"}}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(info))
+    processor = load_processor(qwen)
+    cfg = HFTrainConfig(model=str(qwen), data=(), dataset="held", dataset_dir=str(tmp_path),
+                        eval_dataset="held", max_samples=2, output_dir=str(tmp_path / "o"), steps=1,
+                        seq_len=128)
+    index = plan_eval(cfg, processor)
+    assert [c.messages[-1].content for c in index.conversations] == ["Answer 0.", "Answer 1."]
+    none = HFTrainConfig(model=str(qwen), data=("x.jsonl",), output_dir="o", steps=1)
+    assert plan_eval(none, processor) is None
+
+
+def test_truncate_drops_a_video_whole_before_its_first_token(qwen, tmp_path):
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.data.hf.export import export_shapes
+
+    pytest.importorskip("av")
+    line = json.loads(export_shapes(tmp_path / "v", 0, videos=1).read_text().splitlines()[0])
+    video = Media(kind="video", path=tmp_path / "v" / line["videos"][0])
+    messages = (Message("user", "Hi there, who are you?"), Message("assistant", "A model of shapes."),
+                Message("user", "<video>What happens?"), Message("assistant", "A shape moves. " * 5))
+    conv = Conversation(line=1, messages=messages, videos=(video,), source="data.jsonl")
+    processor = load_processor(qwen)
+    _, ids, _ = planned_tokens(processor, conv)
+    pads = [i for i, t in enumerate(ids) if t == processor.video_token_id]
+    index = build_index(processor, [conv], pads[len(pads) // 2], truncate=True)  # inside the video
+    assert index.cuts == (Cut(tokens=pads[0], images=0, videos=0),)
+    row = build_row(processor, index, 0)
+    assert "pixel_values_videos" not in row.inputs and row.tokens == pads[0]
+    model = AutoModelForImageTextToText.from_pretrained(qwen).eval()
+    with torch.no_grad():
+        model(input_ids=row.inputs["input_ids"][:, :pads[0]])
+    # a cut after the video keeps it whole
+    index = build_index(processor, [conv], len(ids) - 2, truncate=True)
+    assert index.cuts == (Cut(tokens=len(ids) - 2, images=0, videos=1),)
+    assert build_row(processor, index, 0).inputs["video_grid_thw"].shape[0] == 1

@@ -109,3 +109,13 @@ def test_a_line_the_entry_does_not_describe_is_refused_naming_file_line_and_key(
         resolve_datasets("other", root)
     with pytest.raises(ValueError, match="no .*elsewhere/dataset_info.json"):
         resolve_datasets("share", tmp_path / "elsewhere")
+
+
+def test_dataset_info_given_as_data_says_how_to_name_its_datasets(tmp_path):
+    root = _demo(tmp_path / "data")
+    with pytest.raises(ValueError) as err:
+        read_conversations(root / "dataset_info.json")
+    info = root / "dataset_info.json"
+    assert str(err.value) == (f"--data {info}: this is LLaMA-Factory's dataset_info.json (a table of "
+                              "datasets), not conversations; train its datasets with --dataset NAME[,NAME] "
+                              f"--dataset-dir {root}")

@@ -158,6 +158,8 @@ def test_the_lora_yaml_maps_to_the_flags_it_means(lf_dir, capsys):
     assert {k: got[k] for k in want} == want
     assert got["freeze"] is None  # LoRA: the base is frozen by LoRA itself
     notes = capsys.readouterr().out
+    assert "seed absent: vlmcp's default --seed (see --help), not transformers' 42" in notes
+    assert "learning_rate absent" not in notes
     for key in ("trust_remote_code", "overwrite_cache", "preprocessing_num_workers", "overwrite_output_dir"):
         assert f"note: --config {ASSETS / 'qwen2_vl_lora_sft.yaml'}: {key}:" in notes
     # the command line wins over the file
@@ -181,6 +183,17 @@ def test_llamafactory_defaults_fill_what_changes_training(lf_dir):
         True, 8, 16, "all", None)
     path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\nlora_rank: 4\n")
     assert resolved_config(_parse(_train_parser(stand_ins=True), path))["lora_alpha"] == 8
+    # LoRA with the vision tower unfrozen: LLaMA-Factory's lora_target all reaches into it
+    path.write_text("model_name_or_path: tiny-qwen2-vl\nstage: sft\nfreeze_vision_tower: false\n")
+    got = resolved_config(_parse(_train_parser(stand_ins=True), path))
+    assert (got["lora_vision"], got["freeze"]) == ("all", None)
+    # older and rarer keys map where they mean a vlmcp flag
+    path.write_text("model_name_or_path: tiny-qwen2-vl\nfinetuning_type: full\ntrain_mm_proj_only: true\n"
+                    "freeze_vision_tower: false\nfreeze_multi_modal_projector: false\n"
+                    "image_max_pixels: 4096\nreport_to: [tensorboard]\nmix_strategy: concat\n")
+    got = resolved_config(_parse(_train_parser(stand_ins=True), path))
+    want = (["vision", "llm"], 4096, "tensorboard")
+    assert (got["freeze"], got["image_max_pixels"], got["report_to"]) == want
 
 
 def _lf_error(capsys, path):
@@ -213,6 +226,11 @@ def _lf_error(capsys, path):
         ("galore_rank: 16", "unknown key 'galore_rank': neither a LLaMA-Factory training key"),
         ("resume_from_checkpoint: saves/x/checkpoint-100", "vlmcp resumes its own checkpoints: --resume"),
         ("learning_rate: fast", "--lr takes a float, got 'fast'"),
+    ("image_resolution: 512", "give image_max_pixels (pixels) instead"),
+    ("mix_strategy: interleave_under", "'interleave_under' cannot be honoured: vlmcp concatenates"),
+    ("freeze_trainable_layers: 2", "freeze_trainable_layers: 2 cannot be honoured: LLaMA-Factory's freeze"),
+    ("freeze_multi_modal_projector: false", "false with LoRA: vlmcp's --lora trains adapters only"),
+    ("freeze_vision_tower: false\nlora_target: q_proj", "false with lora_target 'q_proj': LLaMA-Factory"),
     ],
 )
 def test_a_key_vlmcp_cannot_honour_exits_2_naming_it_and_the_file(lf_dir, capsys, line, message):
@@ -271,7 +289,7 @@ def _run_yaml(root, config, *extra):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["qwen2_vl_full_sft.yaml", "qwen2_vl_lora_sft.yaml"])
-def test_a_llamafactory_yaml_trains_with_cp2_in_one_command(tmp_path, name):
+def test_a_llamafactory_yaml_trains_with_cp2_in_one_command(tmp_path, name, monkeypatch, capsys):
     if name == "qwen2_vl_lora_sft.yaml" and _missing():
         pytest.skip(f"flags not merged yet: {', '.join(_missing())}")
     root = _lf_workdir(tmp_path)
@@ -289,6 +307,11 @@ def test_a_llamafactory_yaml_trains_with_cp2_in_one_command(tmp_path, name):
     if "full" in name:
         assert len(metrics) == 3 and (out / "config.json").is_file()
         assert "image_max_pixels: 4096" in resolved
+    else:  # LoRA: a PEFT adapter (--lora's output), trained for one epoch of two-row steps
+        assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+        assert "grad_accum: 2" in resolved and 'lr_scheduler: "cosine"' in resolved
     # the resolved config is the same run's: resumed from it, the finished run has nothing to do
-    again = _run_yaml(root, out / "vlmcp_config.yaml", "--resume")
-    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["train", "--config", str(out / "vlmcp_config.yaml"), "--resume"]) == 0
+    assert "nothing to do" in capsys.readouterr().out

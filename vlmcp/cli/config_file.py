@@ -92,6 +92,8 @@ def convert_value(action: argparse.Action, value: Any, what: str) -> Any:
         return action.const if value else action.default
     if value is None and action.default is None:  # null: the flag's own "not given"
         return None
+    if action.nargs == "?" and value is True:  # the flag given alone (--lora-vision): its const
+        return action.const
     repeated = isinstance(action, argparse._AppendAction) or action.nargs not in (None, "?")
     if repeated:
         items = value if isinstance(value, list) else [value]

@@ -1,11 +1,11 @@
 """The data flags of ``vlmcp train --model``: LLaMA-Factory datasets, image pixel bounds, truncation.
 
 ``--dataset NAME[,NAME] --dataset-dir DIR`` reads LLaMA-Factory's ``dataset_info.json``
-(:mod:`vlmcp.data.hf.dataset_info`); ``--image-max-pixels`` / ``--image-min-pixels`` bound
-every image as LLaMA-Factory does, before the processor, in planning and in training alike
-(:mod:`vlmcp.data.hf.image_bounds`); ``--truncate`` cuts a conversation longer than
-``--seq-len`` instead of skipping it, never inside an image or video; ``--max-samples N``
-reads the first N lines of each file or dataset.
+(:mod:`vlmcp.data.hf.dataset_info`), ``--eval-dataset`` its held-out datasets;
+``--image-max-pixels`` / ``--image-min-pixels`` bound every image as LLaMA-Factory does, before
+the processor, in planning and in training alike (:mod:`vlmcp.data.hf.image_bounds`);
+``--truncate`` cuts a conversation longer than ``--seq-len`` instead of skipping it, never
+inside an image or video; ``--max-samples N`` reads the first N lines of each file or dataset.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import argparse
 
 __all__ = ["DATA_FLAGS", "add_data_arguments"]
 
-DATA_FLAGS = ("dataset", "dataset_dir", "image_max_pixels", "image_min_pixels", "truncate", "max_samples")
+DATA_FLAGS = ("dataset", "dataset_dir", "eval_dataset", "image_max_pixels", "image_min_pixels", "truncate",
+              "max_samples")
 """The dests these flags set (all need ``--model``)."""
 
 
@@ -26,6 +27,9 @@ def add_data_arguments(group) -> None:
     group.add_argument("--dataset-dir", default=None, metavar="DIR",
                        help="the directory of dataset_info.json, where relative image paths start; none: "
                             "./data, as in LLaMA-Factory")
+    group.add_argument("--eval-dataset", default=None, metavar="NAME[,NAME]",
+                       help="held-out datasets named in dataset_info.json, evaluated with any --eval-data "
+                            "files")
     group.add_argument("--image-max-pixels", type=int, default=None, metavar="PX",
                        help="scale every image down (aspect kept) to at most PX pixels before the processor, "
                             "as LLaMA-Factory's image_max_pixels; none: no bound")

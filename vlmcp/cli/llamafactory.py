@@ -91,9 +91,11 @@ def _lora_target(value, ctx):
     return {"lora_targets": value}
 
 
-def _dataset(value, ctx):
-    names = value if isinstance(value, list) else str(value).split(",")
-    return {"dataset": ",".join(n.strip() for n in names if n.strip())}
+def _names(dest: str):
+    def convert(value, ctx):
+        names = value if isinstance(value, list) else str(value).split(",")
+        return {dest: ",".join(n.strip() for n in names if n.strip())}
+    return convert
 
 
 def _cutoff_len(value, ctx):
@@ -144,6 +146,18 @@ def _freeze(part: str, key: str):
             raise ctx.error(key, f"true or false, got {value!r}")
         return {"freeze": [part]} if value else {}
     return convert
+
+
+def _train_mm_proj_only(value, ctx):
+    if not isinstance(value, bool):
+        raise ctx.error("train_mm_proj_only", f"true or false, got {value!r}")
+    return {"freeze": ["vision", "llm"]} if value else {}
+
+
+def _report_to(value, ctx):
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return {"report_to": value}
 
 
 def _plot_loss(value, ctx):
@@ -204,6 +218,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 """model_type -> the LLaMA-Factory templates of its chat-template family (what ``template`` may be)."""
 
 _NETWORK = "vlmcp runs offline and reads local files only"
+_FREEZE_TUNING = "LLaMA-Factory's freeze tuning trains some layers; vlmcp freezes whole towers (--freeze)"
 
 KEYS: dict[str, Maps | NoEffect | Refused] = {
     # model
@@ -211,6 +226,10 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "trust_remote_code": NoEffect("vlmcp runs transformers' own model code only, never a repository's",
                                   lambda v: isinstance(v, bool)),
     "image_max_pixels": Maps(("image_max_pixels",)),
+    "image_resolution": Refused("an older LLaMA-Factory key whose meaning changed between versions (a side "
+                                "length, then pixels): give image_max_pixels (pixels) instead"),
+    "video_resolution": Refused("an older LLaMA-Factory key whose meaning changed between versions (a side "
+                                "length, then pixels): give video_max_pixels (pixels) instead"),
     "image_min_pixels": Maps(("image_min_pixels",)),
     "video_max_pixels": Maps(("video_max_pixels",)),
     "video_min_pixels": Maps(("video_min_pixels",)),
@@ -227,6 +246,15 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "rope_scaling": Refused("vlmcp trains the model's own positions", unless=lambda v: v is None),
     "adapter_name_or_path": Refused("vlmcp starts LoRA from a fresh adapter", unless=lambda v: v is None),
     "hf_hub_token": Refused(_NETWORK), "ms_hub_token": Refused(_NETWORK),
+    "model_revision": Refused(_NETWORK, unless=_equals("main")),
+    "use_fast_tokenizer": Refused("vlmcp uses the processor's tokenizer as the model directory has it",
+                                  unless=_equals(True)),
+    "low_cpu_mem_usage": NoEffect("vlmcp loads the model as transformers does",
+                                  lambda v: isinstance(v, bool)),
+    "upcast_layernorm": Refused("vlmcp keeps every parameter in --dtype", unless=_equals(False)),
+    "upcast_lmhead_output": Refused("vlmcp's chunked loss computes the head's logits in float32 already",
+                                    unless=_equals(False)),
+    "print_param_status": NoEffect("vlmcp prints no parameter table", lambda v: isinstance(v, bool)),
     "cache_dir": Refused(_NETWORK),
     # method
     "stage": Maps((), _stage),
@@ -241,16 +269,23 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "use_dora": Refused("vlmcp trains plain LoRA", unless=_equals(False)),
     "use_rslora": Refused("vlmcp trains plain LoRA (alpha / rank scaling)", unless=_equals(False)),
     "pissa_init": Refused("vlmcp initialises LoRA as PEFT does by default", unless=_equals(False)),
-    "freeze_vision_tower": Maps(("freeze",), _freeze("vision", "freeze_vision_tower")),
+    "freeze_vision_tower": Maps(("freeze", "lora_vision"), _freeze("vision", "freeze_vision_tower")),
     "freeze_multi_modal_projector": Maps(("freeze",), _freeze("projector", "freeze_multi_modal_projector")),
     "freeze_language_model": Maps(("freeze",), _freeze("llm", "freeze_language_model")),
+    "train_mm_proj_only": Maps(("freeze",), _train_mm_proj_only),
+    "freeze_trainable_layers": Refused(_FREEZE_TUNING),
+    "freeze_trainable_modules": Refused(_FREEZE_TUNING),
+    "freeze_extra_modules": Refused(_FREEZE_TUNING),
+    "use_llama_pro": Refused("vlmcp adds no blocks", unless=_equals(False)),
+    "create_new_adapter": Refused("vlmcp starts LoRA from a fresh adapter", unless=_equals(False)),
     "deepspeed": Refused("vlmcp shards with FSDP2 (--fsdp) over its own DP x CP ranks, not DeepSpeed",
                          unless=lambda v: v is None),
     "disable_gradient_checkpointing": Maps(("activation_checkpointing",),
                                            lambda v, ctx: {"activation_checkpointing": not _bool(
                                                "disable_gradient_checkpointing")(v, ctx)}),
     # dataset
-    "dataset": Maps(("dataset",), _dataset),
+    "dataset": Maps(("dataset",), _names("dataset")),
+    "eval_dataset": Maps(("eval_dataset",), _names("eval_dataset")),
     "dataset_dir": Maps(("dataset_dir",)),
     "media_dir": Maps(("image_root",)),
     "template": Maps((), _template),
@@ -266,8 +301,15 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
     "dataloader_num_workers": NoEffect("each rank decodes its rows in one background thread",
                                        lambda v: isinstance(v, int)),
     "streaming": Refused("vlmcp plans every row up front", unless=_equals(False)),
-    "val_size": Refused("vlmcp evaluates a held-out file: --eval-data FILE", unless=lambda v: not v),
-    "eval_dataset": Refused("give the held-out file as --eval-data FILE", unless=lambda v: v is None),
+    "mix_strategy": Refused("vlmcp concatenates the datasets in order (then shuffles the rows per epoch)",
+                            unless=_equals("concat")),
+    "interleave_probs": Refused("vlmcp concatenates the datasets", unless=lambda v: v is None),
+    "ignore_pad_token_for_loss": Refused("vlmcp never trains on padding", unless=_equals(True)),
+    "enable_thinking": Refused("vlmcp renders with the model's chat template as it is",
+                               unless=_equals(True, None)),
+    "disable_shuffling": Refused("vlmcp shuffles the rows every epoch (--seed)", unless=_equals(False)),
+    "val_size": Refused("vlmcp evaluates held-out data it is given (eval_dataset, --eval-data FILE), it "
+                        "splits none off", unless=lambda v: not v),
     "mask_history": Refused("vlmcp trains every assistant turn (per-turn loss: false in the data)",
                             unless=_equals(False)),
     "train_on_prompt": Refused("vlmcp trains the assistant turns only", unless=_equals(False)),
@@ -283,7 +325,7 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
                                      lambda v: isinstance(v, bool)),
     "save_only_model": Refused("vlmcp's checkpoints always hold the optimizer state (for an exact --resume)",
                                unless=_equals(False)),
-    "report_to": Maps(("report_to",)),
+    "report_to": Maps(("report_to",), _report_to),
     "run_name": NoEffect("vlmcp names nothing by run", lambda v: isinstance(v, str) or v is None),
     "logging_dir": Refused("vlmcp writes its logs beside --metrics-jsonl", unless=lambda v: v is None),
     "save_strategy": Refused("vlmcp saves every save_steps steps", unless=_equals("steps")),
@@ -317,6 +359,13 @@ KEYS: dict[str, Maps | NoEffect | Refused] = {
                              unless=_equals("steps", "no")),
     "eval_steps": Maps(("eval_every",)),
     "do_eval": NoEffect("vlmcp evaluates when --eval-data is given", lambda v: isinstance(v, bool)),
+    "eval_on_each_dataset": Refused("vlmcp evaluates the --eval-data files together", unless=_equals(False)),
+    "do_predict": Refused("vlmcp train trains; it does not generate", unless=_equals(False)),
+    "predict_with_generate": Refused("vlmcp train trains; it does not generate", unless=_equals(False)),
+    "compute_accuracy": Refused("vlmcp's evaluation is the token-weighted loss", unless=_equals(False)),
+    "ddp_find_unused_parameters": NoEffect("vlmcp reduces gradients itself, not through DDP",
+                                           lambda v: isinstance(v, bool) or v is None),
+    "dataloader_pin_memory": NoEffect("each rank builds its rows itself", lambda v: isinstance(v, bool)),
 }
 """Every LLaMA-Factory training key vlmcp reads (see the module docstring)."""
 
@@ -326,6 +375,12 @@ LLAMAFACTORY_DEFAULTS: dict[str, Any] = {
 """LLaMA-Factory's defaults that vlmcp applies when the file leaves the key out (plus LoRA's
 rank 8, target ``all`` and alpha = 2 x rank, and a full fine-tune's frozen vision tower and
 projector)."""
+
+
+_VLMCP_DEFAULTS = {"learning_rate": "5.0e-5", "num_train_epochs": "3.0", "lr_scheduler_type": "linear",
+                   "seed": "42"}
+"""transformers' ``TrainingArguments`` defaults that vlmcp does not take: an absent key gets vlmcp's
+default, and a note says so."""
 
 
 def mapped_dests() -> set[str]:
@@ -359,6 +414,26 @@ def _merge(values: dict[str, Any], key: str, produced: dict[str, Any], ctx: _Con
         origin[dest] = key
 
 
+def _lora_towers(values: dict[str, Any], ctx: _Context, origin: dict) -> None:
+    """LoRA with an unfrozen vision tower or projector, as LLaMA-Factory means it.
+
+    Its ``lora_target: all`` takes every linear layer but the LM head and the projector, and the
+    vision tower's too unless ``freeze_vision_tower`` (the default): ``--lora-vision all``.
+    """
+    if ctx.raw.get("freeze_vision_tower", True) is False:
+        if values.get("lora_targets", "all") != "all":
+            raise ctx.error("freeze_vision_tower", f"false with lora_target {values['lora_targets']!r}: "
+                            "LLaMA-Factory matches those names in the vision tower too, vlmcp names the "
+                            "vision tower's adapters apart: use lora_target: all, or set the vlmcp key "
+                            "lora_vision to the vision tower's module names")
+        _merge(values, "freeze_vision_tower (false, with lora_target all)", {"lora_vision": "all"}, ctx,
+               origin)
+    if ctx.raw.get("freeze_multi_modal_projector", True) is False:
+        raise ctx.error("freeze_multi_modal_projector", "false with LoRA: vlmcp's --lora trains adapters "
+                        "only, never a projector's own weights beside them; keep it true (LLaMA-Factory's "
+                        "default), or set the vlmcp key lora_projector: all for adapters on the projector")
+
+
 def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse.Action],
               given: argparse.Namespace | None) -> dict[str, Any]:
     """The vlmcp flag values (by dest) of a LLaMA-Factory training YAML.
@@ -376,6 +451,8 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
     filled = {k: v for k, v in LLAMAFACTORY_DEFAULTS.items() if k not in raw}
     for key, value in {**raw, **filled}.items():
         entry = KEYS.get(key)
+        if key in filled and isinstance(entry, Maps) and set(entry.dests) & set(values):
+            continue  # the file set that flag by another key (image_resolution, a vlmcp key)
         if entry is None:
             dest = _key_to_dest(key, actions)
             if dest is None:
@@ -403,11 +480,17 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
         if "lora_alpha" not in raw and "lora_alpha" not in values:
             _merge(values, "lora_alpha (absent: LLaMA-Factory's default 2 x lora_rank)",
                    {"lora_alpha": 2 * values["lora_rank"]}, ctx, origin)
+        _lora_towers(values, ctx, origin)
     else:
         for key, part in (("freeze_vision_tower", "vision"), ("freeze_multi_modal_projector", "projector")):
             if key not in raw:  # LLaMA-Factory freezes both by default in a full fine-tune
                 _merge(values, f"{key} (absent: LLaMA-Factory's default true)", {"freeze": [part]}, ctx,
                        origin)
+    for key, theirs in _VLMCP_DEFAULTS.items():
+        dest = KEYS[key].dests[0]
+        if key not in raw and dest not in values:
+            ctx.notes.append(f"{key} absent: vlmcp's default --{dest.replace('_', '-')} (see --help), not "
+                             f"transformers' {theirs}")
     for note in ctx.notes:
         say(f"vlmcp train: note: --config {file}: {note}")
     return values

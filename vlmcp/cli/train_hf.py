@@ -182,15 +182,22 @@ def _plan(cfg: HFTrainConfig):
 
 
 def plan_eval(cfg: HFTrainConfig, processor):
-    """The planned ``--eval-data`` (None without it); read and checked like ``--data``."""
-    if not cfg.eval_data:
+    """The planned ``--eval-data`` and ``--eval-dataset`` (None without them); read and checked like
+    ``--data``, with the same image bounds, truncation and ``--max-samples``."""
+    if not cfg.eval_data and not cfg.eval_dataset:
         return None
+    from vlmcp.data.hf.dataset_info import resolve_datasets
+    from vlmcp.data.hf.image_bounds import ImageBounds
     from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
 
-    data = read_conversations(cfg.eval_data, cfg.image_root)
-    return build_index(processor, data, cfg.seq_len, strict=cfg.strict,
-                       source="--eval-data " + ", ".join(cfg.eval_data), video=cfg.video)
+    sources = [*cfg.eval_data, *resolve_datasets(cfg.eval_dataset or (), cfg.dataset_dir)]
+    data = read_conversations(sources, cfg.image_root, max_samples=cfg.max_samples)
+    bounds = ImageBounds(min_pixels=cfg.image_min_pixels, max_pixels=cfg.image_max_pixels)
+    source = " ".join(([f"--eval-data {', '.join(cfg.eval_data)}"] if cfg.eval_data else [])
+                      + ([f"--eval-dataset {cfg.eval_dataset}"] if cfg.eval_dataset else []))
+    return build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video,
+                       images=bounds, truncate=cfg.truncate)
 
 
 def _decode_every_image(processor, index) -> None:

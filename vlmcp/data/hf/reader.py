@@ -89,6 +89,16 @@ def _parse(path: Path) -> list[tuple[int, Any]]:
     return list(enumerate(data, start=1))
 
 
+def _is_dataset_info(path: Path, records: list) -> bool:
+    """Whether a ``.json`` file is LLaMA-Factory's ``dataset_info.json``: one object of entries
+    that each name a file or a hub dataset."""
+    if path.suffix.lower() != ".json" or len(records) != 1 or not isinstance(records[0][1], dict):
+        return False
+    entries = records[0][1].values()
+    sources = ("file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+    return bool(entries) and all(isinstance(e, dict) and any(k in e for k in sources) for e in entries)
+
+
 def _read_file(path: Path, media_root: Path, convert=None, max_samples: int | None = None
                ) -> tuple[list[Conversation], list[Skipped]]:
     if not path.is_file():
@@ -99,6 +109,10 @@ def _read_file(path: Path, media_root: Path, convert=None, max_samples: int | No
     records = _parse(path)
     if not records:
         raise ValueError(f"--data {path}: the file holds no conversation")
+    if convert is None and _is_dataset_info(path, records):
+        raise ValueError(f"--data {path}: this is LLaMA-Factory's dataset_info.json (a table of datasets), "
+                         "not conversations; train its datasets with --dataset NAME[,NAME] --dataset-dir "
+                         f"{path.parent}")
     if max_samples is not None:
         records = records[:max_samples]
     for i, (number, record) in enumerate(records):

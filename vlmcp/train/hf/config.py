@@ -49,6 +49,8 @@ class HFTrainConfig:
     (:mod:`vlmcp.data.hf.dataset_info`), read after ``data``."""
     dataset_dir: str | None = None
     """The directory of ``dataset_info.json`` (default ``data``, as in LLaMA-Factory)."""
+    eval_dataset: str | None = None
+    """Held-out LLaMA-Factory dataset names, evaluated with ``eval_data``."""
     max_samples: int | None = None
     """Read only the first lines of each data file and dataset."""
     image_max_pixels: int | None = None
