@@ -35,7 +35,7 @@ class FinetuneCase:
     parity: HFParityCase
     freeze: tuple[str, ...] = ()
     lora: dict | None = None
-    """``vlmcp.hf.peft.lora_config`` keywords, or None."""
+    """``vlmcp.hf.peft.apply_lora`` keywords, ``{"peft": LoraConfig keywords}``, or None."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -46,7 +46,11 @@ class FinetuneCase:
 
 
 def _prepare(case: FinetuneCase, model):
-    if case.lora is not None:
+    if case.lora is not None and "peft" in case.lora:  # a LoraConfig of the user's own
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**case.lora["peft"]))
+    elif case.lora is not None:
         from vlmcp.hf.peft import apply_lora
 
         torch.manual_seed(1)
@@ -101,7 +105,22 @@ def finetune_parity(group: dist.ProcessGroup, case: FinetuneCase) -> dict:
             "frozen_with_grad": frozen_with_grad, "vit_backward": any(seen), "vit_ran": bool(seen),
             "lora_grads": sum(1 for n, p in model.named_parameters() if "lora_" in n and p.grad is not None
                               and float(p.grad.abs().sum()) > 0),
-            "lora_params": sum(1 for n, _ in model.named_parameters() if "lora_" in n)}
+            "lora_params": sum(1 for n, _ in model.named_parameters() if "lora_" in n),
+            "sliced_lora_B": _sliced_lora(model)}
+
+
+def _sliced_lora(model) -> bool:
+    """Under hidden_shard: the projector's last layer kept its adapter, B sliced and A whole."""
+    from vlmcp.grads import partition_of
+
+    inner = unwrap_peft(model)
+    last = submodule(inner, adapter_for(inner).projector_last)
+    if not hasattr(last, "lora_B"):
+        return False
+    b, a = last.lora_B["default"].weight, last.lora_A["default"].weight
+    w = last.base_layer.weight
+    return (partition_of(b) is not None and partition_of(w) is not None and partition_of(a) is None
+            and b.shape[0] == w.shape[0] == last.out_features and a.shape[1] == w.shape[1])
 
 
 def _refusal(fn) -> str:

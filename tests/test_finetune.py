@@ -35,8 +35,9 @@ FREEZE_CASES = (
     + [_c("llava", "broadcast", gc=True, freeze=("vision", "projector")),
        _c("llava", "hidden_shard", freeze=("projector", "llm"))]
 )
-QWEN_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "qkv", "projector": "mlp.0"}
-LLAVA_LORA = {"rank": 4, "alpha": 8.0, "targets": "attn", "projector": "linear_1"}
+# the projector's adapters include its last layer, which hidden_shard slices (B by rows)
+QWEN_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "qkv", "projector": "all"}
+LLAVA_LORA = {"rank": 4, "alpha": 8.0, "targets": "attn", "projector": "all"}
 LORA_CASES = (
     [_c(mode=m, gc=m in ("broadcast", "hidden_shard"), lora=QWEN_LORA) for m in MODES]
     + [_c(mode="replicate", attention="ulysses", lora={**QWEN_LORA, "targets": "mlp", "vision": None}),
@@ -44,7 +45,8 @@ LORA_CASES = (
        _c("llava", "scatter", lora=LLAVA_LORA), _c("llava", "hidden_shard", gc=True, lora=LLAVA_LORA)]
 )
 CASES = FREEZE_CASES + LORA_CASES
-REFUSALS = [_c(mode="hidden_shard", lora={**QWEN_LORA, "projector": "mlp.2"}),
+DORA = {"peft": {"r": 4, "lora_alpha": 8, "use_dora": True, "target_modules": ["q_proj", "merger.mlp.2"]}}
+REFUSALS = [_c(mode="hidden_shard", lora=DORA),
             _c(mode="replicate", lora={**QWEN_LORA, "targets": "q_proj,lm_head"}),
             _c(mode="replicate", lora={**QWEN_LORA, "targets": "q_proj,qq_proj"})]
 
@@ -89,8 +91,13 @@ def test_lora_is_exact_in_every_vision_mode(results):
         assert row["trainable"] == row["lora_params"], row  # peft froze every base weight
 
 
+def test_lora_on_the_sliced_projector_layer_is_exact_under_hidden_shard(results):
+    rows = [r for r in _rows(results, LORA_CASES) if "hidden_shard" in r["case"]]
+    assert len(rows) == 2 and all(r["sliced_lora_B"] for r in rows), rows  # B sliced, A whole
+
+
 def test_lora_on_what_vlmcp_cannot_run_is_refused_by_name(results):
     hidden, head, unknown = results["refused"]
-    assert "model.visual.merger.mlp.2" in hidden and "LoRA layer" in hidden and "hidden_shard" in hidden
+    assert "model.visual.merger.mlp.2" in hidden and "DoRA" in hidden and "hidden_shard" in hidden
     assert "LM head" in head
     assert "'qq_proj' matches no Linear layer" in unknown and "q_proj" in unknown
