@@ -110,17 +110,22 @@ def finetune_parity(group: dist.ProcessGroup, case: FinetuneCase) -> dict:
 
 
 def _sliced_lora(model) -> bool:
-    """Under hidden_shard: the projector's last layer kept its adapter, B sliced and A whole."""
+    """Under hidden_shard: the projector's last layers (deepstack's too) kept their adapters, B sliced
+    and A whole."""
     from vlmcp.grads import partition_of
 
     inner = unwrap_peft(model)
-    last = submodule(inner, adapter_for(inner).projector_last)
-    if not hasattr(last, "lora_B"):
-        return False
-    b, a = last.lora_B["default"].weight, last.lora_A["default"].weight
-    w = last.base_layer.weight
-    return (partition_of(b) is not None and partition_of(w) is not None and partition_of(a) is None
-            and b.shape[0] == w.shape[0] == last.out_features and a.shape[1] == w.shape[1])
+    adapter = adapter_for(inner)
+    for path in (adapter.projector_last, *adapter.deepstack_projectors(inner)):
+        last = submodule(inner, path)
+        if not hasattr(last, "lora_B"):
+            return False
+        b, a = last.lora_B["default"].weight, last.lora_A["default"].weight
+        w = last.base_layer.weight
+        if not (partition_of(b) is not None and partition_of(w) is not None and partition_of(a) is None
+                and b.shape[0] == w.shape[0] == last.out_features and a.shape[1] == w.shape[1]):
+            return False
+    return True
 
 
 def _refusal(fn) -> str:

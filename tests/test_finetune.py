@@ -38,11 +38,15 @@ FREEZE_CASES = (
 # the projector's adapters include its last layer, which hidden_shard slices (B by rows)
 QWEN_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "qkv", "projector": "all"}
 LLAVA_LORA = {"rank": 4, "alpha": 8.0, "targets": "attn", "projector": "all"}
+ALL_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "all", "projector": "all"}
 LORA_CASES = (
     [_c(mode=m, gc=m in ("broadcast", "hidden_shard"), lora=QWEN_LORA) for m in MODES]
     + [_c(mode="replicate", attention="ulysses", lora={**QWEN_LORA, "targets": "mlp", "vision": None}),
        _c(mode="broadcast", lora={"rank": 2, "alpha": 4.0, "targets": None, "vision": "all"}),  # a frozen LLM
-       _c("llava", "scatter", lora=LLAVA_LORA), _c("llava", "hidden_shard", gc=True, lora=LLAVA_LORA)]
+       _c("llava", "scatter", lora=LLAVA_LORA), _c("llava", "hidden_shard", gc=True, lora=LLAVA_LORA),
+       # Qwen3-VL: the deepstack mergers' last layers are sliced with their adapters too;
+       # Qwen3.5: adapters on the Gated DeltaNet's projections (vlmcp's mixer calls them)
+       _c("qwen3_vl", "hidden_shard", lora=ALL_LORA), _c("qwen3_5", "scatter", lora=ALL_LORA)]
 )
 CASES = FREEZE_CASES + LORA_CASES
 DORA = {"peft": {"r": 4, "lora_alpha": 8, "use_dora": True, "target_modules": ["q_proj", "merger.mlp.2"]}}
@@ -93,7 +97,7 @@ def test_lora_is_exact_in_every_vision_mode(results):
 
 def test_lora_on_the_sliced_projector_layer_is_exact_under_hidden_shard(results):
     rows = [r for r in _rows(results, LORA_CASES) if "hidden_shard" in r["case"]]
-    assert len(rows) == 2 and all(r["sliced_lora_B"] for r in rows), rows  # B sliced, A whole
+    assert len(rows) == 3 and all(r["sliced_lora_B"] for r in rows), rows  # B sliced, A whole
 
 
 def test_lora_on_what_vlmcp_cannot_run_is_refused_by_name(results):
