@@ -191,3 +191,35 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
                                                             "vision"])
     assert "needs --model" in _error(capsys, ["train", "--freeze", "vision"])
     assert "invalid choice: 'vit'" in _error(capsys, [*base, "--freeze", "vit"])
+
+
+def test_resume_refuses_other_freeze_and_lora_settings(files, tmp_path):
+    from vlmcp.train.hf.checkpoint import check_resumable
+
+    cfg = _config(files, tmp_path, lora=True, lora_rank=4, freeze=("vision",))
+    check_resumable(cfg.to_dict(), cfg, 2, tmp_path)  # the same run
+    for saved, words in (({"lora_rank": 8}, "--lora-rank 8 -> 4"), ({"freeze": ["projector"]}, "--freeze"),
+                         ({"lora": False}, "--lora False -> True")):
+        with pytest.raises(ValueError, match="belongs to another run") as e:
+            check_resumable({**cfg.to_dict(), **saved}, cfg, 2, tmp_path)
+        assert words in str(e.value)
+    plain = _config(files, tmp_path)
+    old = {k: v for k, v in plain.to_dict().items() if not k.startswith(("lora", "freeze", "merge"))}
+    check_resumable(old, plain, 2, tmp_path)  # a checkpoint from before these fields: the defaults
+
+
+def test_the_run_names_what_it_trains(files):
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.train.hf.finetune import describe_trainable, prepare_model
+
+    model = AutoModelForImageTextToText.from_pretrained(str(files["qwen2_vl"]))
+    total = sum(p.numel() for p in model.parameters())
+    cfg = _config(files, files["root"] / "x", lora=True, lora_rank=4, freeze=("vision",),
+                  lora_projector="all")
+    lora = prepare_model(cfg, model)
+    line = describe_trainable(cfg, lora)
+    trained = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert f"training {trained:,} of {total + trained:,} parameters" in line
+    assert "LoRA r=4, alpha=16 on 16 layers, none on the frozen vision" in line, line
+    assert describe_trainable(_config(files, files["root"] / "x"), model) is None  # a plain run says nothing

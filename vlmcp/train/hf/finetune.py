@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["lora_output", "prepare_model", "save_adapter", "trainable_parameters", "without_input_grad_hooks"]
+__all__ = ["describe_trainable", "lora_output", "prepare_model", "save_adapter", "trainable_parameters",
+           "without_input_grad_hooks"]
 
 _PREFIX = "base_model.model."
 
@@ -49,6 +50,30 @@ def without_input_grad_hooks(model: nn.Module) -> None:
     from vlmcp.hf.peft import unwrap_peft
 
     unwrap_peft(model).disable_input_require_grads()
+
+
+def describe_trainable(cfg, model: nn.Module) -> str | None:
+    """One line naming what trains (``--freeze`` or ``--lora`` runs only; None otherwise).
+
+    Counts are of the whole model: a ``hidden_shard`` slice counts at full size, an FSDP
+    parameter (a DTensor) at its global size.
+    """
+    from vlmcp.grads import partition_of
+
+    if not (cfg.freeze or cfg.lora):
+        return None
+    size = lambda p: p.numel() * (partition_of(p)[2] if partition_of(p) is not None else 1)  # noqa: E731
+    params = list(model.parameters())
+    total, trained = sum(size(p) for p in params), sum(size(p) for p in params if p.requires_grad)
+    what = f"training {trained:,} of {total:,} parameters ({trained / total:.2%})"
+    if cfg.lora:
+        layers = sum(1 for name, _ in model.named_modules() if name.endswith(".lora_A"))
+        what += f": LoRA r={cfg.lora_rank}, alpha={cfg.lora_alpha:g} on {layers} layers"
+        if cfg.freeze:
+            what += f", none on the frozen {', '.join(cfg.freeze)}"
+    else:
+        what += f"; frozen: {', '.join(cfg.freeze)}"
+    return f"vlmcp train: {what}"
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -46,7 +46,12 @@ from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
 from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.hf.final_model import save_trained_model
-from vlmcp.train.hf.finetune import prepare_model, trainable_parameters, without_input_grad_hooks
+from vlmcp.train.hf.finetune import (
+    describe_trainable,
+    prepare_model,
+    trainable_parameters,
+    without_input_grad_hooks,
+)
 from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.progress import ProgressBar
 from vlmcp.train.schedule import lr_at
@@ -147,6 +152,9 @@ class _Run:
         _check_same_plan(index, group, self.device)
         self.processor = load_processor(cfg.model)
         self.model = load_parallel_model(cfg, self.cp_group, self.world, self.device)
+        trainable = describe_trainable(cfg, self.model)
+        if trainable and self.rank == 0:
+            print(trainable, flush=True)
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.lr, weight_decay=0.0)
         self.start, self.position = (load_hf_checkpoint(cfg, self.model, self.optimizer, group, self.device)
                                      if cfg.resume else (0, 0))
