@@ -190,6 +190,9 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
     assert "which --freeze vision keeps" in _error(capsys, [*base, "--lora", "--lora-vision", "--freeze",
                                                             "vision"])
     assert "needs --model" in _error(capsys, ["train", "--freeze", "vision"])
+    # resolved on the model's architecture (meta device) before any rank starts
+    typo = _error(capsys, [*base, "--lora", "--lora-targets", "q_proj,qq_proj"])
+    assert "--lora-targets 'qq_proj' matches no Linear layer" in typo
     assert "invalid choice: 'vit'" in _error(capsys, [*base, "--freeze", "vit"])
 
 

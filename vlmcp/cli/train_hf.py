@@ -299,6 +299,9 @@ def run_hf(args: argparse.Namespace) -> int:
 
     check_outputs(cfg)
     processor, index = _plan(cfg)
+    from vlmcp.train.hf.finetune import check_model
+
+    check_model(cfg)  # --freeze, --lora on the architecture (meta device)
     if not _resume_preflight(cfg):
         return 0
     fill = index.tokens / (len(index.rows) * cfg.seq_len)

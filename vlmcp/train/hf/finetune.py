@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["describe_trainable", "lora_output", "prepare_model", "save_adapter", "trainable_parameters",
-           "without_input_grad_hooks"]
+__all__ = ["check_model", "describe_trainable", "lora_output", "prepare_model", "save_adapter",
+           "trainable_parameters", "without_input_grad_hooks"]
 
 _PREFIX = "base_model.model."
 
@@ -41,6 +41,24 @@ def prepare_model(cfg, model: nn.Module) -> nn.Module:
         return apply_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                           targets=None if "llm" in cfg.freeze else cfg.lora_targets,
                           vision=cfg.lora_vision, projector=cfg.lora_projector)
+
+
+def check_model(cfg) -> None:
+    """``--freeze`` and ``--lora`` on ``cfg.model``'s architecture, before any rank starts: the
+    parts and the LoRA targets are resolved on a copy built on the meta device (no weights
+    read), so a part the adapter cannot locate or a target name that matches nothing is a
+    one-line error, and ``--lora`` without peft installed too."""
+    if not (cfg.freeze or cfg.lora):
+        return
+    import importlib.util
+
+    if cfg.lora and importlib.util.find_spec("peft") is None:
+        raise ValueError("--lora needs peft: pip install 'vlmcp[peft]'")
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(cfg.model))
+    prepare_model(cfg, model)
 
 
 def without_input_grad_hooks(model: nn.Module) -> None:
