@@ -97,12 +97,15 @@ def finetune_parity(group: dist.ProcessGroup, case: FinetuneCase) -> dict:
     for h in handles:
         h.remove()
     err, worst = compare_gradients(model, ref, group)
+    calls = torch.tensor([float(len(seen))], dtype=torch.float64)
+    dist.all_reduce(calls, group=group)  # ViT block forwards over the group (recomputation included)
     frozen_with_grad = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
     ref_loss = float(reference.loss)
     return {"case": case.name, "loss_rel_error": abs(float(loss) - ref_loss) / abs(ref_loss),
             "max_rel_grad_error": err, "worst_param": worst,
             "trainable_kept": trainable_before == trainable_after, "trainable": len(trainable_after),
             "frozen_with_grad": frozen_with_grad, "vit_backward": any(seen), "vit_ran": bool(seen),
+            "vit_block_calls": int(calls), "vit_blocks": len(handles),
             "lora_grads": sum(1 for n, p in model.named_parameters() if "lora_" in n and p.grad is not None
                               and float(p.grad.abs().sum()) > 0),
             "lora_params": sum(1 for n, _ in model.named_parameters() if "lora_" in n),

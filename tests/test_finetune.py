@@ -86,6 +86,8 @@ def test_a_frozen_vit_runs_no_backward_and_broadcast_does_not_hang(results):
             assert row["vit_ran"] and row["vit_backward"], row
     broadcast = [r for r in _rows(results, FREEZE_CASES) if " broadcast gc=True" in r["case"]]
     assert len(broadcast) == 2  # qwen2_vl and llava, each of which hung before
+    for row in broadcast:  # the frozen ViT ran once in the group: on the source, no recomputation
+        assert row["vit_block_calls"] == row["vit_blocks"] > 0, row
 
 
 def test_lora_is_exact_in_every_vision_mode(results):
