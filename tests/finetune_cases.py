@@ -8,7 +8,7 @@ and every parameter's gradient, frozen ones included (``None`` on both sides).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,6 @@ class FinetuneCase:
     freeze: tuple[str, ...] = ()
     lora: dict | None = None
     """``vlmcp.hf.peft.apply_lora`` keywords, ``{"peft": LoraConfig keywords}``, or None."""
-    extra: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
