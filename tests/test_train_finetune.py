@@ -189,6 +189,8 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
                                                         "--freeze", "llm"])
     assert "which --freeze vision keeps" in _error(capsys, [*base, "--lora", "--lora-vision", "--freeze",
                                                             "vision"])
+    llm = _error(capsys, [*base, "--lora", "--lora-targets", "q_proj", "--freeze", "llm", "--lora-vision"])
+    assert "which --freeze llm keeps" in llm
     assert "needs --model" in _error(capsys, ["train", "--freeze", "vision"])
     # resolved on the model's architecture (meta device) before any rank starts
     typo = _error(capsys, [*base, "--lora", "--lora-targets", "q_proj,qq_proj"])
