@@ -177,8 +177,9 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for words in ("--freeze {vision,projector,llm}", "--lora-rank R", "(default 8)", "(default 16)",
-                  "(default 0.0;", "all (default: every Linear but the LM head)", "--merge-lora",
+    for words in ("--freeze {vision,projector,llm}", "--lora-rank R LoRA rank r (default: 8)",
+                  "alpha / r (default: 16.0)", "reproducible) (default: 0.0)",
+                  "all (every Linear but the LM head)", "(q_proj,v_proj) (default: all)", "--merge-lora",
                   "--lora-vision [all|NAMES]", "--lora-projector [all|NAMES]"):
         assert words in text, words
     base = ["train", "--model", str(files["qwen2_vl"]), "--data", str(files["data"]),
