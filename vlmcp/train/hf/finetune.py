@@ -3,8 +3,9 @@
 :func:`prepare_model` runs on every rank right after loading: ``--freeze`` sets
 ``requires_grad=False`` on the named parts (:mod:`vlmcp.hf.freeze`); ``--lora`` wraps the
 chosen Linear layers with peft's LoRA (:mod:`vlmcp.hf.peft`), initialised from ``--seed`` so
-every rank starts from the same adapters. The optimizer then holds the trainable parameters
-only, so a frozen weight is never touched and is saved bit-identical to the input.
+every rank starts from the same adapters. The optimizer
+(:func:`vlmcp.train.hf.optim.make_optimizer`) then holds the trainable parameters only, so a
+frozen weight is never touched and is saved bit-identical to the input.
 
 The output of a LoRA run (:func:`lora_output`) is a PEFT adapter, ``adapter_config.json`` and
 ``adapter_model.safetensors`` (keys as peft's ``get_peft_model_state_dict`` writes them, the
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 __all__ = ["check_model", "describe_trainable", "lora_output", "prepare_model", "save_adapter",
-           "trainable_parameters", "without_input_grad_hooks"]
+           "without_input_grad_hooks"]
 
 _PREFIX = "base_model.model."
 
@@ -92,11 +93,6 @@ def describe_trainable(cfg, model: nn.Module) -> str | None:
     else:
         what += f"; frozen: {', '.join(cfg.freeze)}"
     return f"vlmcp train: {what}"
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """What the optimizer updates: the parameters that require grad."""
-    return [p for p in model.parameters() if p.requires_grad]
 
 
 def _module_of(key: str, kind: str) -> str:
