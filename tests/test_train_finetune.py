@@ -229,3 +229,19 @@ def test_the_run_names_what_it_trains(files):
     assert f"training {trained:,} of {total + trained:,} parameters" in line
     assert "LoRA r=4, alpha=16 on 16 layers, none on the frozen vision" in line, line
     assert describe_trainable(_config(files, files["root"] / "x"), model) is None  # a plain run says nothing
+
+
+def test_gradient_norms_are_logged_by_the_adapters_parts():
+    """Idefics3 (SmolVLM) names its tower vision_model and its projector connector: the logged
+    vision/projector/llm norms follow the adapter, not parameter-name guesses."""
+    from vlmcp.hf.debug.tiny import tiny_model
+    from vlmcp.hf.freeze import part_names
+    from vlmcp.train.hf.optim import PARTS, squared_norms
+
+    model = tiny_model("idefics3", torch.float32)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    sq = squared_norms(model).sum(1)
+    params = dict(model.named_parameters())
+    want = [sum(params[n].numel() for n in part_names(model)[part]) for part in PARTS]
+    assert sq.tolist() == want and min(want) > 0
