@@ -78,9 +78,18 @@ def _sample_logits(model, processor, index, probe):
 
 def test_frozen_vit_and_projector_under_broadcast_with_checkpointing(files, tmp_path):
     cfg = _config(files, tmp_path, vision_mode="broadcast", activation_checkpointing=True,
-                  freeze=("vision", "projector"), metrics_jsonl=str(tmp_path / "m.jsonl"))
+                  freeze=("vision", "projector"), metrics_jsonl=str(tmp_path / "m.jsonl"), checkpoint_every=2)
     summary, _ = _run(cfg)
     assert summary["stopped"] is None and len(summary["losses"]) == STEPS
+    # the checkpoints leave the frozen weights out; --resume takes them from --model: exact
+    from vlmcp.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "step_00000002.pt").state
+    assert not any("visual" in k for k in ckpt["model"]) and len(ckpt["frozen"]["names"]) > 20
+    (tmp_path / "checkpoints" / f"step_{STEPS:08d}.pt").unlink()
+    resumed, _ = _run(_config(files, tmp_path, vision_mode="broadcast", activation_checkpointing=True,
+                              freeze=("vision", "projector"), checkpoint_every=2, resume=True))
+    assert resumed["start_step"] == 2 and resumed["losses"] == summary["losses"][2:]
     before, after = _weights(files["qwen2_vl"]), _weights(tmp_path)
     frozen = [k for k in before if "visual" in k]
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)  # bit-identical
@@ -245,3 +254,19 @@ def test_gradient_norms_are_logged_by_the_adapters_parts():
     params = dict(model.named_parameters())
     want = [sum(params[n].numel() for n in part_names(model)[part]) for part in PARTS]
     assert sq.tolist() == want and min(want) > 0
+
+
+def test_resume_refuses_a_model_whose_frozen_weights_changed(files):
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.train.hf.finetune import check_frozen, frozen_record
+
+    model = AutoModelForImageTextToText.from_pretrained(str(files["qwen2_vl"]))
+    model.model.visual.requires_grad_(False)
+    record = frozen_record(model, None)
+    assert check_frozen(record, model, None, "CKPT") == record["names"]
+    with torch.no_grad():
+        model.model.visual.blocks[0].mlp.fc1.weight[0, 0] += 1e-3
+    with pytest.raises(ValueError, match=r"cannot resume from CKPT: --model's frozen weights differ .*"
+                                         r"blocks\.0\.mlp\.fc1\.weight"):
+        check_frozen(record, model, None, "CKPT")
