@@ -8,7 +8,7 @@ and every parameter's gradient, frozen ones included (``None`` on both sides).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,6 @@ class FinetuneCase:
     freeze: tuple[str, ...] = ()
     lora: dict | None = None
     """``vlmcp.hf.peft.apply_lora`` keywords, ``{"peft": LoraConfig keywords}``, or None."""
-    extra: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -97,12 +96,15 @@ def finetune_parity(group: dist.ProcessGroup, case: FinetuneCase) -> dict:
     for h in handles:
         h.remove()
     err, worst = compare_gradients(model, ref, group)
+    calls = torch.tensor([float(len(seen))], dtype=torch.float64)
+    dist.all_reduce(calls, group=group)  # ViT block forwards over the group (recomputation included)
     frozen_with_grad = [n for n, p in model.named_parameters() if not p.requires_grad and p.grad is not None]
     ref_loss = float(reference.loss)
     return {"case": case.name, "loss_rel_error": abs(float(loss) - ref_loss) / abs(ref_loss),
             "max_rel_grad_error": err, "worst_param": worst,
             "trainable_kept": trainable_before == trainable_after, "trainable": len(trainable_after),
             "frozen_with_grad": frozen_with_grad, "vit_backward": any(seen), "vit_ran": bool(seen),
+            "vit_block_calls": int(calls), "vit_blocks": len(handles),
             "lora_grads": sum(1 for n, p in model.named_parameters() if "lora_" in n and p.grad is not None
                               and float(p.grad.abs().sum()) > 0),
             "lora_params": sum(1 for n, _ in model.named_parameters() if "lora_" in n),
@@ -110,17 +112,22 @@ def finetune_parity(group: dist.ProcessGroup, case: FinetuneCase) -> dict:
 
 
 def _sliced_lora(model) -> bool:
-    """Under hidden_shard: the projector's last layer kept its adapter, B sliced and A whole."""
+    """Under hidden_shard: the projector's last layers (deepstack's too) kept their adapters, B sliced
+    and A whole."""
     from vlmcp.grads import partition_of
 
     inner = unwrap_peft(model)
-    last = submodule(inner, adapter_for(inner).projector_last)
-    if not hasattr(last, "lora_B"):
-        return False
-    b, a = last.lora_B["default"].weight, last.lora_A["default"].weight
-    w = last.base_layer.weight
-    return (partition_of(b) is not None and partition_of(w) is not None and partition_of(a) is None
-            and b.shape[0] == w.shape[0] == last.out_features and a.shape[1] == w.shape[1])
+    adapter = adapter_for(inner)
+    for path in (adapter.projector_last, *adapter.deepstack_projectors(inner)):
+        last = submodule(inner, path)
+        if not hasattr(last, "lora_B"):
+            return False
+        b, a = last.lora_B["default"].weight, last.lora_A["default"].weight
+        w = last.base_layer.weight
+        if not (partition_of(b) is not None and partition_of(w) is not None and partition_of(a) is None
+                and b.shape[0] == w.shape[0] == last.out_features and a.shape[1] == w.shape[1]):
+            return False
+    return True
 
 
 def _refusal(fn) -> str:

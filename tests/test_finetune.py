@@ -35,16 +35,22 @@ FREEZE_CASES = (
     + [_c("llava", "broadcast", gc=True, freeze=("vision", "projector")),
        _c("llava", "hidden_shard", freeze=("projector", "llm"))]
 )
-QWEN_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "qkv", "projector": "mlp.0"}
-LLAVA_LORA = {"rank": 4, "alpha": 8.0, "targets": "attn", "projector": "linear_1"}
+# the projector's adapters include its last layer, which hidden_shard slices (B by rows)
+QWEN_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "qkv", "projector": "all"}
+LLAVA_LORA = {"rank": 4, "alpha": 8.0, "targets": "attn", "projector": "all"}
+ALL_LORA = {"rank": 4, "alpha": 8.0, "targets": "all", "vision": "all", "projector": "all"}
 LORA_CASES = (
     [_c(mode=m, gc=m in ("broadcast", "hidden_shard"), lora=QWEN_LORA) for m in MODES]
     + [_c(mode="replicate", attention="ulysses", lora={**QWEN_LORA, "targets": "mlp", "vision": None}),
        _c(mode="broadcast", lora={"rank": 2, "alpha": 4.0, "targets": None, "vision": "all"}),  # a frozen LLM
-       _c("llava", "scatter", lora=LLAVA_LORA), _c("llava", "hidden_shard", gc=True, lora=LLAVA_LORA)]
+       _c("llava", "scatter", lora=LLAVA_LORA), _c("llava", "hidden_shard", gc=True, lora=LLAVA_LORA),
+       # Qwen3-VL: the deepstack mergers' last layers are sliced with their adapters too;
+       # Qwen3.5: adapters on the Gated DeltaNet's projections (vlmcp's mixer calls them)
+       _c("qwen3_vl", "hidden_shard", lora=ALL_LORA), _c("qwen3_5", "scatter", lora=ALL_LORA)]
 )
 CASES = FREEZE_CASES + LORA_CASES
-REFUSALS = [_c(mode="hidden_shard", lora={**QWEN_LORA, "projector": "mlp.2"}),
+DORA = {"peft": {"r": 4, "lora_alpha": 8, "use_dora": True, "target_modules": ["q_proj", "merger.mlp.2"]}}
+REFUSALS = [_c(mode="hidden_shard", lora=DORA),
             _c(mode="replicate", lora={**QWEN_LORA, "targets": "q_proj,lm_head"}),
             _c(mode="replicate", lora={**QWEN_LORA, "targets": "q_proj,qq_proj"})]
 
@@ -80,6 +86,8 @@ def test_a_frozen_vit_runs_no_backward_and_broadcast_does_not_hang(results):
             assert row["vit_ran"] and row["vit_backward"], row
     broadcast = [r for r in _rows(results, FREEZE_CASES) if " broadcast gc=True" in r["case"]]
     assert len(broadcast) == 2  # qwen2_vl and llava, each of which hung before
+    for row in broadcast:  # the frozen ViT ran once in the group: on the source, no recomputation
+        assert row["vit_block_calls"] == row["vit_blocks"] > 0, row
 
 
 def test_lora_is_exact_in_every_vision_mode(results):
@@ -89,8 +97,13 @@ def test_lora_is_exact_in_every_vision_mode(results):
         assert row["trainable"] == row["lora_params"], row  # peft froze every base weight
 
 
+def test_lora_on_the_sliced_projector_layer_is_exact_under_hidden_shard(results):
+    rows = [r for r in _rows(results, LORA_CASES) if "hidden_shard" in r["case"]]
+    assert len(rows) == 3 and all(r["sliced_lora_B"] for r in rows), rows  # B sliced, A whole
+
+
 def test_lora_on_what_vlmcp_cannot_run_is_refused_by_name(results):
     hidden, head, unknown = results["refused"]
-    assert "model.visual.merger.mlp.2" in hidden and "LoRA layer" in hidden and "hidden_shard" in hidden
+    assert "model.visual.merger.mlp.2" in hidden and "DoRA" in hidden and "hidden_shard" in hidden
     assert "LM head" in head
     assert "'qq_proj' matches no Linear layer" in unknown and "q_proj" in unknown

@@ -78,9 +78,18 @@ def _sample_logits(model, processor, index, probe):
 
 def test_frozen_vit_and_projector_under_broadcast_with_checkpointing(files, tmp_path):
     cfg = _config(files, tmp_path, vision_mode="broadcast", activation_checkpointing=True,
-                  freeze=("vision", "projector"), metrics_jsonl=str(tmp_path / "m.jsonl"))
+                  freeze=("vision", "projector"), metrics_jsonl=str(tmp_path / "m.jsonl"), checkpoint_every=2)
     summary, _ = _run(cfg)
     assert summary["stopped"] is None and len(summary["losses"]) == STEPS
+    # the checkpoints leave the frozen weights out; --resume takes them from --model: exact
+    from vlmcp.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "step_00000002.pt").state
+    assert not any("visual" in k for k in ckpt["model"]) and len(ckpt["frozen"]["names"]) > 20
+    (tmp_path / "checkpoints" / f"step_{STEPS:08d}.pt").unlink()
+    resumed, _ = _run(_config(files, tmp_path, vision_mode="broadcast", activation_checkpointing=True,
+                              freeze=("vision", "projector"), checkpoint_every=2, resume=True))
+    assert resumed["start_step"] == 2 and resumed["losses"] == summary["losses"][2:]
     before, after = _weights(files["qwen2_vl"]), _weights(tmp_path)
     frozen = [k for k in before if "visual" in k]
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)  # bit-identical
@@ -90,7 +99,8 @@ def test_frozen_vit_and_projector_under_broadcast_with_checkpointing(files, tmp_
                for r in rows)
 
 
-LORA = dict(lora=True, lora_rank=4, lora_alpha=8.0, lora_vision="qkv", lora_projector="mlp.0",
+# the projector's adapters include merger.mlp.2, which hidden_shard slices (and FSDP leaves out)
+LORA = dict(lora=True, lora_rank=4, lora_alpha=8.0, lora_vision="qkv", lora_projector="all",
             vision_mode="hidden_shard", fsdp=True, activation_checkpointing=True, checkpoint_every=2)
 
 
@@ -122,7 +132,8 @@ def test_lora_under_fsdp_and_checkpointing_saves_a_peft_adapter_that_reloads(fil
     assert config["r"] == 4 and config["lora_alpha"] == 8 and config["peft_type"] == "LORA"
     targets = set(config["target_modules"])
     assert any("language_model" in t and t.endswith("q_proj") for t in targets)
-    assert any(t.endswith("qkv") for t in targets) and "model.visual.merger.mlp.0" in targets
+    assert any(t.endswith("qkv") for t in targets)
+    assert {"model.visual.merger.mlp.0", "model.visual.merger.mlp.2"} <= targets
     model = _peft_model(files, out)
     got = _sample_logits(model, load_processor(str(out)), index, summary["probe"])
     probe, cu = summary["probe"], summary["probe"]["cu_seqlens"]
@@ -152,13 +163,13 @@ def test_lora_resumes_exactly_and_merges(files, lora_run, tmp_path):
                                _sample_logits(adapter, processor, index, summary["probe"]),
                                rtol=1e-5, atol=1e-5)
     before, after = _weights(files["qwen2_vl"]), _weights(tmp_path)
-    # frozen and without an adapter: bit-identical (the hidden_shard slices of merger.mlp.2 gathered)
+    # frozen and without an adapter: bit-identical (merger.mlp.2's bias gathered from its hidden_shard slices)
     untouched = [k for k in before if k.endswith(".bias") or "norm" in k or "lm_head" in k or "embed" in k
-                 or "merger.mlp.2" in k or "mlp.fc1" in k]
-    assert "visual.merger.mlp.2.weight" in untouched
+                 or "mlp.fc1" in k]
+    assert "visual.merger.mlp.2.bias" in untouched
     assert all(torch.equal(before[k], after[k]) for k in untouched)
-    assert not torch.equal(before["model.layers.0.self_attn.k_proj.weight"],
-                           after["model.layers.0.self_attn.k_proj.weight"])  # merged
+    for k in ("model.layers.0.self_attn.k_proj.weight", "visual.merger.mlp.2.weight"):
+        assert not torch.equal(before[k], after[k]), k  # merged
 
 
 def _error(capsys, argv):
@@ -175,8 +186,9 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for words in ("--freeze {vision,projector,llm}", "--lora-rank R", "(default 8)", "(default 16)",
-                  "(default 0.0;", "all (default: every Linear but the LM head)", "--merge-lora",
+    for words in ("--freeze {vision,projector,llm}", "--lora-rank R LoRA rank r (default: 8)",
+                  "alpha / r (default: 16.0)", "reproducible) (default: 0.0)",
+                  "all (every Linear but the LM head)", "(q_proj,v_proj) (default: all)", "--merge-lora",
                   "--lora-vision [all|NAMES]", "--lora-projector [all|NAMES]"):
         assert words in text, words
     base = ["train", "--model", str(files["qwen2_vl"]), "--data", str(files["data"]),
@@ -187,5 +199,74 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
                                                         "--freeze", "llm"])
     assert "which --freeze vision keeps" in _error(capsys, [*base, "--lora", "--lora-vision", "--freeze",
                                                             "vision"])
+    llm = _error(capsys, [*base, "--lora", "--lora-targets", "q_proj", "--freeze", "llm", "--lora-vision"])
+    assert "which --freeze llm keeps" in llm
     assert "needs --model" in _error(capsys, ["train", "--freeze", "vision"])
+    # resolved on the model's architecture (meta device) before any rank starts
+    typo = _error(capsys, [*base, "--lora", "--lora-targets", "q_proj,qq_proj"])
+    assert "--lora-targets 'qq_proj' matches no Linear layer" in typo
     assert "invalid choice: 'vit'" in _error(capsys, [*base, "--freeze", "vit"])
+
+
+def test_resume_refuses_other_freeze_and_lora_settings(files, tmp_path):
+    from vlmcp.train.hf.checkpoint import check_resumable
+
+    cfg = _config(files, tmp_path, lora=True, lora_rank=4, freeze=("vision",))
+    check_resumable(cfg.to_dict(), cfg, 2, tmp_path)  # the same run
+    for saved, words in (({"lora_rank": 8}, "--lora-rank 8 -> 4"), ({"freeze": ["projector"]}, "--freeze"),
+                         ({"lora": False}, "--lora False -> True")):
+        with pytest.raises(ValueError, match="belongs to another run") as e:
+            check_resumable({**cfg.to_dict(), **saved}, cfg, 2, tmp_path)
+        assert words in str(e.value)
+    plain = _config(files, tmp_path)
+    old = {k: v for k, v in plain.to_dict().items() if not k.startswith(("lora", "freeze", "merge"))}
+    check_resumable(old, plain, 2, tmp_path)  # a checkpoint from before these fields: the defaults
+
+
+def test_the_run_names_what_it_trains(files):
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.train.hf.finetune import describe_trainable, prepare_model
+
+    model = AutoModelForImageTextToText.from_pretrained(str(files["qwen2_vl"]))
+    total = sum(p.numel() for p in model.parameters())
+    cfg = _config(files, files["root"] / "x", lora=True, lora_rank=4, freeze=("vision",),
+                  lora_projector="all")
+    lora = prepare_model(cfg, model)
+    line = describe_trainable(cfg, lora)
+    trained = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert f"training {trained:,} of {total + trained:,} parameters" in line
+    assert "LoRA r=4, alpha=16 on 16 layers, none on the frozen vision" in line, line
+    assert describe_trainable(_config(files, files["root"] / "x"), model) is None  # a plain run says nothing
+
+
+def test_gradient_norms_are_logged_by_the_adapters_parts():
+    """Idefics3 (SmolVLM) names its tower vision_model and its projector connector: the logged
+    vision/projector/llm norms follow the adapter, not parameter-name guesses."""
+    from vlmcp.hf.debug.tiny import tiny_model
+    from vlmcp.hf.freeze import part_names
+    from vlmcp.train.hf.optim import PARTS, squared_norms
+
+    model = tiny_model("idefics3", torch.float32)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    sq = squared_norms(model).sum(1)
+    params = dict(model.named_parameters())
+    want = [sum(params[n].numel() for n in part_names(model)[part]) for part in PARTS]
+    assert sq.tolist() == want and min(want) > 0
+
+
+def test_resume_refuses_a_model_whose_frozen_weights_changed(files):
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.train.hf.finetune import check_frozen, frozen_record
+
+    model = AutoModelForImageTextToText.from_pretrained(str(files["qwen2_vl"]))
+    model.model.visual.requires_grad_(False)
+    record = frozen_record(model, None)
+    assert check_frozen(record, model, None, "CKPT") == record["names"]
+    with torch.no_grad():
+        model.model.visual.blocks[0].mlp.fc1.weight[0, 0] += 1e-3
+    with pytest.raises(ValueError, match=r"cannot resume from CKPT: --model's frozen weights differ .*"
+                                         r"blocks\.0\.mlp\.fc1\.weight"):
+        check_frozen(record, model, None, "CKPT")

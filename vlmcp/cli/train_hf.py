@@ -367,6 +367,9 @@ def run_hf(args: argparse.Namespace) -> int:
     check_outputs(cfg)
     processor, index = _plan(cfg)
     cfg = cfg.with_steps(len(index.rows))  # --epochs: the steps of that many passes over the rows
+    from vlmcp.train.hf.finetune import check_model
+
+    check_model(cfg)  # --freeze, --lora on the architecture (meta device)
     eval_index = plan_eval(cfg, processor)
     if cfg.strict and eval_index is not None:
         _decode_every_image(processor, eval_index)

@@ -22,28 +22,28 @@ def add_lora_arguments(p: argparse.ArgumentParser) -> None:
         "means no adapter on that part.")
     g.add_argument("--freeze", action="append", choices=("vision", "projector", "llm"), default=None,
                    metavar="{vision,projector,llm}",
-                   help="keep this part's weights as loaded; repeat for several (default: train everything)")
+                   help="keep this part's weights as loaded; repeat for several (none: train everything)")
     g.add_argument("--lora", action="store_true",
-                   help="train LoRA adapters (peft) instead of the weights (default: off)")
-    g.add_argument("--lora-rank", type=int, default=8, metavar="R", help="LoRA rank r (default 8)")
+                   help="train LoRA adapters (peft) instead of the weights")
+    g.add_argument("--lora-rank", type=int, default=8, metavar="R", help="LoRA rank r")
     g.add_argument("--lora-alpha", type=float, default=16.0, metavar="A",
-                   help="LoRA alpha: the update is scaled by alpha / r (default 16)")
+                   help="LoRA alpha: the update is scaled by alpha / r")
     g.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
-                   help="dropout on the LoRA branch's input (default 0.0; 0 keeps training exact under CP "
-                        "and reproducible)")
+                   help="dropout on the LoRA branch's input (0 keeps training exact under CP and "
+                        "reproducible)")
     g.add_argument("--lora-targets", default="all", metavar="all|attn|mlp|NAMES",
-                   help="the language model's layers that get adapters: all (default: every Linear but "
-                        "the LM head), attn (the attention projections), mlp (the feed-forward ones) or "
+                   help="the language model's layers that get adapters: all (every Linear but the LM "
+                        "head), attn (the attention projections), mlp (the feed-forward ones) or "
                         "comma-separated module names (q_proj,v_proj)")
     g.add_argument("--lora-vision", nargs="?", const="all", default=None, metavar="all|NAMES",
                    help="also adapters in the vision tower: all its Linear layers (the flag alone) or "
-                        "comma-separated module names (default: none)")
+                        "comma-separated module names (none: no adapter there)")
     g.add_argument("--lora-projector", nargs="?", const="all", default=None, metavar="all|NAMES",
                    help="also adapters in the projector: all its Linear layers (the flag alone) or "
-                        "comma-separated module names (default: none)")
+                        "comma-separated module names (none: no adapter there)")
     g.add_argument("--merge-lora", action="store_true",
                    help="save the base weights with the adapters merged in (a plain model) instead of the "
-                        "PEFT adapter (default: off)")
+                        "PEFT adapter")
 
 
 def lora_fields(args: argparse.Namespace) -> dict:

@@ -27,7 +27,7 @@ from torch import nn
 from vlmcp.hf.adapters import adapter_for, submodule
 from vlmcp.hf.peft import unwrap_peft
 
-__all__ = ["PARTS", "freeze", "part_names", "projector_paths"]
+__all__ = ["PARTS", "freeze", "part_by_name", "part_names", "projector_paths"]
 
 PARTS = ("vision", "projector", "llm")
 
@@ -77,6 +77,16 @@ def part_names(model: nn.Module) -> dict[str, list[str]]:
     if adapter.projector_last is None and out["projector"] == []:
         out["projector"] = None  # type: ignore[assignment]  # unknown: freeze() refuses it by name
     return out
+
+
+def part_by_name(model: nn.Module) -> dict[str, str]:
+    """``{parameter name: part}`` of :func:`part_names`; empty where the adapter names no vision
+    module (a placeholder adapter: the caller decides)."""
+    try:
+        names = part_names(model)
+    except ValueError:
+        return {}
+    return {n: part for part, ns in names.items() if ns for n in ns}
 
 
 def freeze(model: nn.Module, parts: Iterable[str]) -> dict[str, int]:

@@ -106,8 +106,8 @@ def parallelize(
     Raises:
         ValueError: unsupported architecture, unknown attention or vision mode, a mode
             without an adapter, heads not divisible by P for Ulysses, a projector width not
-            divisible by P for ``hidden_shard`` or a last layer it cannot slice (a LoRA around
-            it), dropout in the LLM, a model parallelized
+            divisible by P for ``hidden_shard`` or a last layer it cannot slice (a DoRA adapter
+            around it, say), dropout in the LLM, a model parallelized
             already, or a token mixer vlmcp does not run under CP (linear attention other than
             Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba other than Nemotron-H's
             Mamba-2, chunked windows,

@@ -9,11 +9,11 @@ the wrapper's forward, so peft's hooks run). Call :func:`apply_lora` before ``pa
 Exactness under CP needs nothing new: a LoRA layer is two more Linear layers inside the
 module it wraps, so its parameters carry the rule of the module they live in (Note
 [vlmcp gradient rules]): share in the LLM and in a ViT or projector run by every rank,
-full on the ``broadcast`` source, and so on. One combination is refused by name:
-``hidden_shard`` slices the projector's last Linear by output columns, and a LoRA wrapped
-around that layer is not sliced with it (``parallelize`` raises; put the adapters on the
-projector's other layers, or use another vision mode). LoRA on the LM head is refused too
-(:func:`vlmcp.hf.causal_lm_loss` computes the head from its weight a chunk at a time).
+full on the ``broadcast`` source, and so on. ``hidden_shard`` slices the projector's last
+Linear by output columns; a LoRA around it is sliced with it (:func:`slice_columns`: ``B``
+by rows, PARTITIONED; ``A`` whole, SHARE), and what it cannot slice (DoRA and other
+variants, a merged adapter) is refused by name at ``parallelize``. LoRA on the LM head is
+refused (:func:`vlmcp.hf.causal_lm_loss` computes the head from its weight a chunk at a time).
 
 Targets (:func:`lora_targets`): the language model's ``all`` (every Linear but the LM head),
 ``attn`` (the Linear layers of its attention modules), ``mlp`` (of its feed-forward and expert
@@ -31,7 +31,8 @@ from torch import nn
 
 from vlmcp.hf.adapters import adapter_for, submodule
 
-__all__ = ["apply_lora", "check_hidden_shard_layers", "is_peft_model", "lora_targets", "unwrap_peft"]
+__all__ = ["apply_lora", "check_hidden_shard_layers", "is_peft_model", "lora_targets", "slice_columns",
+           "unwrap_peft"]
 
 _ATTN = re.compile(r"attention|attn", re.IGNORECASE)
 _MLP = re.compile(r"mlp|feedforward|feed_forward|expert", re.IGNORECASE)
@@ -148,14 +149,51 @@ def apply_lora(model: nn.Module, *, rank: int = 8, alpha: float = 16.0, dropout:
     return get_peft_model(model, config, autocast_adapter_dtype=False)  # adapters in the base's dtype
 
 
+def _lora_linear_why_not(layer: nn.Module) -> str | None:
+    """None if ``layer`` is peft's plain LoRA around an ``nn.Linear`` (sliceable), else why not."""
+    if not (type(layer).__name__ == "Linear" and type(layer).__module__.startswith("peft.tuners.lora")):
+        return f"a {type(layer).__name__}"
+    if type(layer.base_layer) is not nn.Linear:
+        return f"a LoRA layer around a {type(layer.base_layer).__name__}"
+    if getattr(layer, "lora_variant", None) or getattr(layer, "fan_in_fan_out", False):
+        return "a LoRA variant (DoRA, ...) or a fan-in-fan-out layer"
+    if getattr(layer, "merged", False):
+        return "a LoRA layer with its adapter merged in"
+    return None
+
+
+def slice_columns(layer: nn.Module, rank: int, world: int) -> nn.Module:
+    """``hidden_shard``: this rank's ``1/world`` of ``layer``'s output columns, PARTITIONED.
+
+    A plain ``nn.Linear`` becomes :func:`vlmcp.vision.modes.column_slice` of it. peft's LoRA
+    around one keeps its wrapper: the base layer and every adapter's ``B`` (``r -> out``)
+    are sliced by rows (PARTITIONED, full for this rank's columns after the gather's
+    reduce-scatter dual), while ``A`` (``in -> r``) stays whole with the ViT's rule (SHARE:
+    rank r's ``A`` gradient comes through its own columns only, and the ranks' shares sum to
+    the whole). ``y[:, cols_r] = W[cols_r] x + s * B[cols_r] (A x)``: the slice's output is
+    exactly the columns of the whole layer's.
+    """
+    from vlmcp.vision.modes import column_slice
+
+    if type(layer) is nn.Linear:
+        return column_slice(layer, rank, world)
+    layer.base_layer = column_slice(layer.base_layer, rank, world)
+    for name in list(layer.lora_B.keys()):
+        layer.lora_B[name] = column_slice(layer.lora_B[name], rank, world)
+    layer.out_features = layer.base_layer.out_features
+    return layer
+
+
 def check_hidden_shard_layers(model: nn.Module, paths) -> None:
-    """``hidden_shard`` slices these layers by output columns: each must be a plain ``nn.Linear``."""
+    """``hidden_shard`` slices these layers by output columns: each must be a plain ``nn.Linear``, or
+    peft's plain LoRA around one (:func:`slice_columns`)."""
     for path in paths:
         layer = submodule(model, path)
-        if type(layer) is not nn.Linear:
-            what = "a LoRA layer around it" if hasattr(layer, "base_layer") else f"a {type(layer).__name__}"
+        if type(layer) is nn.Linear:
+            continue
+        why = _lora_linear_why_not(layer)
+        if why is not None:
             raise ValueError(
                 f"vision_mode='hidden_shard' slices the projector's last layer {path} by output columns, "
-                f"but it is {what}, which vlmcp does not slice (its adapter would be dropped): leave that "
-                "layer out of the LoRA targets (e.g. --lora-projector with the projector's other layers) "
-                "or use another vision mode")
+                f"but it is {why}, which vlmcp does not slice (an adapter would be dropped): leave that "
+                "layer out of the adapters' targets or use another vision mode")

@@ -94,7 +94,8 @@ from torch import nn
 from vlmcp.grads import GradRule, grad_tag, set_grad_rule
 from vlmcp.hf.adapters import HFAdapter, submodule
 from vlmcp.hf.attention import CONTEXT_KEY
-from vlmcp.vision.modes import VisionMode, column_slice, mode_rule, placed_features
+from vlmcp.hf.peft import slice_columns
+from vlmcp.vision.modes import VisionMode, mode_rule, placed_features
 
 __all__ = ["HFVisionPlacement", "VisionTags", "place_hf_vision"]
 
@@ -328,7 +329,7 @@ def place_hf_vision(model: nn.Module, adapter: HFAdapter, mode: VisionMode,
         for path in (adapter.projector_last, *deepstack):
             parent_path, _, leaf = path.rpartition(".")
             parent = submodule(model, parent_path)
-            setattr(parent, leaf, column_slice(getattr(parent, leaf), rank, world))
+            setattr(parent, leaf, slice_columns(getattr(parent, leaf), rank, world))  # LoRA too
     for m in modules:
         m.placement = VisionTags(mode, MappingProxyType({n: grad_tag(p) for n, p in m.named_parameters()}))
     if adapter.vision_params:

@@ -47,6 +47,7 @@ from vlmcp.train.checkpoint import (
     remove_stale_temps,
     save_checkpoint,
 )
+from vlmcp.train.hf.finetune import check_frozen, frozen_record
 from vlmcp.train.hf.finetune_config import finetune_changes
 from vlmcp.train.lock import writer_tag
 from vlmcp.train.state import full_state, load_full_state
@@ -181,8 +182,11 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     directory = cfg.checkpoints
     meta = {"step": step, "data_position": position, "config": cfg.to_dict()}
     rank = dist.get_rank(world)
+    meta["frozen"] = frozen_record(model, world)  # left out: --resume takes them from --model
     if not cfg.fsdp:
         state = full_state(model, optimizer, cp_group)
+        for name in meta["frozen"]["names"]:
+            del state["model"][name]
         path = Path(directory) / f"step_{step:08d}.pt"
         if rank == 0:
             state.update(meta)
@@ -202,6 +206,7 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     dist.barrier(group=world)
     model_state, optim_state = get_state_dict(model, optimizer)
     model_state, optim_state = _full_slices(model, model_state, optim_state, cp_group)
+    model_state = {k: v for k, v in model_state.items() if k not in set(meta["frozen"]["names"])}
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=temp, process_group=world)
     dist.barrier(group=world)
     if rank == 0:
@@ -244,10 +249,15 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     if not cfg.fsdp:
         ckpt = load_checkpoint(checkpoint_path(directory, step))  # checks the checksum on every rank
         check_resumable(ckpt.state["config"], cfg, step, directory)
+        if "frozen" in ckpt.state:  # the frozen weights come from --model (checked), not the file
+            params = dict(model.named_parameters())
+            for name in check_frozen(ckpt.state["frozen"], model, world, directory):
+                ckpt.state["model"][name] = params[name].detach()
         load_full_state(model, optimizer, ckpt.state)
         return ckpt.step, int(ckpt.state["data_position"])
     meta = torch.load(directory / f"step_{step:08d}" / _META, weights_only=True)  # rank 0 checked it
     check_resumable(meta["config"], cfg, step, directory)
+    frozen = set(check_frozen(meta["frozen"], model, world, directory)) if "frozen" in meta else set()
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -268,7 +278,9 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     optim = {"optimizer": optim_state}
     partial = DefaultLoadPlanner(allow_partial_load=True)
     try:
-        dcp.load({"model": model_state}, checkpoint_id=path, process_group=world)
+        # into model_state's own tensors; a frozen one keeps --model's value (checked above)
+        dcp.load({"model": {k: v for k, v in model_state.items() if k not in frozen}}, checkpoint_id=path,
+                 process_group=world)
         dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
     except Exception as err:  # the checksums passed on rank 0: a file changed since, or another reader
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -43,6 +43,9 @@ def check_finetune(cfg) -> None:
         value = getattr(cfg, name)
         if value is not None and (not isinstance(value, str) or not value.replace(",", "").strip()):
             raise ValueError(f"{_flag(name)} must be 'all' or comma-separated module names, got {value!r}")
+    if "llm" in cfg.freeze and cfg.lora_targets != FINETUNE_FIELDS["lora_targets"]:
+        raise ValueError(f"--lora-targets {cfg.lora_targets} puts adapters on the llm, which --freeze llm "
+                         "keeps as loaded")
     for part, name in (("vision", "lora_vision"), ("projector", "lora_projector")):
         if part in cfg.freeze and getattr(cfg, name) is not None:
             raise ValueError(f"{_flag(name)} puts adapters on the {part}, which --freeze {part} keeps as "

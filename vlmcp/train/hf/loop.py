@@ -65,7 +65,7 @@ from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.hf.evaluate import evaluate, target_count
 from vlmcp.train.hf.feedback import Feedback
 from vlmcp.train.hf.final_model import save_trained_model
-from vlmcp.train.hf.finetune import prepare_model, without_input_grad_hooks
+from vlmcp.train.hf.finetune import describe_trainable, prepare_model, without_input_grad_hooks
 from vlmcp.train.hf.optim import clip_gradients, make_optimizer, part_of, squared_norms
 from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.schedule import hf_lr_at
@@ -154,6 +154,9 @@ class _Run:
         _check_same_plan(index, group, self.device)
         self.processor = load_processor(cfg.model)
         self.model = load_parallel_model(cfg, self.cp_group, self.world, self.device)
+        trainable = describe_trainable(cfg, self.model)
+        if trainable and self.rank == 0:
+            print(trainable, flush=True)
         self.optimizer = make_optimizer(self.model, cfg.lr, cfg.weight_decay)
         self.start, self.position = (load_hf_checkpoint(cfg, self.model, self.optimizer, group, self.device)
                                      if cfg.resume else (0, 0))

@@ -66,6 +66,7 @@ def squared_norms(model: nn.Module) -> torch.Tensor:
     """
     from torch.distributed.tensor import DTensor
 
+    where = _parts(model)
     sq = torch.zeros(3, 3, dtype=torch.float64)
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -74,8 +75,20 @@ def squared_norms(model: nn.Module) -> torch.Tensor:
             g, col = p.grad.to_local(), 2
         else:
             g, col = p.grad, int(grad_rule(p) is GradRule.PARTITIONED)
-        sq[PARTS.index(part_of(name)), col] += g.detach().double().pow(2).sum().cpu()
+        sq[PARTS.index(where.get(name) or part_of(name)), col] += g.detach().double().pow(2).sum().cpu()
     return sq
+
+
+def _parts(model: nn.Module) -> dict[str, str]:
+    """The parts as the architecture's adapter names them (:func:`vlmcp.hf.freeze.part_by_name`:
+    Idefics3's ``vision_model`` and ``connector`` too), found once per model."""
+    cached = getattr(model, "_vlmcp_parts", None)
+    if cached is None:
+        from vlmcp.hf.freeze import part_by_name
+
+        cached = part_by_name(model)
+        model._vlmcp_parts = cached
+    return cached
 
 
 def clip_gradients(model: nn.Module, total_norm: float, max_norm: float) -> float:
