@@ -237,7 +237,7 @@ def test_cli_verify_model_video(capsys):
     assert "takes no videos" in capsys.readouterr().err
 
 
-def test_train_passes_image_strategy_on():
+def test_train_passes_image_strategy_on(tmp_path):
     import argparse
 
     from vlmcp.cli import train, train_hf
@@ -245,8 +245,10 @@ def test_train_passes_image_strategy_on():
 
     parser = argparse.ArgumentParser()
     train.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["train", "--model", "m", "--data", "d.jsonl", "--output-dir", "o",
-                              "--image-strategy", "auto"])
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")  # a model directory: config_from_args checks it
+    args = parser.parse_args(["train", "--model", str(tmp_path / "m"), "--data", "d.jsonl",
+                              "--output-dir", str(tmp_path / "o"), "--image-strategy", "auto"])
     assert train_hf.config_from_args(args).image_strategy == "auto"
     with pytest.raises(ValueError, match="--image-strategy must be one of"):
         HFTrainConfig(model="m", data="d.jsonl", output_dir="o", image_strategy="images")
