@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 from vlmcp.bench.hf import estimate as bench  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states  # noqa: E402
-from vlmcp.estimate.towers import REFUSED, TOWERS, text_blocks  # noqa: E402
+from vlmcp.estimate.text import text_blocks  # noqa: E402
+from vlmcp.estimate.towers import REFUSED, TOWERS  # noqa: E402
 from vlmcp.hf.debug.tiny import tiny_archs, tiny_config  # noqa: E402
 from vlmcp.loss import chunk_transient_bytes  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
@@ -33,7 +34,7 @@ TEXT = 100
 @pytest.fixture(scope="module")
 def measured():
     one = [(1, r) for r in bench.measure(None, list(bench.ARCHS), BOTH, TEXT)]
-    one += [(1, r) for r in bench.measure(None, ["qwen2_5_vl", "llava"], BOTH, TEXT, "bfloat16")]
+    one += [(1, r) for r in bench.measure(None, ["qwen2_5_vl", "gemma3"], BOTH, TEXT, "bfloat16")]
     two = run_on_ranks(bench.measure, 2, ["qwen2_vl", "qwen3_vl", "llava"], BOTH, TEXT, timeout=200)[0]
     return one + [(2, r) for r in two]
 
@@ -60,8 +61,8 @@ def test_checkpointing_and_cp_shrink_the_measured_bytes_as_estimated(measured):
 
 def test_every_architecture_of_the_table_is_estimated_or_refused_by_name():
     for arch in tiny_archs():
-        config = tiny_config(arch)
-        setup = EstimateSetup(seq_len=512, cp=2, visual_tokens=16 if arch != "llava" else 16, dtype="float32")
+        config = tiny_config(arch, **bench.OVERRIDES.get(arch, {}))
+        setup = EstimateSetup(seq_len=512, cp=2, visual_tokens=16, dtype="float32")
         if arch in TOWERS:
             est = estimate_memory(config, setup)
             assert est.saved > 0 and est.peak > est.saved
@@ -157,6 +158,11 @@ def test_plan_flags_of_the_other_view_are_refused(argv, message, capsys, tmp_pat
     tiny_config("llava").save_pretrained(tmp_path)
     assert main([a.replace("{tiny}", str(tmp_path)) for a in argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_gemma3_with_siglip_head_is_refused():
+    with pytest.raises(NotImplementedError, match="vision_use_head=True"):
+        estimate_memory(tiny_config("gemma3"), EstimateSetup(seq_len=512, visual_tokens=4))
 
 
 def test_plan_model_refuses_an_architecture_by_name(tmp_path, capsys):

@@ -86,7 +86,8 @@ def load_config(path: str):
 def run(args: argparse.Namespace) -> int:
     from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states
     from vlmcp.estimate.memory import DTYPE_BYTES
-    from vlmcp.estimate.towers import text_blocks, tower_for
+    from vlmcp.estimate.text import text_blocks
+    from vlmcp.estimate.towers import tower_for
 
     config = load_config(args.model)
     setup = EstimateSetup(seq_len=args.seq_len, cp=args.cp, dp=args.dp, visual_tokens=args.visual_tokens,

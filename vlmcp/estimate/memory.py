@@ -42,7 +42,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vlmcp.estimate.towers import ACC, Tower, text_blocks, tower_for
+from vlmcp.estimate.ops import ACC
+from vlmcp.estimate.text import text_blocks
+from vlmcp.estimate.towers import Tower, tower_for
 
 __all__ = ["EstimateSetup", "MemoryEstimate", "ModelStates", "estimate_memory", "max_seq_len", "model_states"]
 
@@ -216,11 +218,11 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     ckpt = setup.activation_checkpointing
     layer = text.checkpointed if ckpt else text.per_layer
     llm = n_r * (text.layers * layer + (text.once_checkpointed if ckpt else text.once) + text.final_norm)
-    llm += n_r if V else 0  # the image-token mask the merge keeps
+    llm += (n_r if V else 0) + (text.fixed_checkpointed if ckpt else text.fixed)  # the image-token mask
     block = tower.checkpointed if ckpt else tower.per_block
     once = tower.once - (tower.rotary if ckpt else 0)
     vit = (vit_tokens * (tower.blocks * block + once) + visual_vit * tower.vit_per_llm_token * tower.head
-           + visual_vit * tower.head_llm + images_r * tower.per_image_once) if images_r else 0
+           + visual_vit * tower.head_llm + images_r * tower.per_image_once + tower.fixed) if images_r else 0
     loss = 20 * targets + 4
     chunk = chunk_transient_bytes(min(setup.chunk_size, targets), text.vocab, _torch_dtype(setup.dtype),
                                   softcap=text.softcap is not None, hidden_size=text.hidden)

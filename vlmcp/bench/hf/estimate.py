@@ -25,14 +25,18 @@ from vlmcp.bench.hf import needs_transformers
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-estimate"
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl", "gemma3")
+OVERRIDES = {"gemma3": {"vision_config": {"vision_use_head": False}}}  # as Gemma 3's checkpoints are
 CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
     (False, "replicate", "replicate"), (True, "replicate", "replicate"), (False, "scatter", "shard"),
     (True, "scatter", "shard"))
 
 
 def _samples(arch: str, text: int) -> tuple:
-    image = {"llava": (1,), "internvl": (4,)}.get(arch, (1, 8, 8))  # 16 LLM tokens each (InternVL: 4 tiles)
+    # 16 LLM tokens each (InternVL: 4 tiles of 4; Gemma 3: 4 images of 4 in a sample)
+    image = {"llava": (1,), "internvl": (4,)}.get(arch, (1, 8, 8))
+    if arch == "gemma3":
+        return tuple((text // 6, (1,), (1,), (1,), (1,), text - text // 6) for _ in range(4))
     before = max(1, text // 6)
     return tuple((before, image, text - before) for _ in range(4))
 
@@ -47,7 +51,7 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
 
     out = []
     for arch in archs:
-        base = tiny_model(tiny_config(arch), seed=0).to(getattr(torch, dtype))
+        base = tiny_model(tiny_config(arch, **OVERRIDES.get(arch, {})), seed=0).to(getattr(torch, dtype))
         inputs, labels, cu = synthetic_row(base, _samples(arch, text_tokens))
         visual = int((inputs["input_ids"] == base.config.image_token_id).sum())
         for ckpt, mode, strategy in configs:
@@ -66,7 +70,7 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
                 dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
             out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
                             seq_len=int(inputs["input_ids"].shape[1]), visual=visual,
-                            images=16 if arch == "internvl" else 4,  # InternVL: tiles
+                            images=16 if arch in ("internvl", "gemma3") else 4,  # tiles, images
                             config=base.config.to_dict(), measured=int(saved), dtype=dtype))
     return out
 
