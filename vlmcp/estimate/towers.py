@@ -174,9 +174,26 @@ def _gemma3(config: Any, b: int) -> Tower:
                  fixed=ACC * e)
 
 
+def _idefics3(config: Any, b: int) -> Tower:
+    v, arch = config.vision_config, config.model_type
+    if v.hidden_act != "gelu_pytorch_tanh":
+        raise NotImplementedError(f"{arch}: vision hidden_act {v.hidden_act!r} (the estimate knows "
+                                  "gelu_pytorch_tanh)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    grid, shuffle = (v.image_size // v.patch_size) ** 2, config.scale_factor ** 2
+    if grid % shuffle:
+        raise NotImplementedError(f"{arch}: a {grid}-patch tile does not shuffle by {shuffle}")
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + 2 * b * m  # SigLIP's layer
+    # per patch: its position id; the post-layernorm's input and statistics, the pixel shuffle's copy
+    # (the connector's linear input)
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e, once=8,
+                 head=b * e + 8 + b * e, vit_per_llm_token=shuffle,
+                 per_image_once=b * v.num_channels * v.image_size ** 2, llm_tokens_per_image=grid // shuffle)
+
+
 TOWERS: dict[str, Callable[[Any, int], Tower]] = {
     "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava,
-    "internvl": _internvl, "gemma3": _gemma3}
+    "internvl": _internvl, "gemma3": _gemma3, "idefics3": _idefics3, "smolvlm": _idefics3}
 """``model_type`` -> the vision tower's recipe; the architectures ``vlmcp plan --model`` estimates."""
 
 REFUSED = {
@@ -185,8 +202,7 @@ REFUSED = {
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
     "llava_next": "anyres tiling (tiles per image depend on the image size)",
     "llava_onevision": "anyres tiling (tiles per image depend on the image size)",
-"idefics3": "Idefics3 vision tower not written yet",
-    "smolvlm": "Idefics3 vision tower not written yet", "mistral3": "Pixtral tower not written yet",
+    "mistral3": "Pixtral tower not written yet",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",
     "nemotron_h_omni": "Mamba-2 + MoE language model",
 }
