@@ -160,6 +160,16 @@ def test_plan_flags_of_the_other_view_are_refused(argv, message, capsys, tmp_pat
     assert message in capsys.readouterr().err
 
 
+def test_pixtral_mask_is_quadratic_in_the_patches():
+    """Mistral3's Pixtral tower saves an (n, n) block-diagonal mask over the row's n patches."""
+    config = tiny_config("mistral3")
+    s = model_states(config)
+    f = [estimate_memory(config, EstimateSetup(seq_len=4096, visual_tokens=v, images=4, dtype="float32"),
+                         s).terms["vit"] for v in (256, 512, 768)]
+    # n = 4 v patches (2x2 merge): the second difference of 4 bytes x n^2 is 4 x 16 x 2 v^2
+    assert f[2] - 2 * f[1] + f[0] == 4 * 16 * 2 * 256 ** 2
+
+
 def test_gemma3_with_siglip_head_is_refused():
     with pytest.raises(NotImplementedError, match="vision_use_head=True"):
         estimate_memory(tiny_config("gemma3"), EstimateSetup(seq_len=512, visual_tokens=4))

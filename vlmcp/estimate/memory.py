@@ -12,7 +12,8 @@ ranks (``D`` data-parallel replicas), the busiest rank holds::
     LLM          n_r tokens x (layers x per_layer + once + final norm)  [checkpointed: per-layer
                  input only], n_r = V + ceil((L - V) / P) under image_strategy="replicate",
                  ceil(L / P) under "shard"; plus the image-token mask (1 byte per token)
-    ViT          the tower's ViT tokens this rank encodes x (blocks x per_block + once + merger):
+    ViT          the tower's ViT tokens this rank encodes x (blocks x per_block + once + merger)
+                 (+ Pixtral's (n, n) block-diagonal mask over them, checkpointed or not):
                  every image under replicate, allreduce_hook, hidden_shard and broadcast (the
                  source rank is the busiest), ceil(images / P) images under scatter
     loss         20 bytes per target saved (row index, target, log-sum-exp); a transient: one
@@ -222,7 +223,8 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     block = tower.checkpointed if ckpt else tower.per_block
     once = tower.once - (tower.rotary if ckpt else 0)
     vit = (vit_tokens * (tower.blocks * block + once) + visual_vit * tower.vit_per_llm_token * tower.head
-           + visual_vit * tower.head_llm + images_r * tower.per_image_once + tower.fixed) if images_r else 0
+           + visual_vit * tower.head_llm + images_r * tower.per_image_once + tower.fixed
+           + tower.mask_bytes * vit_tokens ** 2) if images_r else 0
     loss = 20 * targets + 4
     chunk = chunk_transient_bytes(min(setup.chunk_size, targets), text.vocab, _torch_dtype(setup.dtype),
                                   softcap=text.softcap is not None, hidden_size=text.hidden)

@@ -44,6 +44,9 @@ class Tower:
     """Fixed-size images: LLM tokens per image (LLaVA); None: any size (Qwen)."""
     fixed: int = 0
     """Bytes per forward with images that do not grow with them (Gemma's ``1 + w``)."""
+    mask_bytes: int = 0
+    """Bytes per element of an ``(n, n)`` attention mask over the rank's n ViT tokens, saved once,
+    checkpointed or not (Pixtral's block-diagonal mask: quadratic in the patches); 0: none."""
 
 
 def _qwen_common(v: Any, b: int) -> tuple[int, int, int]:
@@ -191,9 +194,29 @@ def _idefics3(config: Any, b: int) -> Tower:
                  per_image_once=b * v.num_channels * v.image_size ** 2, llm_tokens_per_image=grid // shuffle)
 
 
+def _mistral3(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.model_type != "pixtral" or v.hidden_act != "gelu" or config.projector_hidden_act != "gelu":
+        raise NotImplementedError(f"mistral3: vision tower {v.model_type!r} with {v.hidden_act!r}, projector "
+                                  f"{config.projector_hidden_act!r} (the estimate knows pixtral, gelu, gelu)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    d = getattr(v, "head_dim", None) or e // heads
+    merge = config.spatial_merge_size ** 2
+    block = 2 * rms(e, b) + 4 * b * e + ACC * heads + 4 * b * m  # RMSNorms, SwiGLU (gelu-gated) MLP
+    rotary = 2 * b * d
+    # per patch: pixels, ln_pre (its output is block 0's input), the 2D rotary table; the projector's
+    # RMSNorm and the patch merger's unfolded copy; per LLM token: the merging layer's output and two
+    # activations
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e,
+                 once=b * v.num_channels * v.patch_size ** 2 + ACC * e + ACC + b * e + rotary, rotary=rotary,
+                 head=ACC * e + ACC + b * e + b * e, head_llm=b * e + 2 * b * config.text_config.hidden_size,
+                 vit_per_llm_token=merge, mask_bytes=b)
+
+
 TOWERS: dict[str, Callable[[Any, int], Tower]] = {
     "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava,
-    "internvl": _internvl, "gemma3": _gemma3, "idefics3": _idefics3, "smolvlm": _idefics3}
+    "internvl": _internvl, "gemma3": _gemma3, "idefics3": _idefics3, "smolvlm": _idefics3,
+    "mistral3": _mistral3}
 """``model_type`` -> the vision tower's recipe; the architectures ``vlmcp plan --model`` estimates."""
 
 REFUSED = {
@@ -202,7 +225,6 @@ REFUSED = {
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
     "llava_next": "anyres tiling (tiles per image depend on the image size)",
     "llava_onevision": "anyres tiling (tiles per image depend on the image size)",
-    "mistral3": "Pixtral tower not written yet",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",
     "nemotron_h_omni": "Mamba-2 + MoE language model",
 }

@@ -25,7 +25,8 @@ from vlmcp.bench.hf import needs_transformers
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-estimate"
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl", "gemma3", "idefics3", "smolvlm")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl", "gemma3", "idefics3", "smolvlm",
+         "mistral3")
 OVERRIDES = {"gemma3": {"vision_config": {"vision_use_head": False}}}  # as Gemma 3's checkpoints are
 CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
     (False, "replicate", "replicate"), (True, "replicate", "replicate"), (False, "scatter", "shard"),
@@ -34,7 +35,8 @@ CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
 
 def _samples(arch: str, text: int) -> tuple:
     # 16 LLM tokens each (InternVL, Idefics3, SmolVLM: 4 tiles of 4; Gemma 3: 4 images of 4 in a sample)
-    image = {"llava": (1,), "internvl": (4,), "idefics3": (1, 3), "smolvlm": (1, 3)}.get(arch, (1, 8, 8))
+    image = {"llava": (1,), "internvl": (4,), "idefics3": (1, 3), "smolvlm": (1, 3),
+             "mistral3": (4, 4)}.get(arch, (1, 8, 8))
     if arch == "gemma3":
         return tuple((text // 6, (1,), (1,), (1,), (1,), text - text // 6) for _ in range(4))
     before = max(1, text // 6)
@@ -70,7 +72,7 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
                 dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
             out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
                             seq_len=int(inputs["input_ids"].shape[1]), visual=visual,
-                            images=4 if arch.startswith(("qwen", "llava")) else 16,  # tiles, images
+                            images=4 if arch.startswith(("qwen", "llava", "mistral")) else 16,  # or tiles
                             config=base.config.to_dict(), measured=int(saved), dtype=dtype))
     return out
 
