@@ -61,6 +61,8 @@ def text_blocks(config: Any, b: int) -> TextBlocks:
         raise ValueError(f"{arch}: no text_config; vlmcp plan --model estimates vision-language models")
     if text.model_type == "gemma3_text":
         return _gemma3(arch, text, b)
+    if text.model_type == "glm4v_text":
+        return _glm4v(arch, text, b)
     if text.model_type not in DENSE_TEXT_TYPES:
         raise NotImplementedError(f"{arch}: its language model ({text.model_type}) is not a dense "
                                   f"Llama-style block the estimate knows ({', '.join(DENSE_TEXT_TYPES)})")
@@ -110,4 +112,22 @@ def _gemma3(arch: str, text: Any, b: int) -> TextBlocks:
     return TextBlocks(layers=layers, per_layer=per_layer, checkpointed=b * h, once=8 + tables * 2 * b * d,
                       once_checkpointed=8, final_norm=gemma_rms(h, b, True), fixed=fixed,
                       fixed_checkpointed=outside, hidden=h,
+                      vocab=_field(text, "vocab_size", arch), softcap=None)
+
+
+def _glm4v(arch: str, text: Any, b: int) -> TextBlocks:
+    """GLM-4's decoder layer: input and post-attention RMSNorms before the linears, sandwich norms after
+    attention and MLP (post_self_attn, post_mlp: no linear reads them), a fused gate_up SwiGLU (its
+    2f output one storage: 4*b*f in all), partial rotary."""
+    if getattr(text, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"{arch}: text hidden_act {text.hidden_act!r} (the estimate knows silu)")
+    names = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    h, nh, kv, f = (_field(text, n, arch) for n in names)
+    d = getattr(text, "head_dim", None) or h // nh
+    rope = getattr(text, "rope_parameters", None) or {}
+    rot = int(d * rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", 1.0)))
+    sandwich = ACC * h + ACC + b * h  # fp32 x, rsqrt, x * rsqrt in b
+    per_layer = 2 * rms(h, b) + 2 * sandwich + b * (2 * nh * d + 2 * kv * d) + ACC * nh + 4 * b * f
+    return TextBlocks(layers=_field(text, "num_hidden_layers", arch), per_layer=per_layer, checkpointed=b * h,
+                      once=8 + 2 * b * rot, once_checkpointed=8, final_norm=rms(h, b), hidden=h,
                       vocab=_field(text, "vocab_size", arch), softcap=None)

@@ -213,15 +213,33 @@ def _mistral3(config: Any, b: int) -> Tower:
                  vit_per_llm_token=merge, mask_bytes=b)
 
 
+def _glm4v(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.hidden_act != "silu":
+        raise NotImplementedError(f"glm4v: vision hidden_act {v.hidden_act!r} (the estimate knows silu)")
+    e, heads, out, ctx = v.hidden_size, v.num_heads, v.out_hidden_size, v.intermediate_size
+    merge = v.spatial_merge_size ** 2
+    pixels = b * v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    block = 2 * rms(e, b) + 7 * b * e + ACC * heads + 4 * b * out  # the block MLP is out_hidden_size wide
+    rotary = 2 * b * (e // heads)
+    # per patch: pixels, post_conv_layernorm (RMSNorm into the position add), the position
+    # interpolation's (x, y) grid, the rotary table; post_layernorm and the downsample conv's
+    # permuted input. Per LLM token: the conv's output, the projection's, its LayerNorm and GELU,
+    # the merger's SwiGLU (intermediate_size wide)
+    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
+                 once=pixels + ACC * e + ACC + b * e + 2 * b + rotary, rotary=rotary,
+                 head=ACC * e + ACC + 2 * b * e, head_llm=4 * b * out + 8 + 4 * b * ctx,
+                 vit_per_llm_token=merge)
+
+
 TOWERS: dict[str, Callable[[Any, int], Tower]] = {
     "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava,
     "internvl": _internvl, "gemma3": _gemma3, "idefics3": _idefics3, "smolvlm": _idefics3,
-    "mistral3": _mistral3}
+    "mistral3": _mistral3, "glm4v": _glm4v}
 """``model_type`` -> the vision tower's recipe; the architectures ``vlmcp plan --model`` estimates."""
 
 REFUSED = {
     "qwen3_vl_moe": "MoE language model (experts' routing saves per-expert tensors)",
-    "glm4v": "GLM-4 decoder layers (sandwich norms, fused gate_up) not written yet",
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
     "llava_next": "anyres tiling (tiles per image depend on the image size)",
     "llava_onevision": "anyres tiling (tiles per image depend on the image size)",

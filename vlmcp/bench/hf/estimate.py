@@ -25,8 +25,8 @@ from vlmcp.bench.hf import needs_transformers
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-estimate"
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl", "gemma3", "idefics3", "smolvlm",
-         "mistral3")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "internvl", "gemma3", "idefics3",
+         "smolvlm", "mistral3")
 OVERRIDES = {"gemma3": {"vision_config": {"vision_use_head": False}}}  # as Gemma 3's checkpoints are
 CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
     (False, "replicate", "replicate"), (True, "replicate", "replicate"), (False, "scatter", "shard"),
@@ -72,7 +72,7 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
                 dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
             out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
                             seq_len=int(inputs["input_ids"].shape[1]), visual=visual,
-                            images=4 if arch.startswith(("qwen", "llava", "mistral")) else 16,  # or tiles
+                            images=4 if arch.startswith(("qwen", "glm", "llava", "mistral")) else 16,  # tiles
                             config=base.config.to_dict(), measured=int(saved), dtype=dtype))
     return out
 
