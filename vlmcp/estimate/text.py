@@ -1,8 +1,9 @@
 """What a VLM's language model saves for backward per token, from its config (Note [vlmcp memory
 estimate: saved bytes per token] in :mod:`vlmcp.estimate.ops`).
 
-One recipe per family of decoder layers: the dense Llama block (Qwen2/2.5/3-VL, LLaVA's and
-InternVL's language models) and Gemma 3's (four norms, q/k norms, gated GELU).
+One recipe per family of decoder layers: the dense Llama block (Qwen2/2.5/3-VL, LLaVA's,
+InternVL's, Idefics3's, Mistral3's language models), Gemma 3's (four norms, q/k norms, gated GELU)
+and GLM-4's (sandwich norms, fused gate_up).
 """
 
 from __future__ import annotations
