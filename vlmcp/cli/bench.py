@@ -13,6 +13,7 @@ import sys
 import time
 
 from vlmcp.bench import BENCHMARKS
+from vlmcp.cli import command_help
 from vlmcp.launch import RankFailure
 
 # "hf-memory" is vlmcp.bench.hf.memory
@@ -42,7 +43,7 @@ def _defaults(name: str) -> argparse.Namespace:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run the benchmarks (planner, attention, memory, vision, hf-*)",
+    p = sub.add_parser("bench", help=command_help("bench"),
                        description=__doc__)
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name, module in _MODULES.items():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from vlmcp.cli import plan_model
+from vlmcp.cli import command_help, plan_model
 from vlmcp.cli.paths import check_writable_file
 from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
@@ -23,7 +23,7 @@ DEFAULT_TEXT_TOKENS = "120,77,201"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="print the per-rank layout and work of a packed row",
+    p = sub.add_parser("plan", help=command_help("plan"),
                        description=__doc__)
     p.add_argument("--cp", type=int, default=4, help="CP group size P")
     p.add_argument("--prompt-tokens", default=None,
