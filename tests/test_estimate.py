@@ -146,6 +146,21 @@ def test_plan_model_cli(tmp_path, capsys):
     assert "busiest rank: 1,152 LLM tokens (256 visual; under shard: 1,024)" in out
 
 
+def test_plan_model_reads_a_config_file(tmp_path, capsys):
+    model = tmp_path / "model"
+    tiny_config("llava").save_pretrained(model)
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text(f"model: {model}\nseq_len: 1024\nvisual_tokens: 32\ncp: 2\n"
+                   "activation-checkpointing: true\ngpu_memory: 0.5\n")
+    assert main(["plan", "--config", str(cfg), "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "P=2" in out and "float32" in out and "checkpointing on" in out and "(32 visual)" in out
+    cfg.write_text("model: x\nseq_len: 10\nnot_a_flag: 1\n")
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg)])
+    assert "not_a_flag" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plan", "--seq-len", "100"], "--seq-len need --model"),
     (["plan", "--model", "DIR", "--seq-len", "9", "--image-tokens", "4"],
