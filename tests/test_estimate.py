@@ -62,7 +62,8 @@ def test_checkpointing_and_cp_shrink_the_measured_bytes_as_estimated(measured):
 def test_every_architecture_of_the_table_is_estimated_or_refused_by_name():
     for arch in tiny_archs():
         config = tiny_config(arch, **bench.OVERRIDES.get(arch, {}))
-        setup = EstimateSetup(seq_len=512, cp=2, visual_tokens=16, dtype="float32")
+        setup = EstimateSetup(seq_len=512, cp=2, visual_tokens=16, dtype="float32",
+                              images=5 if arch == "llava_next" else None)  # its tiles
         if arch in TOWERS:
             est = estimate_memory(config, setup)
             assert est.saved > 0 and est.peak > est.saved
@@ -107,6 +108,15 @@ def test_issue_23_figure_for_qwen2_5_vl_7b():
         num_key_value_heads=4, vocab_size=152064), vision_config=dict(hidden_size=1280, out_hidden_size=3584))
     text = text_blocks(config, 2)
     assert text.layers * text.checkpointed * 32768 == pytest.approx(6.6e9, rel=0.01)
+
+
+def test_tiled_llava_next_needs_its_tiles():
+    config = tiny_config("llava_next")
+    with pytest.raises(ValueError, match="give images"):
+        estimate_memory(config, EstimateSetup(seq_len=512, visual_tokens=56))
+    one, two = (estimate_memory(config, EstimateSetup(seq_len=512, visual_tokens=56, images=n))
+                for n in (3, 6))
+    assert two.vit_tokens == 2 * one.vit_tokens == 6 * 17  # 16 patches and CLS per tile
 
 
 def test_bad_setups_are_refused():

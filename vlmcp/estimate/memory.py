@@ -216,13 +216,20 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     images_r = math.ceil(images / P) if setup.vision_mode == "scatter" else images
     visual_vit = V * images_r // images if images else 0  # the rank's images' LLM tokens (equal images)
     vit_tokens = _vit_tokens(tower, visual_vit, images_r)
+    head_tokens = visual_vit * tower.vit_per_llm_token  # the ViT tokens the merger or projector reads
+    if tower.vit_per_image:  # tiled: the ViT tokens follow the tiles, not the LLM tokens
+        if V and setup.images is None:
+            raise ValueError(f"{config.model_type}: give images (the tiles the ViT encodes); its visual "
+                             "tokens do not determine them (unpadding, newlines)")
+        vit_tokens = images_r * tower.vit_per_image
+        head_tokens = images_r * (tower.vit_per_image - tower.per_image_vit)
     ckpt = setup.activation_checkpointing
     layer = text.checkpointed if ckpt else text.per_layer
     llm = n_r * (text.layers * layer + (text.once_checkpointed if ckpt else text.once) + text.final_norm)
     llm += (n_r if V else 0) + (text.fixed_checkpointed if ckpt else text.fixed)  # the image-token mask
     block = tower.checkpointed if ckpt else tower.per_block
     once = tower.once - (tower.rotary if ckpt else 0)
-    vit = (vit_tokens * (tower.blocks * block + once) + visual_vit * tower.vit_per_llm_token * tower.head
+    vit = (vit_tokens * (tower.blocks * block + once) + head_tokens * tower.head
            + visual_vit * tower.head_llm + images_r * tower.per_image_once + tower.fixed
            + tower.mask_bytes * vit_tokens ** 2) if images_r else 0
     loss = 20 * targets + 4

@@ -44,6 +44,10 @@ class Tower:
     """Fixed-size images: LLM tokens per image (LLaVA); None: any size (Qwen)."""
     fixed: int = 0
     """Bytes per forward with images that do not grow with them (Gemma's ``1 + w``)."""
+    vit_per_image: int = 0
+    """Tiled towers (LLaVA-NeXT): ViT tokens per tile, whatever the LLM tokens (unpadding and
+    newlines make those differ); ``--images`` then counts tiles, and ``head`` is per tile patch.
+    0: ViT tokens follow the LLM tokens (``vit_per_llm_token``)."""
     mask_bytes: int = 0
     """Bytes per element of an ``(n, n)`` attention mask over the rank's n ViT tokens, saved once,
     checkpointed or not (Pixtral's block-diagonal mask: quadratic in the patches); 0: none."""
@@ -232,16 +236,38 @@ def _glm4v(config: Any, b: int) -> Tower:
                  vit_per_llm_token=merge)
 
 
+def _llava_next(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.model_type != "clip_vision_model" or config.vision_feature_select_strategy != "default":
+        raise NotImplementedError(f"llava_next: vision tower {v.model_type!r} with feature strategy "
+                                  f"{config.vision_feature_select_strategy!r} (the estimate knows "
+                                  "clip_vision_model, default)")
+    mlp = {"quick_gelu": 3, "gelu": 2}.get(v.hidden_act)
+    if mlp is None or config.projector_hidden_act != "gelu":
+        raise NotImplementedError(f"llava_next: vision hidden_act {v.hidden_act!r}, projector "
+                                  f"{config.projector_hidden_act!r} (the estimate knows quick_gelu or gelu, "
+                                  "and gelu)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    grid = (v.image_size // v.patch_size) ** 2
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m
+    h = config.text_config.hidden_size
+    # per ViT token: the pre-layernorm's input and statistics, the last block's output; per tile
+    # patch: the projector's input (a copy of the selected features) and its two activations; per
+    # tile: pixels, the post-layernorm's statistics; once: the position ids of one tile
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e, once=2 * b * e + 8,
+                 head=b * e + 2 * b * h, vit_per_llm_token=1, vit_per_image=grid + 1, per_image_vit=1,
+                 per_image_once=b * v.num_channels * v.image_size ** 2 + 8, fixed=8 * (grid + 1))
+
+
 TOWERS: dict[str, Callable[[Any, int], Tower]] = {
     "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava,
     "internvl": _internvl, "gemma3": _gemma3, "idefics3": _idefics3, "smolvlm": _idefics3,
-    "mistral3": _mistral3, "glm4v": _glm4v}
+    "mistral3": _mistral3, "glm4v": _glm4v, "llava_next": _llava_next}
 """``model_type`` -> the vision tower's recipe; the architectures ``vlmcp plan --model`` estimates."""
 
 REFUSED = {
     "qwen3_vl_moe": "MoE language model (experts' routing saves per-expert tensors)",
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
-    "llava_next": "anyres tiling (tiles per image depend on the image size)",
     "llava_onevision": "anyres tiling (tiles per image depend on the image size)",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",
     "nemotron_h_omni": "Mamba-2 + MoE language model",
