@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 from vlmcp.bench.hf import estimate as bench  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states  # noqa: E402
-from vlmcp.estimate.towers import REFUSED, TOWERS, text_blocks  # noqa: E402
+from vlmcp.estimate.text import text_blocks  # noqa: E402
+from vlmcp.estimate.towers import REFUSED, TOWERS  # noqa: E402
 from vlmcp.hf.debug.tiny import tiny_archs, tiny_config  # noqa: E402
 from vlmcp.loss import chunk_transient_bytes  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
@@ -33,7 +34,7 @@ TEXT = 100
 @pytest.fixture(scope="module")
 def measured():
     one = [(1, r) for r in bench.measure(None, list(bench.ARCHS), BOTH, TEXT)]
-    one += [(1, r) for r in bench.measure(None, ["qwen2_5_vl", "llava"], BOTH, TEXT, "bfloat16")]
+    one += [(1, r) for r in bench.measure(None, ["qwen2_5_vl", "gemma3"], BOTH, TEXT, "bfloat16")]
     two = run_on_ranks(bench.measure, 2, ["qwen2_vl", "qwen3_vl", "llava"], BOTH, TEXT, timeout=200)[0]
     return one + [(2, r) for r in two]
 
@@ -60,8 +61,9 @@ def test_checkpointing_and_cp_shrink_the_measured_bytes_as_estimated(measured):
 
 def test_every_architecture_of_the_table_is_estimated_or_refused_by_name():
     for arch in tiny_archs():
-        config = tiny_config(arch)
-        setup = EstimateSetup(seq_len=512, cp=2, visual_tokens=16 if arch != "llava" else 16, dtype="float32")
+        config = tiny_config(arch, **bench.OVERRIDES.get(arch, {}))
+        setup = EstimateSetup(seq_len=512, cp=2, visual_tokens=16, dtype="float32",
+                              images=5 if arch == "llava_next" else None)  # its tiles
         if arch in TOWERS:
             est = estimate_memory(config, setup)
             assert est.saved > 0 and est.peak > est.saved
@@ -108,6 +110,15 @@ def test_issue_23_figure_for_qwen2_5_vl_7b():
     assert text.layers * text.checkpointed * 32768 == pytest.approx(6.6e9, rel=0.01)
 
 
+def test_tiled_llava_next_needs_its_tiles():
+    config = tiny_config("llava_next")
+    with pytest.raises(ValueError, match="give images"):
+        estimate_memory(config, EstimateSetup(seq_len=512, visual_tokens=56))
+    one, two = (estimate_memory(config, EstimateSetup(seq_len=512, visual_tokens=56, images=n))
+                for n in (3, 6))
+    assert two.vit_tokens == 2 * one.vit_tokens == 6 * 17  # 16 patches and CLS per tile
+
+
 def test_bad_setups_are_refused():
     with pytest.raises(ValueError, match="images must be in"):
         EstimateSetup(seq_len=100, images=2)
@@ -145,6 +156,21 @@ def test_plan_model_cli(tmp_path, capsys):
     assert "busiest rank: 1,152 LLM tokens (256 visual; under shard: 1,024)" in out
 
 
+def test_plan_model_reads_a_config_file(tmp_path, capsys):
+    model = tmp_path / "model"
+    tiny_config("llava").save_pretrained(model)
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text(f"model: {model}\nseq_len: 1024\nvisual_tokens: 32\ncp: 2\n"
+                   "activation-checkpointing: true\ngpu_memory: 0.5\n")
+    assert main(["plan", "--config", str(cfg), "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "P=2" in out and "float32" in out and "checkpointing on" in out and "(32 visual)" in out
+    cfg.write_text("model: x\nseq_len: 10\nnot_a_flag: 1\n")
+    with pytest.raises(SystemExit):
+        main(["plan", "--config", str(cfg)])
+    assert "not_a_flag" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plan", "--seq-len", "100"], "--seq-len need --model"),
     (["plan", "--model", "DIR", "--seq-len", "9", "--image-tokens", "4"],
@@ -157,6 +183,21 @@ def test_plan_flags_of_the_other_view_are_refused(argv, message, capsys, tmp_pat
     tiny_config("llava").save_pretrained(tmp_path)
     assert main([a.replace("{tiny}", str(tmp_path)) for a in argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_pixtral_mask_is_quadratic_in_the_patches():
+    """Mistral3's Pixtral tower saves an (n, n) block-diagonal mask over the row's n patches."""
+    config = tiny_config("mistral3")
+    s = model_states(config)
+    f = [estimate_memory(config, EstimateSetup(seq_len=4096, visual_tokens=v, images=4, dtype="float32"),
+                         s).terms["vit"] for v in (256, 512, 768)]
+    # n = 4 v patches (2x2 merge): the second difference of 4 bytes x n^2 is 4 x 16 x 2 v^2
+    assert f[2] - 2 * f[1] + f[0] == 4 * 16 * 2 * 256 ** 2
+
+
+def test_gemma3_with_siglip_head_is_refused():
+    with pytest.raises(NotImplementedError, match="vision_use_head=True"):
+        estimate_memory(tiny_config("gemma3"), EstimateSetup(seq_len=512, visual_tokens=4))
 
 
 def test_plan_model_refuses_an_architecture_by_name(tmp_path, capsys):

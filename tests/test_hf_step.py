@@ -79,6 +79,25 @@ def test_the_table(ranks, monkeypatch, capsys):
     assert lines[3].startswith("| full logits | replicate (replicate) |")
 
 
+def test_flags_from_a_config_file(ranks, monkeypatch, capsys, tmp_path):
+    from vlmcp.cli import main
+
+    seen = {}
+
+    def spawn(fn, P, samples, sizes, strategies, losses, chunk, mode, repeats, **kw):
+        seen.update(P=P, sizes=sizes, strategies=strategies, chunk=chunk)
+        return ranks
+
+    monkeypatch.setattr(step, "spawn_ranks", spawn)
+    cfg = tmp_path / "step.yaml"
+    cfg.write_text(f"tokens: {TOKENS}\nimage_side: {SIDE}\nstrategies: [replicate, shard]\nrepeats: 1\n"
+                   f"vocab: {SIZES['vocab']}\nchunk-size: 64\n")
+    assert main(["bench", "hf-step", "--config", str(cfg), "--cp", "2"]) == 0
+    assert seen == dict(P=2, sizes=dict(hidden=256, layers=2, vit_width=64, vit_depth=1, vocab=1000),
+                        strategies=["replicate", "shard"], chunk=64)
+    assert "| chunked (64) | replicate (replicate) |" in capsys.readouterr().out
+
+
 def test_bad_rows_are_refused():
     with pytest.raises(ValueError, match="--tokens 100 must split"):
         step.row_samples(100, 2, 32)

@@ -14,6 +14,7 @@ import time
 
 from vlmcp.bench import BENCHMARKS
 from vlmcp.cli import command_help
+from vlmcp.cli.config_file import add_config_arguments, set_config_help
 from vlmcp.launch import RankFailure
 
 # "hf-memory" is vlmcp.bench.hf.memory
@@ -35,6 +36,10 @@ _HELP = {
 }
 
 
+_CONFIG_FILE = ("hf-step", "hf-estimate")
+"""Benchmarks whose flags also read ``--config FILE.yaml``."""
+
+
 def _defaults(name: str) -> argparse.Namespace:
     """The namespace ``vlmcp bench NAME`` parses with no flags."""
     parser = argparse.ArgumentParser()
@@ -50,6 +55,10 @@ def add_parser(sub) -> None:
         # Only names travel in the namespace: the attention benchmark pickles it to its ranks.
         bp = benches.add_parser(name, help=_HELP[name], description=module.__doc__)
         module.add_arguments(bp)
+        if name in _CONFIG_FILE:
+            add_config_arguments(bp)
+            set_config_help(bp, "read flags from a YAML or JSON file (keys: the flags' names, e.g. tokens: "
+                                "4096); flags given here override it")
     benches.add_parser("all", help="every benchmark above on its defaults (minutes)",
                        description="Run " + ", ".join(BENCHMARKS) + " in turn, each on its defaults.")
 

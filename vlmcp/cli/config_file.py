@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["RESOLVED_NAME", "add_config_arguments", "config_actions", "convert_value", "load_config",
-           "resolved_config", "write_resolved_config"]
+           "resolved_config", "set_config_help", "write_resolved_config"]
 
 RESOLVED_NAME = "vlmcp_config.yaml"
 """The file :func:`write_resolved_config` writes in the output directory."""
@@ -46,6 +46,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                              "4096; or a LLaMA-Factory training YAML); flags given here override it; the "
                              f"resolved configuration is written to the output directory as {RESOLVED_NAME}")
     parser.parse_known_args = functools.partial(_parse_known_args, parser, parser.parse_known_args)
+
+
+def set_config_help(parser: argparse.ArgumentParser, help: str) -> None:
+    """Replace ``--config``'s help on a command that writes no output directory (``plan``, ``bench``)."""
+    parser._option_string_actions["--config"].help = help
 
 
 def config_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

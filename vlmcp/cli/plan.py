@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from vlmcp.cli import command_help, plan_model
+from vlmcp.cli.config_file import add_config_arguments, set_config_help
 from vlmcp.cli.paths import check_writable_file
 from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
@@ -57,6 +58,9 @@ def add_parser(sub) -> None:
                         "(or another format matplotlib writes: .svg, .pdf, ...)")
     plan_model.add_arguments(p)
     p.set_defaults(_plan_defaults={a.dest: a.default for a in p._actions})
+    add_config_arguments(p)  # every flag also a key of --config FILE.yaml
+    set_config_help(p, "read flags from a YAML or JSON file (keys: the flags' names, e.g. seq_len: 4096); "
+                       "flags given here override it")
 
 
 def _int_list(text: str, flag: str) -> list[int]:

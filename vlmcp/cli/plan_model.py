@@ -39,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory", type=float, default=80.0, help="--model: GiB per GPU, for the fit")
     g.add_argument("--visual-tokens", type=int, default=0, help="--model: the row's visual LLM tokens")
     g.add_argument("--images", type=int, default=None,
-                   help="--model: images (or video frame groups) the visual tokens come in (default: one; "
-                        "fixed-size images: visual tokens / tokens per image)")
+                   help="--model: images (or video frame groups; tiles for InternVL, Idefics3, SmolVLM) the "
+                        "visual tokens come in (unset: one, or visual tokens / tokens per image for "
+                        "fixed-size images)")
     g.add_argument("--vision-mode", choices=VISION_MODES, default="replicate", help="--model: vision_mode")
     g.add_argument("--loss-chunk-size", type=int, default=4096,
                    help="--model: the chunked loss' targets per chunk")
@@ -86,7 +87,8 @@ def load_config(path: str):
 def run(args: argparse.Namespace) -> int:
     from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states
     from vlmcp.estimate.memory import DTYPE_BYTES
-    from vlmcp.estimate.towers import text_blocks, tower_for
+    from vlmcp.estimate.text import text_blocks
+    from vlmcp.estimate.towers import tower_for
 
     config = load_config(args.model)
     setup = EstimateSetup(seq_len=args.seq_len, cp=args.cp, dp=args.dp, visual_tokens=args.visual_tokens,

@@ -12,7 +12,8 @@ ranks (``D`` data-parallel replicas), the busiest rank holds::
     LLM          n_r tokens x (layers x per_layer + once + final norm)  [checkpointed: per-layer
                  input only], n_r = V + ceil((L - V) / P) under image_strategy="replicate",
                  ceil(L / P) under "shard"; plus the image-token mask (1 byte per token)
-    ViT          the tower's ViT tokens this rank encodes x (blocks x per_block + once + merger):
+    ViT          the tower's ViT tokens this rank encodes x (blocks x per_block + once + merger)
+                 (+ Pixtral's (n, n) block-diagonal mask over them, checkpointed or not):
                  every image under replicate, allreduce_hook, hidden_shard and broadcast (the
                  source rank is the busiest), ceil(images / P) images under scatter
     loss         20 bytes per target saved (row index, target, log-sum-exp); a transient: one
@@ -42,7 +43,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vlmcp.estimate.towers import ACC, Tower, text_blocks, tower_for
+from vlmcp.estimate.ops import ACC
+from vlmcp.estimate.text import text_blocks
+from vlmcp.estimate.towers import Tower, tower_for
 
 __all__ = ["EstimateSetup", "MemoryEstimate", "ModelStates", "estimate_memory", "max_seq_len", "model_states"]
 
@@ -213,14 +216,22 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
     images_r = math.ceil(images / P) if setup.vision_mode == "scatter" else images
     visual_vit = V * images_r // images if images else 0  # the rank's images' LLM tokens (equal images)
     vit_tokens = _vit_tokens(tower, visual_vit, images_r)
+    head_tokens = visual_vit * tower.vit_per_llm_token  # the ViT tokens the merger or projector reads
+    if tower.vit_per_image:  # tiled: the ViT tokens follow the tiles, not the LLM tokens
+        if V and setup.images is None:
+            raise ValueError(f"{config.model_type}: give images (the tiles the ViT encodes); its visual "
+                             "tokens do not determine them (unpadding, newlines)")
+        vit_tokens = images_r * tower.vit_per_image
+        head_tokens = images_r * (tower.vit_per_image - tower.per_image_vit)
     ckpt = setup.activation_checkpointing
     layer = text.checkpointed if ckpt else text.per_layer
     llm = n_r * (text.layers * layer + (text.once_checkpointed if ckpt else text.once) + text.final_norm)
-    llm += n_r if V else 0  # the image-token mask the merge keeps
+    llm += (n_r if V else 0) + (text.fixed_checkpointed if ckpt else text.fixed)  # the image-token mask
     block = tower.checkpointed if ckpt else tower.per_block
     once = tower.once - (tower.rotary if ckpt else 0)
-    vit = (vit_tokens * (tower.blocks * block + once) + visual_vit * tower.vit_per_llm_token * tower.head
-           + visual_vit * tower.head_llm + images_r * tower.per_image_once) if images_r else 0
+    vit = (vit_tokens * (tower.blocks * block + once) + head_tokens * tower.head
+           + visual_vit * tower.head_llm + images_r * tower.per_image_once + tower.fixed
+           + tower.mask_bytes * vit_tokens ** 2) if images_r else 0
     loss = 20 * targets + 4
     chunk = chunk_transient_bytes(min(setup.chunk_size, targets), text.vocab, _torch_dtype(setup.dtype),
                                   softcap=text.softcap is not None, hidden_size=text.hidden)

@@ -1,30 +1,8 @@
-"""What one block of a VLM's language model or vision tower saves for backward, per token, from its config.
+"""What a VLM's vision tower saves for backward per ViT token, from its config, per architecture.
 
-Note [vlmcp memory estimate: saved bytes per token]
----------------------------------------------------
-Megatron-LM's theoretical memory report (``megatron/training/theoretical_memory_usage.py``,
-``compute_activation_memory``, after Korthikanti et al. 2022, Table 2) writes a transformer's
-activations as ``seq x hidden x (bytes per token per layer) x layers``, plus the embedding's
-input and the output layer and loss, and its weights as a byte count per parameter. vlmcp keeps
-that shape but counts what *these* kernels save, tensor by tensor, as
-:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter` sees it (each storage once; ``b`` the
-dtype's bytes, ``h`` the width, ``nh``/``kv`` query and K/V heads of ``d``, ``f`` the MLP width)::
-
-    RMSNorm + the linear after it   4h (fp32 copy of x) + 4 (rsqrt) + b*h (x*rsqrt in b)
-                                    + b*h (weight * ..., the linear's input)
-    LayerNorm + the linear after    b*h (x) + 8 (mean, rstd in fp32) + b*h (output)
-    vlmcp attention                 q, k, v, out in b, lse in fp32: b*(2*nh*d + 2*kv*d) + 4*nh
-    q/k RMSNorm (Qwen3)             (4 + b)*(nh + kv)*d + 4*(nh + kv)  (the normed q/k is rotated,
-                                    and a rotation saves only cos and sin)
-    SwiGLU MLP                      4*b*f  (gate, silu(gate), up, their product)
-    GELU (tanh or erf) MLP          2*b*f  (fc1's output, the GELU's);  quick_gelu: 3*b*f
-
-No dropout, no attention matrix (vlmcp's kernels keep the log-sum-exp, flash-style), no
-Megatron ``18 + 4f/h`` with its bf16 masks: those are for Megatron's own kernels. Under
-activation checkpointing (HF's, non-reentrant) a block saves only its input, ``b*h`` per token,
-and backward recomputes one block at a time (its full set, a transient). The towers (ViTs and
-their mergers) are written the same way per patch, in their module's functions below; an
-architecture whose blocks are not written here is refused by name.
+One recipe per tower (Note [vlmcp memory estimate: saved bytes per token] in
+:mod:`vlmcp.estimate.ops`); :data:`TOWERS` is the registry of the architectures ``vlmcp plan
+--model`` estimates and :data:`REFUSED` names the others of the README's table, with why.
 """
 
 from __future__ import annotations
@@ -33,83 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACC", "REFUSED", "TOWERS", "TextBlocks", "Tower", "text_blocks", "tower_for"]
+from vlmcp.estimate.ops import ACC, gemma_rms, layer_norm, rms
 
-DENSE_TEXT_TYPES = ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen2", "qwen3", "llama", "mistral")
-"""Language models whose decoder layers are the dense Llama block (pre-norm RMSNorm, GQA, SwiGLU)."""
-
-ACC = 4  # bytes of the fp32 statistics and copies the norms and the attention keep
-
-
-def _rms(width: int, b: int) -> int:
-    return ACC * width + ACC + 2 * b * width
-
-
-def _layer_norm(width: int, b: int) -> int:
-    return 2 * b * width + 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class TextBlocks:
-    """Saved bytes per token of the language model (Note [vlmcp memory estimate: saved bytes per token])."""
-
-    layers: int
-    """Decoder layers."""
-    per_layer: int
-    """Bytes one layer saves per token."""
-    checkpointed: int
-    """Bytes one checkpointed layer saves per token (its input)."""
-    once: int
-    """Bytes per token saved once per forward, without checkpointing (rotary cos and sin, the ids)."""
-    once_checkpointed: int
-    """The same under checkpointing (the ids)."""
-    final_norm: int
-    """The final norm's bytes per token."""
-    hidden: int
-    """H, the LM head's input width."""
-    vocab: int
-    """V, the LM head's output width."""
-    softcap: float | None
-    """The config's final logit softcap (the chunked loss' transient depends on it)."""
-
-
-def _field(cfg: Any, name: str, arch: str) -> Any:
-    value = getattr(cfg, name, None)
-    if value is None:
-        raise ValueError(f"{arch}: the text config has no {name!r}; the memory estimate needs it")
-    return value
-
-
-def text_blocks(config: Any, b: int) -> TextBlocks:
-    """The language model's per-token bytes of ``config`` (a VLM config) at ``b`` bytes per element."""
-    arch = config.model_type
-    text = getattr(config, "text_config", None)
-    if text is None:
-        raise ValueError(f"{arch}: no text_config; vlmcp plan --model estimates vision-language models")
-    if text.model_type not in DENSE_TEXT_TYPES:
-        raise NotImplementedError(f"{arch}: its language model ({text.model_type}) is not a dense "
-                                  f"Llama-style block the estimate knows ({', '.join(DENSE_TEXT_TYPES)})")
-    for moe in ("num_experts", "n_routed_experts", "num_local_experts"):
-        if getattr(text, moe, None):
-            raise NotImplementedError(f"{arch}: {text.model_type} with {moe}={getattr(text, moe)} (MoE "
-                                      "layers): not estimated")
-    act = getattr(text, "hidden_act", "silu")
-    if act != "silu":
-        raise NotImplementedError(f"{arch}: text hidden_act {act!r}: the estimate knows SwiGLU (silu) "
-                                  "MLPs only")
-    h = _field(text, "hidden_size", arch)
-    nh = _field(text, "num_attention_heads", arch)
-    kv = getattr(text, "num_key_value_heads", None) or nh
-    d = getattr(text, "head_dim", None) or h // nh
-    f = _field(text, "intermediate_size", arch)
-    per_layer = 2 * _rms(h, b) + b * (2 * nh * d + 2 * kv * d) + ACC * nh + 4 * b * f
-    if text.model_type.startswith("qwen3"):  # q_norm and k_norm over each head
-        per_layer += (ACC + b) * (nh + kv) * d + ACC * (nh + kv)
-    ids = 8  # int64 input ids, saved by the embedding
-    return TextBlocks(layers=_field(text, "num_hidden_layers", arch), per_layer=per_layer, checkpointed=b * h,
-                      once=ids + 2 * b * d, once_checkpointed=ids, final_norm=_rms(h, b), hidden=h,
-                      vocab=_field(text, "vocab_size", arch),
-                      softcap=getattr(text, "final_logit_softcapping", None))
+__all__ = ["REFUSED", "TOWERS", "Tower", "tower_for"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +42,15 @@ class Tower:
     """Bytes per image saved once (LLaVA: the pixels and the post-layernorm of the CLS token)."""
     llm_tokens_per_image: int | None = None
     """Fixed-size images: LLM tokens per image (LLaVA); None: any size (Qwen)."""
+    fixed: int = 0
+    """Bytes per forward with images that do not grow with them (Gemma's ``1 + w``)."""
+    vit_per_image: int = 0
+    """Tiled towers (LLaVA-NeXT): ViT tokens per tile, whatever the LLM tokens (unpadding and
+    newlines make those differ); ``--images`` then counts tiles, and ``head`` is per tile patch.
+    0: ViT tokens follow the LLM tokens (``vit_per_llm_token``)."""
+    mask_bytes: int = 0
+    """Bytes per element of an ``(n, n)`` attention mask over the rank's n ViT tokens, saved once,
+    checkpointed or not (Pixtral's block-diagonal mask: quadratic in the patches); 0: none."""
 
 
 def _qwen_common(v: Any, b: int) -> tuple[int, int, int]:
@@ -154,7 +67,7 @@ def _qwen2_vl(config: Any, b: int) -> Tower:
                                   "quick_gelu)")
     e, m = v.embed_dim, int(v.embed_dim * v.mlp_ratio)
     merge, pixels, heads = _qwen_common(v, b)
-    block = 2 * _layer_norm(e, b) + 7 * b * e + ACC * heads + 3 * b * m  # q, k rotated, qkv, out, proj input
+    block = 2 * layer_norm(e, b) + 7 * b * e + ACC * heads + 3 * b * m  # q, k rotated, qkv, out, proj input
     rotary = 2 * b * (e // heads)
     return Tower(blocks=v.depth, per_block=block, checkpointed=b * e, once=pixels + rotary, rotary=rotary,
                  head=4 * b * e + 8, vit_per_llm_token=merge)
@@ -166,7 +79,7 @@ def _qwen2_5_vl(config: Any, b: int) -> Tower:
         raise NotImplementedError(f"qwen2_5_vl: vision hidden_act {v.hidden_act!r} (the estimate knows silu)")
     e, m = v.hidden_size, v.intermediate_size
     merge, pixels, heads = _qwen_common(v, b)
-    block = 2 * _rms(e, b) + 7 * b * e + ACC * heads + 4 * b * m
+    block = 2 * rms(e, b) + 7 * b * e + ACC * heads + 4 * b * m
     window_order = 2 * 8 // merge  # the window permutation and its inverse, int64 per LLM token
     return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
                  once=pixels + 2 * b * (e // heads) + window_order, rotary=2 * b * (e // heads),
@@ -181,7 +94,7 @@ def _qwen3_vl(config: Any, b: int) -> Tower:
                                   "gelu_pytorch_tanh)")
     e, m = v.hidden_size, v.intermediate_size
     merge, pixels, heads = _qwen_common(v, b)
-    block = 2 * _layer_norm(e, b) + 7 * b * e + ACC * heads + 2 * b * m
+    block = 2 * layer_norm(e, b) + 7 * b * e + ACC * heads + 2 * b * m
     interpolation = 4 * 8 + 4 * b  # bilinear position embedding: 4 int64 indices and 4 weights per patch
     deepstack = len(getattr(v, "deepstack_visual_indexes", None) or ()) * (3 * b * e + 8 // merge)
     return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
@@ -205,7 +118,7 @@ def _llava(config: Any, b: int) -> Tower:
                                   "and gelu)")
     e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
     grid = (v.image_size // v.patch_size) ** 2
-    block = 2 * _layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m  # q, k, v, out
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m  # q, k, v, out
     h = config.text_config.hidden_size
     # per ViT token: the pre-layernorm's input and statistics, the position id, the last block's output
     # (the post-layernorm reads its CLS row, a view); per LLM token: the projector's two activations
@@ -237,7 +150,7 @@ def _internvl(config: Any, b: int) -> Tower:
     if grid % shuffle:
         raise NotImplementedError(f"internvl: a {grid}-patch tile does not shuffle by {shuffle}")
     # LN, q, k, v, out, layer scale (lambda_1 * attn), LN, fc1, GELU, layer scale (lambda_2 * mlp)
-    block = 2 * _layer_norm(e, b) + 4 * b * e + ACC * heads + b * e + 2 * b * m + b * e
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + b * e + 2 * b * m + b * e
     h = config.text_config.hidden_size
     # projector: the pixel-shuffled copy and its LayerNorm's output (per patch), statistics and two
     # activations (per LLM token)
@@ -246,20 +159,116 @@ def _internvl(config: Any, b: int) -> Tower:
                  per_image_once=b * v.num_channels * sh * sw, llm_tokens_per_image=grid // shuffle)
 
 
+def _gemma3(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.model_type != "siglip_vision_model" or v.hidden_act != "gelu_pytorch_tanh":
+        raise NotImplementedError(f"gemma3: vision tower {v.model_type!r} with {v.hidden_act!r} (the "
+                                  "estimate knows siglip_vision_model with gelu_pytorch_tanh)")
+    if getattr(v, "vision_use_head", False):
+        raise NotImplementedError("gemma3: vision_use_head=True (SigLIP's attention-pooling head, unused by "
+                                  "Gemma 3's projector) is not estimated")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    grid = (v.image_size // v.patch_size) ** 2
+    tokens = config.mm_tokens_per_image
+    if grid % tokens:
+        raise NotImplementedError(f"gemma3: {grid} patches do not pool into {tokens} tokens")
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + 2 * b * m  # no pre-layernorm in SigLIP
+    # per patch: its position id; the post-layernorm's input and statistics, the average pool's input
+    # (a transposed copy); per LLM token: mm_soft_emb_norm (Gemma's RMSNorm, then the projection matmul)
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e, once=8,
+                 head=b * e + 8 + b * e, head_llm=gemma_rms(e, b, True), vit_per_llm_token=grid // tokens,
+                 per_image_once=b * v.num_channels * v.image_size ** 2, llm_tokens_per_image=tokens,
+                 fixed=ACC * e)
+
+
+def _idefics3(config: Any, b: int) -> Tower:
+    v, arch = config.vision_config, config.model_type
+    if v.hidden_act != "gelu_pytorch_tanh":
+        raise NotImplementedError(f"{arch}: vision hidden_act {v.hidden_act!r} (the estimate knows "
+                                  "gelu_pytorch_tanh)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    grid, shuffle = (v.image_size // v.patch_size) ** 2, config.scale_factor ** 2
+    if grid % shuffle:
+        raise NotImplementedError(f"{arch}: a {grid}-patch tile does not shuffle by {shuffle}")
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + 2 * b * m  # SigLIP's layer
+    # per patch: its position id; the post-layernorm's input and statistics, the pixel shuffle's copy
+    # (the connector's linear input)
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e, once=8,
+                 head=b * e + 8 + b * e, vit_per_llm_token=shuffle,
+                 per_image_once=b * v.num_channels * v.image_size ** 2, llm_tokens_per_image=grid // shuffle)
+
+
+def _mistral3(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.model_type != "pixtral" or v.hidden_act != "gelu" or config.projector_hidden_act != "gelu":
+        raise NotImplementedError(f"mistral3: vision tower {v.model_type!r} with {v.hidden_act!r}, projector "
+                                  f"{config.projector_hidden_act!r} (the estimate knows pixtral, gelu, gelu)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    d = getattr(v, "head_dim", None) or e // heads
+    merge = config.spatial_merge_size ** 2
+    block = 2 * rms(e, b) + 4 * b * e + ACC * heads + 4 * b * m  # RMSNorms, SwiGLU (gelu-gated) MLP
+    rotary = 2 * b * d
+    # per patch: pixels, ln_pre (its output is block 0's input), the 2D rotary table; the projector's
+    # RMSNorm and the patch merger's unfolded copy; per LLM token: the merging layer's output and two
+    # activations
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e,
+                 once=b * v.num_channels * v.patch_size ** 2 + ACC * e + ACC + b * e + rotary, rotary=rotary,
+                 head=ACC * e + ACC + b * e + b * e, head_llm=b * e + 2 * b * config.text_config.hidden_size,
+                 vit_per_llm_token=merge, mask_bytes=b)
+
+
+def _glm4v(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.hidden_act != "silu":
+        raise NotImplementedError(f"glm4v: vision hidden_act {v.hidden_act!r} (the estimate knows silu)")
+    e, heads, out, ctx = v.hidden_size, v.num_heads, v.out_hidden_size, v.intermediate_size
+    merge = v.spatial_merge_size ** 2
+    pixels = b * v.in_channels * v.temporal_patch_size * v.patch_size ** 2
+    block = 2 * rms(e, b) + 7 * b * e + ACC * heads + 4 * b * out  # the block MLP is out_hidden_size wide
+    rotary = 2 * b * (e // heads)
+    # per patch: pixels, post_conv_layernorm (RMSNorm into the position add), the position
+    # interpolation's (x, y) grid, the rotary table; post_layernorm and the downsample conv's
+    # permuted input. Per LLM token: the conv's output, the projection's, its LayerNorm and GELU,
+    # the merger's SwiGLU (intermediate_size wide)
+    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
+                 once=pixels + ACC * e + ACC + b * e + 2 * b + rotary, rotary=rotary,
+                 head=ACC * e + ACC + 2 * b * e, head_llm=4 * b * out + 8 + 4 * b * ctx,
+                 vit_per_llm_token=merge)
+
+
+def _llava_next(config: Any, b: int) -> Tower:
+    v = config.vision_config
+    if v.model_type != "clip_vision_model" or config.vision_feature_select_strategy != "default":
+        raise NotImplementedError(f"llava_next: vision tower {v.model_type!r} with feature strategy "
+                                  f"{config.vision_feature_select_strategy!r} (the estimate knows "
+                                  "clip_vision_model, default)")
+    mlp = {"quick_gelu": 3, "gelu": 2}.get(v.hidden_act)
+    if mlp is None or config.projector_hidden_act != "gelu":
+        raise NotImplementedError(f"llava_next: vision hidden_act {v.hidden_act!r}, projector "
+                                  f"{config.projector_hidden_act!r} (the estimate knows quick_gelu or gelu, "
+                                  "and gelu)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    grid = (v.image_size // v.patch_size) ** 2
+    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m
+    h = config.text_config.hidden_size
+    # per ViT token: the pre-layernorm's input and statistics, the last block's output; per tile
+    # patch: the projector's input (a copy of the selected features) and its two activations; per
+    # tile: pixels, the post-layernorm's statistics; once: the position ids of one tile
+    return Tower(blocks=v.num_hidden_layers, per_block=block, checkpointed=b * e, once=2 * b * e + 8,
+                 head=b * e + 2 * b * h, vit_per_llm_token=1, vit_per_image=grid + 1, per_image_vit=1,
+                 per_image_once=b * v.num_channels * v.image_size ** 2 + 8, fixed=8 * (grid + 1))
+
+
 TOWERS: dict[str, Callable[[Any, int], Tower]] = {
     "qwen2_vl": _qwen2_vl, "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "llava": _llava,
-    "internvl": _internvl}
+    "internvl": _internvl, "gemma3": _gemma3, "idefics3": _idefics3, "smolvlm": _idefics3,
+    "mistral3": _mistral3, "glm4v": _glm4v, "llava_next": _llava_next}
 """``model_type`` -> the vision tower's recipe; the architectures ``vlmcp plan --model`` estimates."""
 
 REFUSED = {
     "qwen3_vl_moe": "MoE language model (experts' routing saves per-expert tensors)",
-    "glm4v": "GLM-4 decoder layers (sandwich norms, fused gate_up) not written yet",
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
-    "llava_next": "anyres tiling (tiles per image depend on the image size)",
     "llava_onevision": "anyres tiling (tiles per image depend on the image size)",
-"idefics3": "Idefics3 vision tower not written yet",
-    "smolvlm": "Idefics3 vision tower not written yet", "mistral3": "Pixtral tower not written yet",
-    "gemma3": "Gemma 3 decoder layers (four norms, softcap) and SigLIP tower not written yet",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",
     "nemotron_h_omni": "Mamba-2 + MoE language model",
 }

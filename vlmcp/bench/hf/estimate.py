@@ -25,16 +25,35 @@ from vlmcp.bench.hf import needs_transformers
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-estimate"
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "internvl", "gemma3",
+         "idefics3", "smolvlm", "mistral3")
+OVERRIDES = {"gemma3": {"vision_config": {"vision_use_head": False}}}  # as Gemma 3's checkpoints are
 CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
     (False, "replicate", "replicate"), (True, "replicate", "replicate"), (False, "scatter", "shard"),
     (True, "scatter", "shard"))
 
 
 def _samples(arch: str, text: int) -> tuple:
-    image = {"llava": (1,), "internvl": (4,)}.get(arch, (1, 8, 8))  # 16 LLM tokens each (InternVL: 4 tiles)
+    # 16 LLM tokens each (InternVL, Idefics3, SmolVLM: 4 tiles of 4; Gemma 3: 4 images of 4 in a sample;
+    # LLaVA-NeXT: a 2:1 image, its tiles and base image unpadded to 56 tokens)
+    image = {"llava": (1,), "internvl": (4,), "idefics3": (1, 3), "smolvlm": (1, 3),
+             "mistral3": (4, 4), "llava_next": (16, 8)}.get(arch, (1, 8, 8))
+    if arch == "gemma3":
+        return tuple((text // 6, (1,), (1,), (1,), (1,), text - text // 6) for _ in range(4))
     before = max(1, text // 6)
     return tuple((before, image, text - before) for _ in range(4))
+
+
+def _tiles(model, inputs) -> int:
+    """The tiles a tiled (anyres) model's ViT encodes for ``inputs``, from one no-grad forward."""
+    seen = []
+    handle = model.model.vision_tower.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        handle.remove()
+    return sum(seen)
 
 
 def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> list[dict]:
@@ -47,9 +66,11 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
 
     out = []
     for arch in archs:
-        base = tiny_model(tiny_config(arch), seed=0).to(getattr(torch, dtype))
+        base = tiny_model(tiny_config(arch, **OVERRIDES.get(arch, {})), seed=0).to(getattr(torch, dtype))
         inputs, labels, cu = synthetic_row(base, _samples(arch, text_tokens))
         visual = int((inputs["input_ids"] == base.config.image_token_id).sum())
+        whole = arch.startswith(("qwen", "glm", "llava", "mistral"))  # else 16: 4 tiles or images a sample
+        images = _tiles(base, inputs) if arch == "llava_next" else 4 if whole else 16
         for ckpt, mode, strategy in configs:
             model = copy.deepcopy(base)
             if ckpt:
@@ -66,7 +87,7 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
                 dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
             out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
                             seq_len=int(inputs["input_ids"].shape[1]), visual=visual,
-                            images=16 if arch == "internvl" else 4,  # InternVL: tiles
+                            images=images,  # images, or the tiles the ViT encodes
                             config=base.config.to_dict(), measured=int(saved), dtype=dtype))
     return out
 

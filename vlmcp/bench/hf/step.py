@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.estimate.memory import VISION_MODES
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-step"
@@ -191,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image_strategy values (default replicate shard auto)")
     parser.add_argument("--loss", nargs="+", choices=LOSSES, default=list(LOSSES), dest="losses",
                         help="chunked (vlmcp.hf.causal_lm_loss) and/or full logits (default both)")
-    parser.add_argument("--vision-mode", default="replicate",
+    parser.add_argument("--vision-mode", default="replicate", choices=VISION_MODES,
                         help="vision_mode of every run (default replicate)")
     parser.add_argument("--tokens", type=int, default=2048, help="row length (default 2048)")
     parser.add_argument("--images", type=int, default=2, help="samples, one image each (default 2)")
