@@ -268,7 +268,7 @@ TOWERS: dict[str, Callable[[Any, int], Tower]] = {
 REFUSED = {
     "qwen3_vl_moe": "MoE language model (experts' routing saves per-expert tensors)",
     "qwen3_5": "Gated DeltaNet layers", "qwen3_5_moe": "Gated DeltaNet layers and MoE",
-    "llava_onevision": "anyres tiling (tiles per image depend on the image size)",
+    "llava_onevision": "SigLIP 'full' features pooled by anyres_max (bilinear downsampling) not written yet",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",
     "nemotron_h_omni": "Mamba-2 + MoE language model",
 }

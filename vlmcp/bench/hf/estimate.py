@@ -118,8 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if needs_transformers(NAME):
         return 0
-    print("tiny models, one row of 4 samples [prompt, image of 16 tokens, answer]; busiest rank's "
-          "saved bytes")
+    print("tiny models, one row of 4 samples [prompt, image(s), answer]; busiest rank's saved bytes")
     print("| model | dtype | P | checkpointing | vision_mode | image_strategy | measured | estimate | "
           "error |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
