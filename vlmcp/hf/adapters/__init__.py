@@ -9,6 +9,7 @@ from __future__ import annotations
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.gemma3 import GEMMA3
 from vlmcp.hf.adapters.glm4v import GLM4V
+from vlmcp.hf.adapters.glm4v_moe import GLM4V_MOE, GLM46V
 from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
 from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.kimi_k25 import KIMI_K25
@@ -39,6 +40,8 @@ for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, QWEN3_5_MOE, GLM4V, LLAVA, I
            LLAVA_ONEVISION, SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
     register_adapter(_a)
 register_adapter(NEMOTRON_H_OMNI)
+for _a in (GLM4V_MOE, GLM46V):
+    register_adapter(_a)
 
 
 def supported_model_types() -> tuple[str, ...]:

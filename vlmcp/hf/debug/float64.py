@@ -260,8 +260,11 @@ _QWEN3_5 = (("qwen3_5", "Qwen3_5"), ("qwen3_5_moe", "Qwen3_5Moe"))
 ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     *((_modeling(m), "apply_rotary_pos_emb_vision", _rotary_vision(_modeling(m)))
       for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "qwen3_5_moe",
-                "kimi_k25")),
+                "kimi_k25", "glm4v_moe")),
     (_modeling("glm4v"), "Glm4vVisionEmbeddings.forward", _glm4v_positions),
+    (_modeling("glm4v_moe"), "Glm4vMoeVisionEmbeddings.forward", _glm4v_positions),
+    (_modeling("glm4v_moe"), "Glm4vMoeTextTopkRouter.forward", "in_dtype"),
+    (_modeling("glm4v_moe"), "load_balancing_loss_func", _load_balancing),
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
      staticmethod(_siglip2_positions)),
     (_modeling("qwen3_vl_moe"), "Qwen3VLMoeTextTopKRouter.forward", _softmax_router),

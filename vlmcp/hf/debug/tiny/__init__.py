@@ -21,7 +21,16 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.debug.tiny import anyres, gemma3, kimi_k25, lfm2_vl, llava, nemotron, qwen  # noqa: F401  (registration)
+from vlmcp.hf.debug.tiny import (  # noqa: F401  (registration)
+    anyres,
+    gemma3,
+    glm,
+    kimi_k25,
+    lfm2_vl,
+    llava,
+    nemotron,
+    qwen,
+)
 from vlmcp.hf.debug.tiny.registry import (
     DEFAULT_SAMPLES,
     VIDEO_ONLY_SAMPLES,
