@@ -20,7 +20,8 @@ from vlmcp.hf.debug.parity import compare_gradients
 from vlmcp.hf.debug.synthetic import synthetic_row
 from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model
 
-MOE_AUX = {"glm4v_moe": {"text_config": {"output_router_logits": True, "router_aux_loss_coef": 0.5}}}
+MOE_AUX = {arch: {"text_config": {"output_router_logits": True, "router_aux_loss_coef": 0.5}}
+           for arch in ("glm4v_moe", "minimax_m3_vl")}
 """Architectures whose forward adds a router auxiliary loss, and the overrides that switch it on."""
 
 

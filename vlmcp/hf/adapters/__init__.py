@@ -16,6 +16,7 @@ from vlmcp.hf.adapters.kimi_k25 import KIMI_K25
 from vlmcp.hf.adapters.lfm2_vl import LFM2_VL
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
+from vlmcp.hf.adapters.minimax_m3_vl import MINIMAX_M3_VL
 from vlmcp.hf.adapters.mistral3 import MISTRAL3
 from vlmcp.hf.adapters.nemotron_h_omni import NEMOTRON_H_OMNI
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
@@ -40,7 +41,7 @@ for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, QWEN3_5_MOE, GLM4V, LLAVA, I
            LLAVA_ONEVISION, SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
     register_adapter(_a)
 register_adapter(NEMOTRON_H_OMNI)
-for _a in (GLM4V_MOE, GLM46V):
+for _a in (GLM4V_MOE, GLM46V, MINIMAX_M3_VL):
     register_adapter(_a)
 
 
