@@ -441,3 +441,45 @@ def test_an_adapter_token_key_is_sharded_and_passed_on():
     assert local.shape == batch.model_inputs["input_ids"].shape
     assert torch.equal(local[0], batch.shard.shard(types[0], fill=0))
 
+
+
+REFUSED_BY_NAME = ("gemma4", "ernie4_5_vl_moe", "step3p7", "minicpmv4_6", "molmo2", "mistral4")
+"""Issue 27's model types vlmcp refuses by name (vlmcp/hf/adapters/refused.py)."""
+
+
+def _meta_model(model_type: str):
+    """The model of ``model_type``'s default config, on the meta device (no memory, no weights)."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    with torch.device("meta"):
+        return AutoModelForImageTextToText.from_config(CONFIG_MAPPING[model_type]())
+
+
+@pytest.mark.parametrize("model_type", REFUSED_BY_NAME)
+def test_issue_27_model_types_refused_by_name_with_the_reason(model_type):
+    """Without the table some would pass the placeholder default (Gemma 4, Step3, Molmo 2 did)."""
+    model = _meta_model(model_type)
+    with pytest.raises(ValueError, match=f"model_type='{model_type}'.*is refused by vlmcp: ") as e:
+        vlmcp.hf.parallelize(model, None)
+    assert adapters.REFUSED[model_type].split(":")[0] in str(e.value)
+    assert model_type not in vlmcp.hf.supported_model_types()
+
+
+@pytest.mark.parametrize("model_type, layer, kind", [
+    ("mistral_large4", "MistralLarge4TextDecoderLayer", "sparse_attention"),
+])
+def test_sparse_attention_layers_refused_by_the_audit(model_type, layer, kind):
+    """Mistral Large 4's DeepSeek sparse attention (an indexer picks each query's keys): refused per layer."""
+    with pytest.raises(ValueError, match=rf"{layer} \[{kind}\] at model.language_model.layers.0"):
+        vlmcp.hf.parallelize(_meta_model(model_type), None)
+
+
+def test_minimax_m3_sparse_layers_refused_and_its_full_layers_run():
+    """MiniMax-M3-VL's "minimax_m3_sparse" layers (a block-sparse indexer) are refused by layer; the tiny
+    model of full-attention layers runs (its parity: tests/test_hf_new_archs.py)."""
+    sparse = tiny_model(tiny_config("minimax_m3_vl", text_config=dict(
+        layer_types=["minimax_m3_sparse", "full_attention"])), torch.float64)
+    with pytest.raises(ValueError, match=r"layers.0: layer type 'minimax_m3_sparse': indexed/compressed"):
+        vlmcp.hf.parallelize(sparse, None)
+    vlmcp.hf.parallelize(tiny_model("minimax_m3_vl", torch.float64), None)

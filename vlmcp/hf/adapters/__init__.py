@@ -22,9 +22,10 @@ from vlmcp.hf.adapters.nemotron_h_omni import NEMOTRON_H_OMNI
 from vlmcp.hf.adapters.qwen2_vl import QWEN2_5_VL, QWEN2_VL
 from vlmcp.hf.adapters.qwen3_5 import QWEN3_5, QWEN3_5_MOE
 from vlmcp.hf.adapters.qwen3_vl import QWEN3_VL
+from vlmcp.hf.adapters.refused import REFUSED, refusal
 
-__all__ = ["HFAdapter", "InputKind", "PlaceholderAdapter", "adapter_for", "register_adapter", "submodule",
-           "supported_model_types"]
+__all__ = ["REFUSED", "HFAdapter", "InputKind", "PlaceholderAdapter", "adapter_for", "register_adapter",
+           "submodule", "supported_model_types"]
 
 _ADAPTERS: dict[str, HFAdapter] = {}
 
@@ -54,7 +55,8 @@ def adapter_for(model) -> HFAdapter:
     """The adapter of ``model``: registered by ``config.model_type``, else the placeholder default.
 
     Raises:
-        ValueError: the model is not a placeholder-merge VLM (no ``text_config``, no image
+        ValueError: its model type is refused by name (:data:`REFUSED`, the reason in the message), or
+            the model is not a placeholder-merge VLM (no ``text_config``, no image
             token id or no ``get_image_features``), or it has no adapter and computes
             multimodal (M-RoPE) positions, which the placeholder default's 1-D positions
             would get wrong; the message lists the supported types.
@@ -63,6 +65,9 @@ def adapter_for(model) -> HFAdapter:
     model_type = getattr(config, "model_type", None)
     if model_type in _ADAPTERS:
         return _ADAPTERS[model_type]
+    refused = refusal(model)
+    if refused is not None:
+        raise ValueError(refused)
     base = getattr(model, "model", None)
     ok = (config is not None and getattr(config, "text_config", None) is not None
           and (getattr(config, "image_token_id", None) is not None
