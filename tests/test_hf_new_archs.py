@@ -1,7 +1,9 @@
 """Issue 27's architectures under vlmcp: exact against the unmodified transformers model, or refused.
 
 Tiny random models built in code (``tests/hf_archs.py``: NEW_ARCHS): GLM-4.5V (``glm4v_moe``: an MoE
-language model), GLM-4.6V (``glm46v``). One spawned group per world size runs the whole grid
+language model), GLM-4.6V (``glm46v``), Mistral 4 (a ``mistral3`` model over a ``mistral4`` MLA + MoE
+language model), MiniMax-M3-VL, Llama 4 (chunked RoPE layers, a NoPE layer with temperature tuning).
+One spawned group per world size runs the whole grid
 (``tests/hf_new_cases.py``); every case compares loss and every parameter's gradient in float64
 with the unmodified model on a packed row with a text-only sample.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -18,7 +21,8 @@ import vlmcp.hf  # noqa: E402
 from tests import hf_new_cases  # noqa: E402
 from tests.hf_archs import NEW_ARCHS  # noqa: E402
 from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_model  # noqa: E402
+from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
@@ -42,11 +46,12 @@ def _failures(results: list[dict]) -> list[str]:
 
 P2_CASES = (
     [_case(a, "ring", m) for a in NEW_ARCHS for m in _modes(a)]
-    + [_case(a, "ulysses", "hidden_shard" if "hidden_shard" in _modes(a) else "scatter") for a in NEW_ARCHS]
-    + [_case(a, "ulysses", "broadcast", "shard") for a in NEW_ARCHS]
+    + [_case(a, "ulysses", _modes(a)[-1]) for a in NEW_ARCHS]
+    + [_case(a, "ulysses", _modes(a)[2], "shard") for a in NEW_ARCHS  # image tokens sharded with the text
+       if len(_modes(a)) > 2]  # (Llama 4: replicate only)
 )
-P3_CASES = [_case(a, b, m) for a, (b, m) in zip(NEW_ARCHS, itertools.cycle((("ulysses", "scatter"),
-                                                                          ("ring", "broadcast"))))]
+P3_CASES = [_case(a, b, m if m in _modes(a) else "replicate")
+            for a, (b, m) in zip(NEW_ARCHS, itertools.cycle((("ulysses", "scatter"), ("ring", "broadcast"))))]
 AUX_ARCHS = [a for a in NEW_ARCHS if a in hf_new_cases.MOE_AUX]
 
 
@@ -88,3 +93,43 @@ def test_adapters_are_registered():
         assert adapter.name == want == model.config.model_type and want in vlmcp.hf.supported_model_types()
         for path in adapter.vision_modules:
             model.get_submodule(path)
+
+
+def _loss(model, row) -> float:
+    from vlmcp.hf.debug.float64 import float64_exact, float64_norms
+    from vlmcp.hf.debug.parity import reference_step
+
+    float64_norms(model)
+    with float64_exact(torch.float64):
+        return float(reference_step(model, *row))
+
+
+def test_llama4_rows_notice_the_temperature_tuning_and_the_chunks():
+    """The parity row would catch a wrong NoPE position (its temperature tuning changes the unmodified
+    model's loss), and chunks matter: with a chunk shorter than the samples the loss changes, which is
+    why vlmcp refuses such rows by name before any collective."""
+    base = tiny_model("llama4", torch.float64)
+    row = synthetic_row(base, tiny_arch("llama4").samples)
+    loss = _loss(base, row)
+    flat = tiny_model(tiny_config("llama4", text_config=dict(attn_temperature_tuning=False)), torch.float64)
+    assert abs(_loss(flat, row) - loss) > 1e-6
+    short = tiny_model(tiny_config("llama4", text_config=dict(attention_chunk_size=8)), torch.float64)
+    assert abs(_loss(short, row) - loss) > 1e-6
+    vlmcp.hf.parallelize(short, None)
+    with pytest.raises(ValueError, match=r"sample 0 has 20 tokens, more than Llama 4's attention_chunk_size"):
+        vlmcp.hf.shard_inputs(short, *row[:1], None, labels=row[1], cu_seqlens=row[2])
+
+
+def test_llama4_forward_mended_and_vision_modes_refused():
+    """transformers 5.24's Llama 4 forward raises on every call; parallelize mends that one read."""
+    from transformers import AutoModelForImageTextToText
+
+    config = tiny_config("llama4")
+    plain = AutoModelForImageTextToText.from_config(config)
+    with pytest.raises(AttributeError, match="image_outputs"):
+        plain(input_ids=torch.tensor([[1, 5, 6]]))
+    vlmcp.hf.parallelize(plain, None)
+    assert plain._vlmcp_llama4_forward
+    for mode in ("allreduce_hook", "broadcast", "scatter", "hidden_shard"):
+        with pytest.raises(ValueError, match=f"vision_mode='{mode}'"):
+            vlmcp.hf.parallelize(AutoModelForImageTextToText.from_config(config), None, vision_mode=mode)

@@ -14,6 +14,7 @@ from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
 from vlmcp.hf.adapters.internvl import INTERNVL
 from vlmcp.hf.adapters.kimi_k25 import KIMI_K25
 from vlmcp.hf.adapters.lfm2_vl import LFM2_VL
+from vlmcp.hf.adapters.llama4 import LLAMA4
 from vlmcp.hf.adapters.llava import LLAVA
 from vlmcp.hf.adapters.llava_next import LLAVA_NEXT, LLAVA_ONEVISION
 from vlmcp.hf.adapters.minimax_m3_vl import MINIMAX_M3_VL
@@ -42,7 +43,7 @@ for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, QWEN3_5_MOE, GLM4V, LLAVA, I
            LLAVA_ONEVISION, SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
     register_adapter(_a)
 register_adapter(NEMOTRON_H_OMNI)
-for _a in (GLM4V_MOE, GLM46V, MINIMAX_M3_VL):
+for _a in (GLM4V_MOE, GLM46V, MINIMAX_M3_VL, LLAMA4):
     register_adapter(_a)
 
 

@@ -366,6 +366,10 @@ class HFAdapter:
         """Sharded ids ``(R, N)`` in the shape ``model(position_ids=...)`` takes."""
         return local  # (1, N): batch 1
 
+    def prepare_model(self, model: nn.Module) -> None:
+        """Ready the top-level ``model`` in place, once, after the token-mixer audit passed and before
+        ``parallelize`` changes anything else (Llama 4: mend transformers' forward). Default: nothing."""
+
     def auxiliary_loss(self, model: nn.Module, output, weights: torch.Tensor, group) -> torch.Tensor | None:
         """This rank's share of what the model's forward adds to the token loss besides it (a MoE
         router's load-balancing loss), or None (:func:`vlmcp.hf.causal_lm_loss`).

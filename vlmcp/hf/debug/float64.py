@@ -249,6 +249,13 @@ def _kimi_temporal_merge(self, hidden_states, grid_thw, kernel_height, kernel_wi
     return pooled.view(n, kernel, -1)
 
 
+def _llama4_router(self, hidden_states):
+    """``Llama4Router.forward`` with the sigmoid in the logits' dtype."""
+    logits = F.linear(hidden_states, self.weight, self.bias)
+    top, index = torch.topk(logits, self.top_k, dim=1)
+    return torch.sigmoid(torch.full_like(logits, float("-inf")).scatter_(1, index, top)), logits
+
+
 def _modeling(name: str) -> str:
     return f"transformers.models.{name}.modeling_{name}"
 
@@ -265,6 +272,10 @@ ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     (_modeling("glm4v_moe"), "Glm4vMoeVisionEmbeddings.forward", _glm4v_positions),
     (_modeling("glm4v_moe"), "Glm4vMoeTextTopkRouter.forward", "in_dtype"),
     (_modeling("glm4v_moe"), "load_balancing_loss_func", _load_balancing),
+    *((_modeling("llama4"), f, "in_dtype") for f in (
+        "apply_rotary_emb", "vision_apply_rotary_emb", "Llama4TextL2Norm.forward",
+        "Llama4TextRMSNorm.forward")),
+    (_modeling("llama4"), "Llama4Router.forward", _llama4_router),
     (_modeling("minimax_m3_vl"), "MiniMaxM3VLRMSNorm.forward", "in_dtype"),
     (_modeling("minimax_m3_vl"), "MiniMaxM3VLTopKRouter.forward", "in_dtype"),
     (_modeling("minimax_m3_vl"), "load_balancing_loss_func", _load_balancing),

@@ -27,6 +27,7 @@ from vlmcp.hf.debug.tiny import (  # noqa: F401  (registration)
     glm,
     kimi_k25,
     lfm2_vl,
+    llama4,
     llava,
     minimax,
     mistral4,
