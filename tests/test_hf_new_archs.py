@@ -1,6 +1,7 @@
 """Issue 27's architectures under vlmcp: exact against the unmodified transformers model, or refused.
 
-Tiny random models built in code (``tests/hf_archs.py``: NEW_ARCHS): GLM-4.5V (``glm4v_moe``: an MoE
+Tiny random models built in code (``tests/hf_archs.py``: NEW_ARCHS): Gemma 4 (sliding and full layers,
+images bidirectional on the sliding ones only), GLM-4.5V (``glm4v_moe``: an MoE
 language model), GLM-4.6V (``glm46v``), Mistral 4 (a ``mistral3`` model over a ``mistral4`` MLA + MoE
 language model), MiniMax-M3-VL, Llama 4 (chunked RoPE layers, a NoPE layer with temperature tuning).
 One spawned group per world size runs the whole grid
@@ -9,8 +10,6 @@ with the unmodified model on a packed row with a text-only sample.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
@@ -44,14 +43,16 @@ def _failures(results: list[dict]) -> list[str]:
             for r in results if not r["passed"]]
 
 
+VARIANTS = {"glm46v": ("replicate", "hidden_shard")}
+"""GLM-4.6V shares GLM-4.5V's adapter: two modes of its own."""
 P2_CASES = (
-    [_case(a, "ring", m) for a in NEW_ARCHS for m in _modes(a)]
+    [_case(a, "ring", m) for a in NEW_ARCHS for m in VARIANTS.get(a, _modes(a))]
     + [_case(a, "ulysses", _modes(a)[-1]) for a in NEW_ARCHS]
-    + [_case(a, "ulysses", _modes(a)[2], "shard") for a in NEW_ARCHS  # image tokens sharded with the text
-       if len(_modes(a)) > 2]  # (Llama 4: replicate only)
-)
-P3_CASES = [_case(a, b, m if m in _modes(a) else "replicate")
-            for a, (b, m) in zip(NEW_ARCHS, itertools.cycle((("ulysses", "scatter"), ("ring", "broadcast"))))]
+    + [_case(a, "ulysses", "broadcast", "shard") for a in ("gemma4", "glm4v_moe", "mistral4")]  # image tokens
+)                                                                                 # sharded with the text
+P3_CASES = [_case("gemma4", "ulysses", "scatter"), _case("glm4v_moe", "ring", "broadcast"),
+            _case("mistral4", "ulysses", "hidden_shard"), _case("llama4", "ring", "replicate"),
+            _case("minimax_m3_vl", "ring", "scatter", "shard")]
 AUX_ARCHS = [a for a in NEW_ARCHS if a in hf_new_cases.MOE_AUX]
 
 
@@ -133,3 +134,24 @@ def test_llama4_forward_mended_and_vision_modes_refused():
     for mode in ("allreduce_hook", "broadcast", "scatter", "hidden_shard"):
         with pytest.raises(ValueError, match=f"vision_mode='{mode}'"):
             vlmcp.hf.parallelize(AutoModelForImageTextToText.from_config(config), None, vision_mode=mode)
+
+
+def test_gemma4_images_bidirectional_on_sliding_layers_only():
+    """Gemma 4's full-attention layers are causal over images (Gemma 3's are not): the row notices
+    (without mm_token_type_ids the unmodified model's loss changes), parallelize marks those layers
+    causal, and the configurations not checked under CP are refused by name."""
+    from vlmcp.hf.attention import IMAGE_ATTENTION_ATTR
+
+    model = tiny_model("gemma4", torch.float64)
+    inputs, labels, cu = synthetic_row(model, tiny_arch("gemma4").samples)
+    causal = {k: v for k, v in inputs.items() if k != "mm_token_type_ids"}
+    assert abs(_loss(model, (causal, labels, cu)) - _loss(tiny_model("gemma4", torch.float64),
+                                                         (inputs, labels, cu))) > 1e-6
+    vlmcp.hf.parallelize(model, None)
+    layers = model.model.language_model.layers
+    assert [getattr(x.self_attn, IMAGE_ATTENTION_ATTR, None) for x in layers] == [None, "causal"] * 2
+    assert [x.self_attn.sliding_window for x in layers] == [4, None, 4, None]
+    for text, match in ((dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
+                        (dict(num_kv_shared_layers=2), r"layers.2, model.language_model.layers.3: no token")):
+        with pytest.raises(ValueError, match=match):
+            vlmcp.hf.parallelize(tiny_model(tiny_config("gemma4", text_config=text), torch.float64), None)

@@ -443,7 +443,7 @@ def test_an_adapter_token_key_is_sharded_and_passed_on():
 
 
 
-REFUSED_BY_NAME = ("gemma4", "ernie4_5_vl_moe", "step3p7", "minicpmv4_6", "molmo2", "mistral4")
+REFUSED_BY_NAME = ("ernie4_5_vl_moe", "step3p7", "minicpmv4_6", "molmo2", "mistral4")
 """Issue 27's model types vlmcp refuses by name (vlmcp/hf/adapters/refused.py)."""
 
 
@@ -458,7 +458,7 @@ def _meta_model(model_type: str):
 
 @pytest.mark.parametrize("model_type", REFUSED_BY_NAME)
 def test_issue_27_model_types_refused_by_name_with_the_reason(model_type):
-    """Without the table some would pass the placeholder default (Gemma 4, Step3, Molmo 2 did)."""
+    """Without the table some would pass the placeholder default (Step3 and Molmo 2 did)."""
     model = _meta_model(model_type)
     with pytest.raises(ValueError, match=f"model_type='{model_type}'.*is refused by vlmcp: ") as e:
         vlmcp.hf.parallelize(model, None)

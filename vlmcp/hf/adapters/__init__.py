@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.gemma3 import GEMMA3
+from vlmcp.hf.adapters.gemma4 import GEMMA4
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.glm4v_moe import GLM4V_MOE, GLM46V
 from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
@@ -43,7 +44,7 @@ for _a in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, QWEN3_5_MOE, GLM4V, LLAVA, I
            LLAVA_ONEVISION, SMOLVLM, IDEFICS3, MISTRAL3, GEMMA3, LFM2_VL, KIMI_K25):
     register_adapter(_a)
 register_adapter(NEMOTRON_H_OMNI)
-for _a in (GLM4V_MOE, GLM46V, MINIMAX_M3_VL, LLAMA4):
+for _a in (GLM4V_MOE, GLM46V, MINIMAX_M3_VL, LLAMA4, GEMMA4):
     register_adapter(_a)
 
 

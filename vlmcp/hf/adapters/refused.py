@@ -15,11 +15,6 @@ REFUSED: dict[str, str] = {
         "transformers' 'mistral4' model type is the text-only Mistral4ForCausalLM (no vision tower, no image "
         "merge); Mistral 4's VLM checkpoints are 'mistral3' models whose text_config is 'mistral4', which "
         "vlmcp runs (Mistral3's adapter; tests/test_hf_new_archs.py)"),
-    "gemma4": (
-        "no adapter: its image tokens attend bidirectionally (use_bidirectional_attention='vision', blocks "
-        "from mm_token_type_ids), its images arrive as padded patch rows with image_position_ids and pool "
-        "to (non-padding patches / k**2) tokens each, and later layers reuse earlier layers' K/V "
-        "(num_kv_shared_layers); the placeholder default's causal images would train it silently wrong"),
     "ernie4_5_vl_moe": (
         "no adapter: its MoE layers send each token to the text or the vision experts by "
         "moe_mm_token_type_ids (a per-token input besides mm_token_type_ids), its M-RoPE positions come from "

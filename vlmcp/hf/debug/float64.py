@@ -120,7 +120,8 @@ def float64_norms(model: nn.Module) -> int:
         if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
             m.forward = types.MethodType(_rms_norm, m)
             n += 1
-        elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
+        elif (name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps")
+              and not hasattr(m, "with_scale")):  # Gemma 4's is x * w (or no weight): an ISLANDS entry
             m.forward = types.MethodType(_zero_centred_norm, m)
             n += 1
     return n
@@ -277,6 +278,8 @@ ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
         "Llama4TextRMSNorm.forward")),
     (_modeling("llama4"), "Llama4Router.forward", _llama4_router),
     (_modeling("minimax_m3_vl"), "MiniMaxM3VLRMSNorm.forward", "in_dtype"),
+    *((_modeling("gemma4"), f, "in_dtype") for f in (
+        "Gemma4RMSNorm.forward", "Gemma4VisionPooler._avg_pool_by_positions", "Gemma4VisionPooler.forward")),
     (_modeling("minimax_m3_vl"), "MiniMaxM3VLTopKRouter.forward", "in_dtype"),
     (_modeling("minimax_m3_vl"), "load_balancing_loss_func", _load_balancing),
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",

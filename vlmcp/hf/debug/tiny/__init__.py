@@ -24,6 +24,7 @@ import torch
 from vlmcp.hf.debug.tiny import (  # noqa: F401  (registration)
     anyres,
     gemma3,
+    gemma4,
     glm,
     kimi_k25,
     lfm2_vl,
