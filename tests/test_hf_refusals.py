@@ -118,13 +118,36 @@ def test_a_gated_deltanet_vlmcp_does_not_know_is_refused():
     _untouched(model)
 
 
-def test_qwen3_5_without_an_adapter_refused_for_its_m_rope_positions():
+def test_an_m_rope_model_without_an_adapter_takes_its_own_rope_index_or_is_refused_by_name():
+    """The long tail (Note [vlmcp HF long tail: M-RoPE through the model's own rope index]): Qwen3.5 as if
+    vlmcp had no adapter runs through its own get_rope_index in replicate; a rope index needing a
+    parameter the generic path cannot pass, and M-RoPE without any rope index, are refused by name."""
+    from vlmcp.hf.adapters.generic import MRopePlaceholderAdapter
+
     model = tiny_qwen3_5(layers=4)
     del adapters._ADAPTERS["qwen3_5"]  # a private copy (the fixture): as if vlmcp had no Qwen3.5 adapter
-    with pytest.raises(ValueError, match=r"model_type='qwen3_5'\) has no vlmcp adapter and computes "
-                                         r"multimodal \(M-RoPE\) position ids"):
-        vlmcp.hf.parallelize(model, None)
-    _untouched(model)
+    adapter = vlmcp.hf.adapter_for(model)
+    assert isinstance(adapter, MRopePlaceholderAdapter) and adapter.vision_modes == ("replicate",)
+    assert adapter.rope_keywords == ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
+    with pytest.raises(ValueError, match="vision_mode='scatter' needs a vlmcp adapter"):
+        vlmcp.hf.parallelize(copy.deepcopy(model), None, vision_mode="scatter")
+    odd = copy.deepcopy(model)
+    odd.model.get_rope_index = lambda input_ids, image_grid_thw, frame_rate: None
+    with pytest.raises(ValueError, match=r"model_type='qwen3_5'\) has no vlmcp adapter and its get_rope_index"
+                                         r".*needs \['frame_rate'\]"):
+        vlmcp.hf.parallelize(odd, None)
+    _untouched(odd)
+    bare = copy.deepcopy(model)
+    bare.model.get_rope_index = None
+    del bare.model.get_rope_index  # the instance attribute, then the class's: hide it
+    type(bare.model).get_rope_index, saved = property(lambda self: (_ for _ in ()).throw(AttributeError)), \
+        type(bare.model).get_rope_index
+    try:
+        with pytest.raises(ValueError, match=r"computes multimodal \(M-RoPE\) position ids \(rope "):
+            vlmcp.hf.parallelize(bare, None)
+    finally:
+        type(bare.model).get_rope_index = saved
+    vlmcp.hf.parallelize(model, None)  # the audit runs Qwen3.5's Gated DeltaNet as registered
 
 
 def _rename_classes(model: nn.Module, attr: str, name: str) -> None:

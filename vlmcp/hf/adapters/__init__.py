@@ -60,8 +60,9 @@ def adapter_for(model) -> HFAdapter:
         ValueError: its model type is refused by name (:data:`REFUSED`, the reason in the message), or
             the model is not a placeholder-merge VLM (no ``text_config``, no image
             token id or no ``get_image_features``), or it has no adapter and computes
-            multimodal (M-RoPE) positions, which the placeholder default's 1-D positions
-            would get wrong; the message lists the supported types.
+            multimodal (M-RoPE) positions without a ``get_rope_index`` vlmcp can call
+            (:mod:`vlmcp.hf.adapters.generic` takes those that have one); the message lists
+            the supported types.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -81,13 +82,17 @@ def adapter_for(model) -> HFAdapter:
             f"{', '.join(supported_model_types())}, and any VLM that merges image features at placeholder "
             "tokens (config.image_token_id, model.model.get_image_features, model.model.language_model) "
             "in vision_mode='replicate'; register an adapter for the others (vlmcp.hf.register_adapter)")
-    if hasattr(base, "get_rope_index") or _has_mrope(config.text_config):
+    if hasattr(base, "get_rope_index"):  # M-RoPE through its own rope index (the long tail)
+        from vlmcp.hf.adapters.generic import mrope_adapter
+
+        return mrope_adapter(model)
+    if _has_mrope(config.text_config):
         raise ValueError(
             f"{type(model).__name__} (model_type={model_type!r}) has no vlmcp adapter and computes "
-            "multimodal (M-RoPE) position ids (model.model.get_rope_index / rope mrope_section): without an "
-            "adapter vlmcp would give it 1-D positions. vlmcp.hf supports "
-            f"{', '.join(supported_model_types())}; register an adapter whose position_ids calls the "
-            "model's own rope index (vlmcp.hf.register_adapter)")
+            "multimodal (M-RoPE) position ids (rope mrope_section) without a model.model.get_rope_index "
+            "vlmcp could call: without an adapter vlmcp would give it 1-D positions. vlmcp.hf supports "
+            f"{', '.join(supported_model_types())}; register an adapter whose position_ids computes them "
+            "(vlmcp.hf.register_adapter)")
     return PlaceholderAdapter(model_types=(model_type,))
 
 
