@@ -122,13 +122,14 @@ def test_an_m_rope_model_without_an_adapter_takes_its_own_rope_index_or_is_refus
     """The long tail (Note [vlmcp HF long tail: M-RoPE through the model's own rope index]): Qwen3.5 as if
     vlmcp had no adapter runs through its own get_rope_index in replicate; a rope index needing a
     parameter the generic path cannot pass, and M-RoPE without any rope index, are refused by name."""
+    from vlmcp.hf.adapters import generic
     from vlmcp.hf.adapters.generic import MRopePlaceholderAdapter
 
     model = tiny_qwen3_5(layers=4)
     del adapters._ADAPTERS["qwen3_5"]  # a private copy (the fixture): as if vlmcp had no Qwen3.5 adapter
     adapter = vlmcp.hf.adapter_for(model)
     assert isinstance(adapter, MRopePlaceholderAdapter) and adapter.vision_modes == ("replicate",)
-    assert adapter.rope_keywords == ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "attention_mask")
+    assert adapter.rope_keywords == generic.ROPE_KEYWORDS  # Qwen3.5 takes all four
     with pytest.raises(ValueError, match="vision_mode='scatter' needs a vlmcp adapter"):
         vlmcp.hf.parallelize(copy.deepcopy(model), None, vision_mode="scatter")
     odd = copy.deepcopy(model)
