@@ -54,6 +54,29 @@ def moe_aux(group: dist.ProcessGroup | None, arch: str) -> dict:
             "max_grad_err": err, "worst": worst}
 
 
-def suite(group: dist.ProcessGroup, cases, aux_archs) -> dict:
-    """The P=2 group's whole job: the parity grid and the MoE auxiliary losses."""
-    return {"parity": parity_grid(group, cases), "aux": [moe_aux(group, a) for a in aux_archs]}
+RELABELLED = {"llava": ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7)), "qwen2_vl": None, "qwen3_vl": None,
+              "glm4v": None}
+"""Known families under a model type vlmcp has no adapter for (the long tail's path), and their rows
+(None: the tiny registry's): LLaVA's images in two samples need the row's own counts."""
+
+
+def relabelled(group: dist.ProcessGroup | None, archs) -> list[dict]:
+    """Per arch, the tiny model with ``config.model_type = "my_" + arch`` (no adapter) against the
+    unmodified model: the adapter vlmcp picked and the parity (replicate, ring) on a packed row."""
+    from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
+
+    out = []
+    for arch in archs:
+        model = tiny_model(arch, torch.float64)
+        model.config.model_type = f"my_{arch}"
+        samples = RELABELLED[arch] or tiny_arch(arch).samples
+        case = HFParityCase(model=f"hf:{arch}", samples=samples)
+        r = hf_parity(group, case, reference_for(case, model))
+        out.append({**r, "arch": arch, "adapter": type(vlmcp.hf.adapter_for(model)).__name__})
+    return out
+
+
+def suite(group: dist.ProcessGroup, cases, aux_archs, relabel) -> dict:
+    """The P=2 group's whole job: the parity grid, the MoE auxiliary losses, the long tail's path."""
+    return {"parity": parity_grid(group, cases), "aux": [moe_aux(group, a) for a in aux_archs],
+            "relabelled": relabelled(group, relabel)}

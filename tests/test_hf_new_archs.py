@@ -58,7 +58,8 @@ AUX_ARCHS = [a for a in NEW_ARCHS if a in hf_new_cases.MOE_AUX]
 
 @pytest.fixture(scope="module")
 def p2():
-    return run_on_ranks(hf_new_cases.suite, 2, P2_CASES, AUX_ARCHS, timeout=300)[0]
+    return run_on_ranks(hf_new_cases.suite, 2, P2_CASES, AUX_ARCHS, list(hf_new_cases.RELABELLED),
+                        timeout=300)[0]
 
 
 @pytest.mark.timeout(330)
@@ -83,6 +84,19 @@ def test_moe_router_aux_loss_matches_the_model(p2):
     assert [r["arch"] for r in p2["aux"]] == AUX_ARCHS
     for r in p2["aux"]:
         assert r["aux"] > 0.1 and r["loss_err"] < 1e-12 and r["max_grad_err"] < 1e-10, r
+
+
+@pytest.mark.timeout(330)
+def test_long_tail_known_families_without_an_adapter_exact(p2):
+    """Note [vlmcp HF long tail: image tokens from the row]: LLaVA under an unknown model type packs
+    images in two samples (the row's runs give the counts); Qwen2-VL, Qwen3-VL (deepstack) and GLM-4.1V
+    under unknown types run through their own get_rope_index (replicate)."""
+    got = {r["arch"]: r for r in p2["relabelled"]}
+    assert list(got) == list(hf_new_cases.RELABELLED)
+    assert got["llava"]["adapter"] == "PlaceholderAdapter"
+    assert {got[a]["adapter"] for a in ("qwen2_vl", "qwen3_vl", "glm4v")} == {"MRopePlaceholderAdapter"}
+    for r in got.values():
+        assert r["passed"] and r["max_rel_grad_error"] <= 1e-9 and r["cp"] == 2, r
 
 
 def test_adapters_are_registered():
