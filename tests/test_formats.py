@@ -369,7 +369,7 @@ def _msgs(*turns, **line):
     (_msgs(_u("Hi"), _a("weather(Paris)", role="tool_call")), r"message 1 is a tool call but not JSON"),
     (_msgs(_u("Hi"), _a("a"), tools='[{"x": 1}]'), r"\"tools\"\[0\] must be a tool schema with a \"name\""),
     (_msgs(_u("Hi"), _a("a"), tools="{not json"), r"\"tools\" is not valid JSON"),
-    (_msgs(_a("I love music")), r"the conversation opens with an assistant message"),
+    (_msgs(_a("I love music"), _u("Me too")), r"the conversation opens with an assistant message"),
     (_msgs(_u("Hi"), _a("a", loss=False)), r"no message carries loss"),
     (_msgs(_u("Hi"), _a("a"), conversations=[]), r"the line has both \"messages\" and \"conversations\""),
     (_msgs(_u("Hi"), _a("a"), system=["s"]), r"\"system\" must be a string, got list"),

@@ -65,8 +65,8 @@ def models(tmp_path_factory):
 
 
 def _config(model, data, out, **kw):
-    kw = {"steps": STEPS, **kw}
-    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ, lr=3e-3,
+    kw = {"steps": STEPS, "warmup_steps": 5, "lr": 3e-3, **kw}  # 5 warm-up steps: rates that do not depend
+    return HFTrainConfig(model=str(model), data=str(data), output_dir=str(out), seq_len=SEQ,  # on --steps
                          timeout=120.0, **kw)
 
 
@@ -149,7 +149,8 @@ def _cli(*args, **kw):
 
 def _args(model, data, out, *extra):
     return ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--cp", "2",
-            "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "3e-3", "--timeout", "120",
+            "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "3e-3", "--warmup-steps", "5",
+            "--timeout", "120",
             "--metrics-jsonl", str(out / "m.jsonl"), *extra]
 
 
@@ -158,18 +159,23 @@ def _losses(path):
 
 
 @needs_hf_cp
-def test_sigterm_saves_and_resume_continues_exactly(llava_run, models, data, tmp_path):
-    proc = _cli(*_args(models["llava"], data, tmp_path))
+def test_ctrl_c_saves_and_resume_continues_exactly(llava_run, models, data, tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) is a SIGTERM: the step
+    finishes, a checkpoint is saved, exit 130 without a traceback; --resume continues bit-exactly.
+    (A SIGTERM takes the same path: tests/test_faults.py.)"""
+    proc = _cli(*_args(models["llava"], data, tmp_path), start_new_session=True)
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline and proc.poll() is None:
         if (tmp_path / "m.jsonl").exists() and len(_losses(tmp_path / "m.jsonl")) >= 1:
-            proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+            os.killpg(proc.pid, signal.SIGINT)
             break
         time.sleep(0.05)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted: finishing the step and saving a checkpoint" in err
     done = len(_losses(tmp_path / "m.jsonl"))
-    assert 1 <= done < STEPS and f"SIGTERM: stopped after step {done}" in out
+    assert 1 <= done < STEPS and f"SIGINT: stopped after step {done}" in out
     assert not (tmp_path / "model.safetensors").exists()  # an unfinished run saves no model
     cfg = _config(models["llava"], data, tmp_path, cp=2, resume=True, metrics_jsonl=str(tmp_path / "m.jsonl"))
     summary, _ = _run(cfg, 2)
@@ -196,8 +202,9 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
 
 @needs_hf_cp
 def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path):
-    first = _config(models["llava"], data, tmp_path, cp=2, steps=2, checkpoint_every=2)
-    _run(first, 2)
+    # the same 6-step run, stopped after its step-2 checkpoint (a NaN at step 3 saves nothing more)
+    first = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2, nan_at_step=3)
+    assert _run(first, 2)[0]["stopped"] == "nonfinite"
     # layout-free checkpoint; the full-logits loss continues the chunked run's (the default) exactly
     again = _config(models["llava"], data, tmp_path, cp=1, resume=True, loss="full")
     summary, _ = _run(again, 1)
@@ -405,3 +412,70 @@ def test_strict_decodes_every_image_before_any_rank_starts(models, cut_data, tmp
                                 "OSError: image file is truncated (28 bytes not processed) (--strict decodes "
                                 "every image before training)"]
     assert out.splitlines() == ["vlmcp train: --strict: decoding 7 images before training"]  # no rank
+
+
+def _worst(got: dict, want: dict) -> tuple[float, str]:
+    """The largest absolute difference of two state dicts, and where."""
+    assert got.keys() == want.keys()
+    return max((float((got[k] - w).abs().max()), k) for k, w in want.items())
+
+
+@needs_hf_cp
+def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume(models, data, tmp_path):
+    """float64: --dp 2, --cp 2 --grad-accum 2 (hidden_shard), FSDP over --dp 2, FSDP over --cp 2 with
+    hidden_shard, and an accumulating run resumed half way give one process's losses, clipped global
+    gradient norms, eval loss and weights."""
+    from tests import global_batch_cases
+    from vlmcp.cli.train_hf import plan_eval
+    from vlmcp.data.hf.processor import load_processor
+
+    held = data.parent / "held_out.jsonl"
+    held.write_text("".join(line + "\n" for line in data.read_text().splitlines()[-3:]))
+    base = _config(models["llava"], data, tmp_path, steps=2, warmup_steps=None, dtype="float64", lr=1e-3,
+                   weight_decay=0.1, max_grad_norm=0.05, eval_data=(str(held),))
+    index = plan_data(base)
+    eval_index = plan_eval(base, load_processor(base.model))
+    preload_model_code(base.model)
+    got = spawn_ranks(global_batch_cases.global_batch_grid, 2, base, index, eval_index, str(tmp_path),
+                      timeout=220, threads_per_rank=1)[0]
+    want = got["oracle"]
+    assert min(want["grad_norms"]) > 0.05  # every step clipped
+    tight = dict(rtol=1e-7, atol=1e-10)  # float64; a wrong normaliser or norm is off by O(1)
+    for name in ("dp2", "cp2_accum2", "fsdp_dp2", "fsdp_cp2_hidden_shard"):
+        torch.testing.assert_close(got[name]["losses"], want["losses"], **tight)
+        records = [r for r in got[name]["records"] if "loss" in r]
+        torch.testing.assert_close([r["grad_norm"] for r in records], want["grad_norms"], **tight)
+        assert [r["lr"] for r in records] == [1e-3, 0.5e-3]  # cosine to 0 over 2 steps, no warm-up
+        # Adam turns float64 noise in a ~0 gradient (a key bias, an unused position) into ~lr * noise / eps
+        assert _worst(got["saved"][name], want["weights"])[0] < 1e-6, (name, _worst(got["saved"][name],
+                                                                                    want["weights"]))
+    evals = got["cp2_accum2"]["evals"]
+    assert [e["step"] for e in evals] == [1, 2] and all(e["eval_rows"] == len(eval_index.rows) for e in evals)
+    torch.testing.assert_close(evals[-1]["eval_loss"], want["eval_loss"], **tight)
+    eval_records = [r for r in got["cp2_accum2"]["records"] if "eval_loss" in r]
+    assert [r["step"] for r in eval_records] == [1, 2]
+    assert got["resumed"]["start_step"] == 1
+    assert got["resumed"]["checkpoints"] == ["step_00000002.pt"]  # --save-total-limit 1
+    torch.testing.assert_close(got["resumed"]["losses"], want["losses"][1:], **tight)
+    assert _worst(got["saved"]["resumed"], want["weights"])[0] < 1e-6
+
+
+@needs_hf_cp
+def test_a_run_that_trains_no_token_is_an_error(models, cut_data, tmp_path, capsys):
+    import dataclasses
+
+    from vlmcp.cli.train_hf import _report
+
+    _, bad = cut_data  # its only image fails to decode in training: every row is empty
+    cfg = dataclasses.replace(_config(models["llava"], None, tmp_path, cp=1, steps=2), data=(str(bad),))
+    index = plan_data(cfg)
+    preload_model_code(cfg.model)
+    summary = spawn_ranks(train_hf_rank, 1, cfg, index, timeout=200, threads_per_rank=1)[0]
+    assert summary["stopped"] == "no_targets" and summary["model_dir"] is None
+    assert summary["target_tokens"] == 0
+    capsys.readouterr()
+    assert _report(cfg, index, summary) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["vlmcp train: steps 1-2 trained no target token (every conversation of their rows was "
+                   "skipped, or none has a trained turn); the model is not saved"]
+    assert not (tmp_path / "model.safetensors").exists()

@@ -34,8 +34,8 @@ EXACT = 1e-12
 # rounding noise as its gradient, which AdamW divides by ~eps (1e-8): its updates differ by
 # ~1e-12 of the model's weight scale (measured: up to 2.9e-12) where every other weight agrees to 6e-14.
 WEIGHTS = 1e-10
-# parallelize/shard_inputs take a peft.PeftModel once issue 24 (branch finetune) is on main
-PEFT_READY = importlib.util.find_spec("vlmcp.hf.peft") is not None
+# parallelize/shard_inputs take a peft.PeftModel (vlmcp.hf.peft, issue 24); peft is in the test extra
+PEFT_READY = importlib.util.find_spec("peft") is not None
 LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj", "qkv"]}
 
 
@@ -102,8 +102,7 @@ def test_cptrainer_dp1_cp2_equals_plain_trainer_on_one_process(p2):
     assert min(qwen["grad_norms"]) > trainer_cases.TRAIN["max_grad_norm"]  # clipping acted, on the true norm
 
 
-@pytest.mark.skipif(not PEFT_READY, reason="parallelize/shard_inputs of a peft.PeftModel (issue 24, branch "
-                    "finetune) are not on main yet")
+@pytest.mark.skipif(not PEFT_READY, reason="peft is not installed (pip install 'vlmcp[peft]')")
 def test_cptrainer_with_a_lora_peft_model_equals_plain_trainer(p2):
     rows = [row for row in p2["cp"] if "lora" in row["case"]]
     assert len(rows) == 1

@@ -31,27 +31,23 @@ The data flow, one entry point per step:
 :func:`unshard` is the collective inverse of ``shard`` (evaluation).
 """
 
+import importlib
+
 from vlmcp import _moved
-from vlmcp.attention import cp_attention, reference_attention, varlen_attention
-from vlmcp.grads import GradRule, ddp_ignored_params, finish_ddp_gradients, reduce_gradients
-from vlmcp.layout import (
-    IGNORE_INDEX,
-    CostModel,
-    CPPlan,
-    RankShard,
-    TokenKind,
-    WorkReport,
-    attended_pairs,
-    choose_image_strategy,
-    mrope_position_ids,
-    plan_cp,
-    position_ids,
-    shift_labels,
-    unshard,
-)
-from vlmcp.loss import CPLoss, cp_cross_entropy, cp_linear_cross_entropy, cp_token_logprobs, per_sample_sum
-from vlmcp.models import VLM, VLMConfig, merge_embeddings
-from vlmcp.vision import VisionConfig, VisionEncoder, check_images_match, place_vision
+
+_LAZY = {name: module for module, names in (
+    ("vlmcp.attention", ("cp_attention", "reference_attention", "varlen_attention")),
+    ("vlmcp.grads", ("GradRule", "ddp_ignored_params", "finish_ddp_gradients", "reduce_gradients")),
+    ("vlmcp.layout", ("IGNORE_INDEX", "CostModel", "CPPlan", "RankShard", "TokenKind", "WorkReport",
+                      "attended_pairs", "choose_image_strategy", "mrope_position_ids", "plan_cp",
+                      "position_ids", "shift_labels", "unshard")),
+    ("vlmcp.loss", ("CPLoss", "cp_cross_entropy", "cp_linear_cross_entropy", "cp_token_logprobs",
+                    "per_sample_sum")),
+    ("vlmcp.models", ("VLM", "VLMConfig", "merge_embeddings")),
+    ("vlmcp.vision", ("VisionConfig", "VisionEncoder", "check_images_match", "place_vision")),
+) for name in names}
+"""Public name -> the module that defines it. Imported on first use (PEP 562), so that ``import
+vlmcp`` and ``vlmcp --help`` do not pay for torch."""
 
 __version__ = "0.2.0"
 
@@ -66,3 +62,20 @@ __all__ = [
     "reduce_gradients", "reference_attention",
     "shift_labels", "unshard", "varlen_attention",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
+        return value
+    try:  # a subpackage used as an attribute (``vlmcp.hf`` after ``import vlmcp``)
+        return importlib.import_module(f"vlmcp.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"vlmcp.{name}":
+            raise
+    raise AttributeError(f"module 'vlmcp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -13,7 +13,10 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
 * :mod:`vlmcp.bench.hf`: a Hugging Face Qwen2-VL under vlmcp: saved bytes per rank with
   videos and sharded visual tokens (``vlmcp bench hf-memory``), ViT time per rank for one
   long video (``vlmcp bench hf-vision``), what the LM head and loss save at a real vocabulary,
-  full logits against chunked (``vlmcp bench hf-loss``); skipped without transformers.
+  full logits against chunked (``vlmcp bench hf-loss``), a whole training step at P against one
+  process: time and the busiest rank's peak (``vlmcp bench hf-step``), ``vlmcp plan --model``'s memory
+  estimate against the exact counter on tiny models (``vlmcp bench hf-estimate``); skipped without
+  transformers.
 
 ``vlmcp bench all`` runs them all on their defaults (minutes; ``make bench``).
 """
@@ -21,4 +24,5 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
 __all__ = ["BENCHMARKS"]
 
 # The names ``vlmcp bench`` accepts, in the order ``vlmcp bench all`` runs them.
-BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision", "hf-loss")
+BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision", "hf-loss", "hf-step",
+              "hf-estimate")

@@ -1,30 +1,47 @@
-"""The ``vlmcp`` command line: one module per subcommand, registered here."""
+"""The ``vlmcp`` command line: one module per subcommand, registered here.
+
+Only the command being run is imported (with it torch and the rest of vlmcp): ``vlmcp --help``
+and a mistyped command cost a fraction of a second. Each command's one-line help sits in
+:data:`_COMMANDS`, beside the module that builds its parser.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-
-from vlmcp.cli import bench as bench_cmd
-from vlmcp.cli import compare as compare_cmd
-from vlmcp.cli import data as data_cmd
-from vlmcp.cli import init_model as init_model_cmd
-from vlmcp.cli import plan as plan_cmd
-from vlmcp.cli import train as train_cmd
-from vlmcp.cli import verify as verify_cmd
-from vlmcp.cli.ranks import RanksFailed
 
 __all__ = ["main"]
 
 _HF_EXTRA = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "PIL", "av")
 """Modules the ``hf`` extra brings (``init-model``, ``data shapes``, ``train --model``; ``av``: videos)."""
 
-_COMMANDS = {"train": train_cmd, "verify": verify_cmd, "plan": plan_cmd, "compare": compare_cmd,
-             "bench": bench_cmd, "init-model": init_model_cmd, "data": data_cmd}
+_COMMANDS = {
+    "train": ("vlmcp.cli.train", "train the reference VLM on the built-in data, or an HF VLM (--model)"),
+    "verify": ("vlmcp.cli.verify", "check CP gradients against a single process"),
+    "plan": ("vlmcp.cli.plan", "print the per-rank layout and work of a packed row"),
+    "compare": ("vlmcp.cli.compare", "measure a naive CP layout against vlmcp's (the seed's table)"),
+    "bench": ("vlmcp.cli.bench", "run the benchmarks (planner, attention, memory, vision, hf-*)"),
+    "init-model": ("vlmcp.cli.init_model", "write a small random HF VLM directory (offline)"),
+    "data": ("vlmcp.cli.data", "export datasets as JSONL conversations; show what a line trains"),
+}
+"""Command -> (its module, its one-line help). The module's ``add_parser(sub)`` registers the
+command with that help (:func:`command_help`), and ``run(args)`` runs it."""
+
+
+def command_help(name: str) -> str:
+    """The one-line help of command ``name`` (the modules pass it to ``sub.add_parser``)."""
+    return _COMMANDS[name][1]
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keep the docstrings' line breaks and show every default."""
+    """Keep the docstrings' line breaks and show every default (a help text that states its
+    defaults itself, ``(default: ...)``, is left as it is)."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,19 +50,37 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _chosen(argv: list[str]) -> str | None:
+    """The command in ``argv`` (its first word that is not an option), if it is one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in _COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from vlmcp import __version__
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _Parser(prog="vlmcp", description="Context parallelism for vision-language models.")
     parser.add_argument("--version", action="version", version=f"vlmcp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for _name, module in _COMMANDS.items():
-        module.add_parser(sub)
-    args = parser.parse_args(argv)
+    command = _chosen(argv)
+    for name, (module, one_line) in _COMMANDS.items():
+        if name == command:
+            importlib.import_module(module).add_parser(sub)
+        else:  # never parsed: only the chosen command's parser is built
+            sub.add_parser(name, help=one_line, add_help=False)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    from vlmcp.cli.ranks import RanksFailed
+
     try:
-        return int(_COMMANDS[args.command].run(args) or 0)
+        return int(importlib.import_module(_COMMANDS[args.command][0]).run(args) or 0)
     except RanksFailed:
         return 1  # the failing rank's line is printed
+    except KeyboardInterrupt:  # Ctrl-C before any rank started (a training run's ranks stop as on SIGTERM)
+        print(f"\nvlmcp {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, NotImplementedError) as err:
         print(f"vlmcp {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import sys
 import time
 
 from vlmcp.bench import BENCHMARKS
+from vlmcp.cli import command_help
 from vlmcp.launch import RankFailure
 
 # "hf-memory" is vlmcp.bench.hf.memory
@@ -27,6 +28,10 @@ _HELP = {
     "hf-vision": "a HF Qwen2-VL/Qwen3-VL/Qwen3.5 ViT time per rank for one long video, replicate "
                  "against scatter",
     "hf-loss": "what a HF Qwen2-VL's LM head and loss save at a real vocabulary: full logits against chunked",
+    "hf-step": "a HF Qwen2-VL's whole training step at P against one process: speed-up and the busiest "
+               "rank's peak, image_strategy and --loss chunked/full",
+    "hf-estimate": "vlmcp plan --model's memory estimate against the exact saved-bytes counter on tiny "
+                   "models",
 }
 
 
@@ -38,7 +43,7 @@ def _defaults(name: str) -> argparse.Namespace:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run the benchmarks (planner, attention, memory, vision, hf-*)",
+    p = sub.add_parser("bench", help=command_help("bench"),
                        description=__doc__)
     benches = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name, module in _MODULES.items():

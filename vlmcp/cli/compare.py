@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vlmcp.cli import command_help
 from vlmcp.cli.paths import check_writable_file
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("compare", help="measure a naive CP layout against vlmcp's (the seed's table)",
+    p = sub.add_parser("compare", help=command_help("compare"),
                        description=__doc__)
     p.add_argument("--cp", type=int, default=2, help="CP group size")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens of the packed row")

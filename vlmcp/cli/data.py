@@ -21,11 +21,12 @@ import argparse
 import json
 import os
 
+from vlmcp.cli import command_help
 from vlmcp.cli.video import add_video_arguments, video_sampling
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("data", help="export datasets as JSONL conversations; show what a line trains",
+    p = sub.add_parser("data", help=command_help("data"),
                        description=__doc__)
     kinds = p.add_subparsers(dest="dataset", required=True, metavar="ACTION")
     shapes = kinds.add_parser("shapes", help="the built-in shapes-and-captions data",

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 
+from vlmcp.cli import command_help
+
 
 def add_parser(sub) -> None:
     from vlmcp.hf.debug.init_model import ARCHS
 
-    p = sub.add_parser("init-model", help="write a small random HF VLM directory (offline)",
+    p = sub.add_parser("init-model", help=command_help("init-model"),
                        description=__doc__)
     p.add_argument("--arch", required=True, choices=ARCHS, help="model architecture")
     p.add_argument("--out", required=True, metavar="DIR", help="the model directory to write")

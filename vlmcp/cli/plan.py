@@ -1,4 +1,8 @@
-"""``vlmcp plan``: show a packed row's layout over a CP group, and its work balance."""
+"""``vlmcp plan``: show a packed row's layout over a CP group, and its work balance.
+
+With ``--model DIR``: a CP rank's predicted peak memory for one training step of that model instead
+(:mod:`vlmcp.cli.plan_model`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from vlmcp.cli import command_help, plan_model
 from vlmcp.cli.paths import check_writable_file
 from vlmcp.layout import CostModel, CPPlan, TokenKind, WorkReport, attended_pairs, plan_cp
 from vlmcp.layout.cost import DEFAULT_FLOPS_PER_BYTE, DEFAULT_HIDDEN_SIZE, DEFAULT_MLP_RATIO
@@ -18,7 +23,7 @@ DEFAULT_TEXT_TOKENS = "120,77,201"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan", help="print the per-rank layout and work of a packed row",
+    p = sub.add_parser("plan", help=command_help("plan"),
                        description=__doc__)
     p.add_argument("--cp", type=int, default=4, help="CP group size P")
     p.add_argument("--prompt-tokens", default=None,
@@ -50,6 +55,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", metavar="FILE.png", default=None,
                    help="also draw the layout and the attention mask split between ranks to a PNG "
                         "(or another format matplotlib writes: .svg, .pdf, ...)")
+    plan_model.add_arguments(p)
+    p.set_defaults(_plan_defaults={a.dest: a.default for a in p._actions})
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -192,6 +199,9 @@ def _flops(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    plan_model.check_flags(args, args._plan_defaults)
+    if args.model is not None:
+        return plan_model.run(args)
     image = _int_list(args.image_tokens, "--image-tokens")
     text = _int_list(args.text_tokens, "--text-tokens")
     for flag, value in (("--width", args.width), ("--kv-heads", args.kv_heads),

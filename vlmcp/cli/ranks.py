@@ -51,6 +51,24 @@ def forward_sigterm(*_) -> None:
             pass
 
 
+class _Interrupt:
+    """The launcher's SIGINT (Ctrl-C) with ``interrupt=True``: the first is a SIGTERM to every rank
+    (finish the step, save, stop); a second kills the ranks and exits 130 at once."""
+
+    def __init__(self, command: str) -> None:
+        self.command, self.count = command, 0
+
+    def __call__(self, *_) -> None:
+        self.count += 1
+        if self.count > 1:
+            print(f"\n{self.command}: interrupted again: stopping now, without a checkpoint", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(130)  # spawn_ranks kills the ranks on the way out
+        print(f"\n{self.command}: interrupted: finishing the step and saving a checkpoint (Ctrl-C again to "
+              "stop at once)", file=sys.stderr, flush=True)
+        forward_sigterm()
+
+
 def join_torchrun(timeout: float):
     """Join torchrun's process group: NCCL with the flight recorder on timeouts, or gloo.
 
@@ -73,7 +91,8 @@ def join_torchrun(timeout: float):
 
 
 def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, timeout: float | None,
-                 collective_timeout: float | None = None, torchrun: bool = True, world_from: str = "") -> Any:
+                 collective_timeout: float | None = None, torchrun: bool = True, world_from: str = "",
+                 interrupt: bool = False) -> Any:
     """``fn(group, *args)`` on ``world`` ranks; returns rank 0's result (None on other torchrun ranks).
 
     Args:
@@ -84,6 +103,9 @@ def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, t
         collective_timeout: seconds a collective waits for a peer (None: torch's default).
         torchrun: join torchrun's group when launched by it (``verify`` always spawns).
         world_from: where ``world`` comes from, for the mismatch message (``"--cp 2 x --dp 2 = 4"``).
+        interrupt: a Ctrl-C stops the spawned ranks as a SIGTERM does (they save and stop; the
+            caller reports), and a second one at once with exit status 130 (the rank function
+            must handle SIGINT as SIGTERM too: the terminal sends it to every rank).
 
     Raises:
         RanksFailed: a spawned rank failed (its one line is printed to stderr).
@@ -103,6 +125,7 @@ def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, t
 
     threads = max(1, (os.cpu_count() or 1) // world)
     previous = signal.signal(signal.SIGTERM, forward_sigterm)
+    previous_int = signal.signal(signal.SIGINT, _Interrupt(command)) if interrupt else None
     try:
         return spawn_ranks(fn, world, *args, timeout=timeout, threads_per_rank=threads,
                            collective_timeout=collective_timeout)[0]
@@ -111,3 +134,5 @@ def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, t
         raise RanksFailed(str(err)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if interrupt:
+            signal.signal(signal.SIGINT, previous_int)

@@ -25,6 +25,9 @@ import warnings
 from pathlib import Path
 from typing import get_args
 
+from vlmcp.cli import command_help
+from vlmcp.cli.config_file import add_config_arguments, write_resolved_config
+from vlmcp.cli.finetune import HF_DEFAULTS, add_loop_arguments, check_no_loop_flags
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
@@ -41,7 +44,7 @@ _FIELDS = ("cp", "dp", "vision_mode", "attention", "ulysses_size", "image_attent
 
 def add_parser(sub) -> None:
     d = TrainConfig()
-    p = sub.add_parser("train", help="train the reference VLM on the built-in data, or an HF VLM (--model)",
+    p = sub.add_parser("train", help=command_help("train"),
                        description=__doc__)
     p.add_argument("--cp", type=int, default=d.cp, help="CP group size P")
     p.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas; world size = cp x dp")
@@ -64,12 +67,17 @@ def add_parser(sub) -> None:
                         "(short samples whole, long ones split, by the cost model)")
     p.add_argument("--flops-per-byte", type=float, default=d.flops_per_byte,
                    help="auto only: FLOPs one communicated byte costs")
-    p.add_argument("--steps", type=int, default=d.steps,
-                   help="total steps of the run (a resumed run finishes the same run)")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per packed row")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"total optimizer steps of the run (a resumed run finishes the same run) (default: "
+                        f"{d.steps}; with --model: --epochs {HF_DEFAULTS['epochs']})")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per packed row (default: {d.seq_len}; with --model: "
+                        f"{HF_DEFAULTS['seq_len']})")
     p.add_argument("--dtype", default=d.dtype, choices=get_args(options.DType), help="parameter dtype")
     p.add_argument("--seed", type=int, default=d.seed, help="model init and dataset seed")
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"AdamW peak learning rate (default: {d.lr:g}; with --model: "
+                        f"{HF_DEFAULTS['lr']:g}, or {HF_DEFAULTS['lora_lr']:g} with --lora)")
     p.add_argument("--hidden", type=int, default=d.hidden, help="LLM width")
     p.add_argument("--layers", type=int, default=d.layers, help="LLM decoder blocks")
     p.add_argument("--heads", type=int, default=d.heads, help="LLM attention heads")
@@ -90,10 +98,13 @@ def add_parser(sub) -> None:
                         "default suits steps of a minute and saves of several minutes")
     p.add_argument("--_fault", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     add_hf_arguments(p)
+    add_loop_arguments(p)
+    add_config_arguments(p)  # last: it reads every flag above
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    cfg = TrainConfig(**{f: getattr(args, f) for f in _FIELDS})
+    d = TrainConfig()  # --steps, --seq-len and --lr default to None: each trainer has its own defaults
+    cfg = TrainConfig(**{f: getattr(d, f) if getattr(args, f) is None else getattr(args, f) for f in _FIELDS})
     uses_costs = cfg.image_strategy == "auto" or cfg.sample_placement != "split"
     if not uses_costs and cfg.flops_per_byte != TrainConfig().flops_per_byte:
         raise ValueError("--flops-per-byte only applies to --image-strategy auto or --sample-placement "
@@ -209,8 +220,11 @@ def run(args: argparse.Namespace) -> int:
         if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
             hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
             with _run_locks(args):
+                if is_rank_zero():
+                    write_resolved_config(args, check_writable_dir("--output-dir", args.output_dir))
                 return run_hf(args)
         check_reference_args(args)
+        check_no_loop_flags(args)
         cfg = config_from_args(args)
         with _run_locks(args):
             return _run_reference(args, cfg)

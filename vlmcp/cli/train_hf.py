@@ -22,8 +22,13 @@ import os
 import sys
 from pathlib import Path
 
+from vlmcp.cli.data_options import DATA_FLAGS, add_data_arguments
+from vlmcp.cli.data_options import check_reference as check_reference_data
+from vlmcp.cli.finetune import hf_shared_values, loop_options
+from vlmcp.cli.model_check import check_model_dir
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
+from vlmcp.cli.train_lora_args import add_lora_arguments, check_no_lora, lora_fields
 from vlmcp.cli.video import add_video_arguments, video_sampling
 from vlmcp.data.hf.video import VideoSampling
 from vlmcp.train.hf.config import HFTrainConfig
@@ -71,7 +76,9 @@ def add_hf_arguments(p: argparse.ArgumentParser) -> None:
                         "(for comparison)")
     g.add_argument("--loss-chunk-size", type=int, default=4096, metavar="N",
                    help="target tokens per chunk of logits of --loss chunked (default 4096)")
+    add_data_arguments(g)
     g.add_argument("--_nan-at-step", dest="nan_at_step", type=int, default=None, help=argparse.SUPPRESS)
+    add_lora_arguments(p)
     add_video_arguments(p.add_argument_group(
         "videos (with --model)", "How a video becomes frames, as the model's own processor samples them "
         "(qwen-vl-utils for Qwen2-VL and Qwen2.5-VL; the video processor for Qwen3-VL, Qwen3.5 and GLM-4.1V; "
@@ -91,24 +98,41 @@ def check_reference_args(args: argparse.Namespace) -> None:
     for flag in ("strict", "fsdp", "activation_checkpointing", "offload_activations"):
         if getattr(args, flag):
             raise ValueError(f"--{flag.replace('_', '-')} needs --model (the reference VLM has no such flag)")
+    check_no_lora(args)
+    check_reference_data(args)
     if video_sampling(args) != VideoSampling():
         raise ValueError("the --video-* flags need --model (the reference VLM's videos are its own frames)")
 
 
 def config_from_args(args: argparse.Namespace) -> HFTrainConfig:
-    if args.model is None or args.data is None or args.output_dir is None:
-        raise ValueError("--model, --data and --output-dir go together (a model directory, its training "
-                         "data and where the trained model goes)")
+    if args.model is None or (args.data is None and args.dataset is None) or args.output_dir is None:
+        raise ValueError("--model, --data (or --dataset) and --output-dir go together (a model directory, "
+                         "its training data and where the trained model goes)")
     defaults = TrainConfig()
     for name in _REFERENCE_ONLY:
         if getattr(args, name) != getattr(defaults, name):
             raise ValueError(f"--{name.replace('_', '-')} applies to the built-in reference VLM, not --model")
-    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy", "steps",
-              "seq_len", "dtype", "seed", "lr", "fsdp", "activation_checkpointing", "offload_activations",
+    fields = ("cp", "dp", "vision_mode", "attention", "sample_placement", "image_strategy",
+              "dtype", "seed", "fsdp", "activation_checkpointing", "offload_activations",
               "loss", "loss_chunk_size", "checkpoint_dir",
-              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step")
-    return HFTrainConfig(model=str(args.model), data=tuple(args.data), output_dir=str(args.output_dir),
-                         video=video_sampling(args), **{f: getattr(args, f) for f in fields})
+              "checkpoint_every", "resume", "metrics_jsonl", "timeout", "image_root", "strict", "nan_at_step",
+              *DATA_FLAGS)
+    if not (Path(args.model) / "config.json").is_file():
+        raise ValueError(f"--model {args.model}: not a model directory (no config.json)")
+    check_output_outside_model(args.output_dir, args.model)
+    return HFTrainConfig(model=str(args.model), data=tuple(args.data or ()), output_dir=str(args.output_dir),
+                         video=video_sampling(args), **{f: getattr(args, f) for f in fields},
+                         **hf_shared_values(args), **loop_options(args), **lora_fields(args))
+
+
+def check_output_outside_model(output_dir, model) -> None:
+    """``--output-dir`` that is, or lies inside, ``--model`` would overwrite the model it starts from."""
+    out, src = Path(os.path.realpath(output_dir)), Path(os.path.realpath(model))
+    if out == src or src in out.parents:
+        where = "is" if out == src else "lies inside"
+        raise ValueError(f"--output-dir {output_dir} {where} --model {model}: "
+                         "the trained model would overwrite (or mix with) the model it starts from; choose "
+                         "another directory")
 
 
 def check_outputs(cfg: HFTrainConfig) -> None:
@@ -119,6 +143,15 @@ def check_outputs(cfg: HFTrainConfig) -> None:
     if cfg.metrics_jsonl:
         check_writable_file("--metrics-jsonl", cfg.metrics_jsonl)
         check_writable_file("--metrics-jsonl's loss curve", Path(cfg.metrics_jsonl).with_suffix(".png"))
+    if cfg.report_to == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ValueError("--report-to tensorboard needs the tensorboard package: pip install "
+                             "'vlmcp[tensorboard]'")
+        from vlmcp.train.hf.feedback import tensorboard_dir
+
+        check_writable_dir("--report-to tensorboard's directory", tensorboard_dir(cfg))
 
 
 def plan_data(cfg: HFTrainConfig):
@@ -128,19 +161,36 @@ def plan_data(cfg: HFTrainConfig):
 
 def _plan(cfg: HFTrainConfig):
     """``(processor, index)``; with ``--strict`` every image is decoded too."""
-    if not (Path(cfg.model) / "config.json").is_file():
-        raise ValueError(f"--model {cfg.model}: not a model directory (no config.json)")
+    check_model_dir(cfg.model, cp=cfg.cp, attention=cfg.attention, vision_mode=cfg.vision_mode)
+    from vlmcp.data.hf.dataset_info import resolve_datasets
+    from vlmcp.data.hf.image_bounds import ImageBounds
     from vlmcp.data.hf.processor import load_processor
     from vlmcp.data.hf.reader import read_conversations
     from vlmcp.data.hf.rows import build_index
 
     processor = load_processor(cfg.model)
-    data = read_conversations(cfg.data, cfg.image_root)
-    source = "--data " + ", ".join(cfg.data)
-    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video)
+    sources = [*cfg.data, *resolve_datasets(cfg.dataset or (), cfg.dataset_dir)]
+    data = read_conversations(sources, cfg.image_root, max_samples=cfg.max_samples)
+    source = " ".join(([f"--data {', '.join(cfg.data)}"] if cfg.data else [])
+                      + ([f"--dataset {cfg.dataset}"] if cfg.dataset else []))
+    bounds = ImageBounds(min_pixels=cfg.image_min_pixels, max_pixels=cfg.image_max_pixels)
+    index = build_index(processor, data, cfg.seq_len, strict=cfg.strict, source=source, video=cfg.video,
+                        images=bounds, truncate=cfg.truncate)
     if cfg.strict:
         _decode_every_image(processor, index)
     return processor, index
+
+
+def plan_eval(cfg: HFTrainConfig, processor):
+    """The planned ``--eval-data`` (None without it); read and checked like ``--data``."""
+    if not cfg.eval_data:
+        return None
+    from vlmcp.data.hf.reader import read_conversations
+    from vlmcp.data.hf.rows import build_index
+
+    data = read_conversations(cfg.eval_data, cfg.image_root)
+    return build_index(processor, data, cfg.seq_len, strict=cfg.strict,
+                       source="--eval-data " + ", ".join(cfg.eval_data), video=cfg.video)
 
 
 def _decode_every_image(processor, index) -> None:
@@ -194,7 +244,10 @@ def _skips(cfg: HFTrainConfig, index, decode_skipped=None) -> str:
     causes.append(("by a format rule", index.format_skipped))
     named = decode_skipped is not None  # the final summary names them; the plan line counts them
     parts = [f"{len(skips)} {what}{_where(skips) if named else ''}" for what, skips in causes]
-    return f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: {index.dropped_turns}"
+    cut = f"; conversations cut at --seq-len: {sum(c is not None for c in index.cuts)}" \
+        if cfg.truncate else ""
+    return (f"conversations skipped: {', '.join(parts)}; turns dropped by a format rule: "
+            f"{index.dropped_turns}{cut}")
 
 
 def _first_view(cfg: HFTrainConfig, processor, index) -> str:
@@ -202,10 +255,14 @@ def _first_view(cfg: HFTrainConfig, processor, index) -> str:
     from vlmcp.data.hf.rows import row_at
     from vlmcp.data.hf.show import view_conversation
 
-    conv = index.conversations[index.rows[row_at(index, cfg.seed, 0)][0]]
+    i = index.rows[row_at(index, cfg.seed, 0)][0]
+    conv = index.conversations[i]
     more = f"; vlmcp data show --model {cfg.model} --data {conv.source} --line {conv.line} prints it all"
-    view = view_conversation(processor, conv, index.video).plain(max_lines=30, max_chars=2400, more=more)
-    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}"
+    view = view_conversation(processor, conv, index.video, index.images).plain(max_lines=30, max_chars=2400,
+                                                                              more=more)
+    cut = index.cuts[i] if index.cuts else None
+    cut = f"\n(--truncate trains its first {cut.tokens} tokens)" if cut else ""
+    return f"vlmcp train: the first conversation as the model sees it ([[...]] carries loss):\n{view}{cut}"
 
 
 def _resume_preflight(cfg: HFTrainConfig) -> bool:
@@ -272,7 +329,8 @@ def _peak(peak: dict | None) -> str:
 
 def _report(cfg: HFTrainConfig, index, s: dict) -> int:
     if s["message"]:
-        print(f"vlmcp train: {s['message']}", file=sys.stderr if s["stopped"] == "nonfinite" else sys.stdout)
+        failed = s["stopped"] in ("nonfinite", "no_targets")
+        print(f"vlmcp train: {s['message']}", file=sys.stderr if failed else sys.stdout)
     losses = s["losses"]
     rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
     print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']} of {s['steps']}, {s['tokens']:,} tokens, "
@@ -285,7 +343,11 @@ def _report(cfg: HFTrainConfig, index, s: dict) -> int:
         print(f"vlmcp train: checkpoints in {cfg.checkpoints}")
     if s["loss_curve"]:
         print(f"vlmcp train: loss curve written to {s['loss_curve']}")
-    return 1 if s["stopped"] == "nonfinite" else 0
+    if s.get("evals"):
+        last = s["evals"][-1]
+        print(f"vlmcp train: eval loss {last['eval_loss']:.4f} after step {last['step']} over "
+              f"{last['eval_tokens']:,} target tokens ({last['eval_rows']} rows of --eval-data)")
+    return {"nonfinite": 1, "no_targets": 1, "sigint": 130}.get(s["stopped"], 0)
 
 
 def run_hf(args: argparse.Namespace) -> int:
@@ -295,11 +357,20 @@ def run_hf(args: argparse.Namespace) -> int:
 
     check_outputs(cfg)
     processor, index = _plan(cfg)
+    cfg = cfg.with_steps(len(index.rows))  # --epochs: the steps of that many passes over the rows
+    eval_index = plan_eval(cfg, processor)
     if not _resume_preflight(cfg):
         return 0
     fill = index.tokens / (len(index.rows) * cfg.seq_len)
     say(f"vlmcp train: {cfg.model} on {len(index.conversations)} conversations in {len(index.rows)} rows "
          f"of {cfg.seq_len} tokens ({fill:.0%} filled); {_skips(cfg, index)}")
+    say(f"vlmcp train: {cfg.steps} steps of {cfg.rows_per_step} rows (--dp {cfg.dp} x --grad-accum "
+        f"{cfg.grad_accum}), {cfg.steps * cfg.rows_per_step / len(index.rows):.3g} epochs; lr {cfg.lr:g}, "
+        f"{cfg.lr_scheduler} after {cfg.warmup} warm-up steps, weight decay {cfg.weight_decay:g}, "
+        f"max grad norm {cfg.max_grad_norm:g}"
+        + (f"; eval on {len(eval_index.rows)} rows of --eval-data "
+           f"{'every ' + str(cfg.eval_every) + ' steps and ' if cfg.eval_every else ''}at the end"
+           if eval_index is not None else ""))
     for skip in index.unreadable[:5]:
         say(f"vlmcp train: warning: {skip.where}: {skip.reason}; skipped")
     if len(index.unreadable) > 5:
@@ -310,7 +381,7 @@ def run_hf(args: argparse.Namespace) -> int:
         print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}"
               f"{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
         preload_model_code(cfg.model)
-    summary = run_on_ranks("vlmcp train", train_hf_rank, cfg.world_size, cfg, index, timeout=None,
-                           collective_timeout=cfg.timeout,
+    summary = run_on_ranks("vlmcp train", train_hf_rank, cfg.world_size, cfg, index, None, eval_index,
+                           timeout=None, collective_timeout=cfg.timeout, interrupt=True,
                            world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
     return _report(cfg, index, summary) if is_rank_zero() else 0

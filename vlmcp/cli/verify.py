@@ -13,13 +13,14 @@ import json
 import math
 from typing import get_args
 
+from vlmcp.cli import command_help
 from vlmcp.cli.ranks import run_on_ranks
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.train.options import AttentionBackend, DType, ImageAttention, VisionMode
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="check CP gradients against a single process",
+    p = sub.add_parser("verify", help=command_help("verify"),
                        description=__doc__)
     p.add_argument("--cp", type=int, default=2, help="CP group size P (default 2)")
     p.add_argument("--vision-mode", default="replicate", choices=get_args(VisionMode))
@@ -128,9 +129,10 @@ def _run_hf(args: argparse.Namespace) -> int:
 
         if not os.path.isdir(args.model):
             raise ValueError(f"--model {args.model!r} is neither hf:ARCH nor a local model directory")
-        from transformers import AutoConfig
+        from vlmcp.cli.model_check import check_model_dir
 
-        config = AutoConfig.from_pretrained(args.model, local_files_only=True)
+        config = check_model_dir(args.model, cp=args.cp, attention=args.attention,
+                                 vision_mode=args.vision_mode)
     heads = getattr(getattr(config, "text_config", None), "num_attention_heads", None)
     if args.attention == "ulysses" and heads and heads % args.cp:
         raise ValueError(f"--attention ulysses needs the model's {heads} attention heads divisible by "

@@ -46,6 +46,7 @@ from vlmcp.hf import row_guard
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
+from vlmcp.hf.peft import unwrap_peft
 from vlmcp.hf.visuals import RowVisuals, row_visuals
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
 from vlmcp.layout.plan import ImageStrategy
@@ -215,6 +216,7 @@ def shard_inputs(
         ValueError: (the row guard, on every rank) the ranks of ``cp_group`` hold different
             rows; the message names which ranks hold which.
     """
+    model = unwrap_peft(model)  # a peft.PeftModel: its model (vlmcp.hf.peft)
     state = parallel_state(model)
     _check_call(state, cp_group, inputs, sample_placement, image_strategy)
     row = _read_row(model, state.adapter, inputs, labels, cu_seqlens)

@@ -50,6 +50,7 @@ from vlmcp.hf.adapters import submodule
 from vlmcp.hf.inputs import HFBatch
 from vlmcp.hf.moe_aux import token_weights
 from vlmcp.hf.parallel import parallel_state
+from vlmcp.hf.peft import unwrap_peft
 from vlmcp.loss import CPLoss, cp_cross_entropy, cp_linear_cross_entropy
 
 __all__ = ["causal_lm_loss"]
@@ -142,7 +143,7 @@ def causal_lm_loss(model: nn.Module, batch: HFBatch, cp_group: dist.ProcessGroup
         out = model(**batch.model_inputs)
         res = cp_cross_entropy(out.logits[0], labels, cp_group)
     else:
-        head = _check_head(model, adapter.lm_head)
+        head = _check_head(unwrap_peft(model), adapter.lm_head)
         with _head_returns_loss(head, labels, cp_group, chunk_size) as results:
             out = model(**batch.model_inputs)
         if len(results) != 1 or out.logits is not results[0].loss:
@@ -152,7 +153,7 @@ def causal_lm_loss(model: nn.Module, batch: HFBatch, cp_group: dist.ProcessGroup
                 "logits?): "
                 "causal_lm_loss cannot reproduce it; use chunk_size=None (the full logits)")
         res = results[0]
-    aux = adapter.auxiliary_loss(model, out, token_weights(batch.shard, cp_group), cp_group)
+    aux = adapter.auxiliary_loss(unwrap_peft(model), out, token_weights(batch.shard, cp_group), cp_group)
     if aux is None:
         return res
     return CPLoss(res.loss + aux.to(res.loss.dtype), res.mean)

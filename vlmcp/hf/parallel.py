@@ -27,6 +27,7 @@ from vlmcp.hf.mixers import llama4 as hf_llama4
 from vlmcp.hf.mixers import mamba2 as hf_mamba2
 from vlmcp.hf.mixers import short_conv as hf_short_conv
 from vlmcp.hf.mixers.audit import audit_token_mixers
+from vlmcp.hf.peft import check_hidden_shard_layers, unwrap_peft
 from vlmcp.hf.vision import place_hf_vision
 from vlmcp.vision.placement import VisionMode
 
@@ -60,7 +61,7 @@ class HFParallel:
 
 def parallel_state(model: nn.Module) -> HFParallel:
     """The model's :class:`HFParallel`; raises if :func:`parallelize` was not called."""
-    state = getattr(model, _ATTR, None)
+    state = getattr(unwrap_peft(model), _ATTR, None)
     if state is None:
         raise ValueError(f"{type(model).__name__} is not parallelized: call "
                          "vlmcp.hf.parallelize(model, cp_group, ...) once, before the optimizer")
@@ -101,12 +102,13 @@ def parallelize(
             model once the loader is trusted (each call can still override it).
 
     Returns:
-        ``model``.
+        ``model`` (a ``peft.PeftModel`` is taken as is and its model parallelized: :mod:`vlmcp.hf.peft`).
 
     Raises:
         ValueError: unsupported architecture, unknown attention or vision mode, a mode
             without an adapter, heads not divisible by P for Ulysses, a projector width not
-            divisible by P for ``hidden_shard``, dropout in the LLM, a model parallelized
+            divisible by P for ``hidden_shard`` or a last layer it cannot slice (a LoRA around
+            it), dropout in the LLM, a model parallelized
             already, or a token mixer vlmcp does not run under CP (linear attention other than
             Qwen3.5's Gated DeltaNet, convolutions other than LFM2's, Mamba other than Nemotron-H's
             Mamba-2, chunked windows,
@@ -114,6 +116,7 @@ def parallelize(
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
     """
+    outer, model = model, unwrap_peft(model)  # a peft.PeftModel: the model inside (vlmcp.hf.peft)
     if attention not in ("ring", "ulysses"):
         raise ValueError(f"attention must be 'ring' or 'ulysses', got {attention!r}")
     if vision_mode not in get_args(VisionMode):
@@ -145,6 +148,7 @@ def parallelize(
         if out % world:
             raise ValueError(f"hidden_shard splits the projector output ({out} columns) over the CP group, "
                              f"but {out} is not divisible by P={world}")
+        check_hidden_shard_layers(model, (adapter.projector_last, *adapter.deepstack_projectors(model)))
     submodule(model, adapter.language_model)  # names the architecture if the path is wrong
     # Qwen3.5's Gated DeltaNet, LFM2's short conv, Nemotron-H's Mamba-2, Llama 4's attention
     for mixer_implementation in (hf_gdn, hf_short_conv, hf_mamba2, hf_llama4):
@@ -159,4 +163,4 @@ def parallelize(
     setattr(model, _ATTR, HFParallel(group=cp_group, cp_size=world, attention=attention,
                                      vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision,
                                      check_same_row=check_same_row))
-    return model
+    return outer

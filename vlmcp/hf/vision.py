@@ -13,7 +13,12 @@ same five modes, collectives, duals and rules as :func:`vlmcp.place_vision`), an
 features of all images (videos), in order, on every rank. Whether the features require grad
 (the broadcast receivers' placeholders, an empty scatter part) is read from the vision
 modules' parameters alone, so a frozen ViT and projector under a trained LLM run no dual and
-no rank waits for one.
+no rank waits for one. Such a vision side also runs without autograd (no backward, and no
+hook can make its output require grad on one rank only: HF's ``enable_input_require_grads``,
+installed by ``gradient_checkpointing_enable``, marks the ViT's patch embedding output, which
+made a ``broadcast`` source alone run the dual and hang). A ViT frozen under a trained
+projector still runs backward to that patch embedding when the hook is on (exact, only
+slower); ``vlmcp train`` removes the hook, which non-reentrant checkpointing does not need.
 
 A ViT unit is what the ViT attends over: an image, or one temporal patch group (frame
 group) of a video (Note [vlmcp HF videos: frame groups are visual units]). ``scatter``
@@ -173,11 +178,20 @@ def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
     keys = adapter.pixel_keys if modality == "image" else adapter.video_pixel_keys
     pixels = {k: call[k] for k in keys if call.get(k) is not None}
 
+    needs = _vision_needs_grad(self, pl)
+
     def run(sub: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The original call on ``sub``: every level's features stacked, ``(tokens, levels, width)``."""
+        """The original call on ``sub``: every level's features stacked, ``(tokens, levels, width)``.
+
+        A vision side with no trainable parameter runs without autograd, so its output never
+        requires grad on any rank, whatever hooks make a ViT input require grad (HF's
+        ``enable_input_require_grads``, which ``gradient_checkpointing_enable`` installs on
+        the ViT's patch embedding too): no rank runs its backward or waits for a dual.
+        """
         setattr(self, _BUSY, True)
         try:
-            out = original(self, **{**call, **sub})
+            with torch.set_grad_enabled(needs):
+                out = original(self, **{**call, **sub})
         finally:
             setattr(self, _BUSY, False)
         levels = [out.pooler_output]
@@ -207,8 +221,7 @@ def _placed_features(self: nn.Module, modality: str, *args, **kwargs):
             return run(pixels)
         return run(select(index)) if index else empty(0)  # an empty part still joins the gather
 
-    emb = placed_features(pl.mode, pl.group, units, run_units, empty, src=pl.src,
-                          requires_grad=_vision_needs_grad(self, pl))
+    emb = placed_features(pl.mode, pl.group, units, run_units, empty, src=pl.src, requires_grad=needs)
     partial = ctx is not None and (ctx.shard.plan.sample_placement != "split"
                                    or ctx.shard.image_strategy == "shard")
     if partial:  # this rank's input_ids hold only some visual tokens: their rows, in order

@@ -25,7 +25,8 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def plot_loss_curve(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike,
                     title: str | None = None) -> Path:
-    """Draw loss per step (top) and the gradient norms of each part (bottom).
+    """Draw loss per step (top, with the eval loss where the file has one) and the gradient norms of
+    each part (bottom).
 
     The bottom panel is the seed's point made visible: the vision tower's gradient
     norm stays above zero, i.e. the text loss reaches the ViT through CP.
@@ -54,6 +55,10 @@ def plot_loss_curve(metrics_jsonl: str | os.PathLike, out_png: str | os.PathLike
             smooth = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1])
                       for i in range(len(loss))]
             ax_loss.plot(steps, smooth, color="tab:blue", linewidth=2, label=f"mean of {k} steps")
+        eval_steps, eval_loss = _series(records, "eval_loss")
+        if eval_steps:  # vlmcp train --model --eval-data
+            ax_loss.plot(eval_steps, eval_loss, color="tab:orange", marker="o", linewidth=1.5,
+                         label="eval loss")
         ax_loss.set_ylabel("loss")
         ax_loss.grid(alpha=0.3)
         ax_loss.legend(loc="upper right")

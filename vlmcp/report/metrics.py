@@ -13,12 +13,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRIC_FIELDS", "MetricsWriter", "read_metrics"]
+__all__ = ["EVAL_FIELDS", "METRIC_FIELDS", "MetricsWriter", "read_metrics"]
 
 METRIC_FIELDS = ("step", "loss", "grad_norm_vision", "grad_norm_projector", "grad_norm_llm",
                  "tokens", "seconds")
 """Keys every metrics record has. ``step`` counts optimizer steps completed (1 after
-the first step), the same count a checkpoint is saved under."""
+the first step), the same count a checkpoint is saved under. ``vlmcp train --model`` adds
+``lr``, ``grad_norm`` (the global norm before clipping), ``target_tokens``, ``tokens_per_second``
+and ``memory_bytes`` (the busiest rank's peak)."""
+
+EVAL_FIELDS = ("step", "eval_loss", "eval_tokens")
+"""Keys of an evaluation record (:meth:`MetricsWriter.write_eval`): the held-out loss after
+``step`` steps; it follows that step's record."""
 
 
 def _json_value(value: Any) -> Any:
@@ -93,6 +99,21 @@ class MetricsWriter:
         self._file.write(line + "\n")
         self._file.flush()  # a killed run keeps every finished step
         self.last_step = step
+
+    def write_eval(self, record: Mapping[str, Any]) -> None:
+        """Append an evaluation record (every key of :data:`EVAL_FIELDS`), after its step's record.
+
+        Raises:
+            ValueError: for a missing key, or a step before the last written one.
+        """
+        missing = [k for k in EVAL_FIELDS if k not in record]
+        if missing:
+            raise ValueError(f"eval record lacks {missing}; every eval record needs {list(EVAL_FIELDS)}")
+        step = int(record["step"])
+        if self.last_step is not None and step < self.last_step:
+            raise ValueError(f"eval step {step} is before the last written step {self.last_step}")
+        self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}, allow_nan=False) + "\n")
+        self._file.flush()
 
     def close(self) -> None:
         self._file.close()

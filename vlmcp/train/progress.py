@@ -55,29 +55,31 @@ class ProgressBar:
         self._tokens = 0
         self._drawn = 0  # characters of the line currently on a terminal
 
-    def line(self, step: int, loss: float | None) -> str:
-        """The status text for ``step`` (without the bar)."""
+    def line(self, step: int, loss: float | None, extra: str = "") -> str:
+        """The status text for ``step`` (without the bar); ``extra`` follows the loss."""
         elapsed = self.clock() - self._start
         done = step - self.initial
         rate = self._tokens / elapsed if elapsed > 0 else float("nan")
         eta = (self.total - step) * elapsed / done if done > 0 else float("nan")
         loss_text = f"{loss:.4f}" if loss is not None else "-"
         rate_text = f"{rate:,.0f}" if math.isfinite(rate) else "-"
-        return (f"step {step}/{self.total}  loss {loss_text}  {rate_text} tok/s  "
+        extra = f"{extra}  " if extra else ""
+        return (f"step {step}/{self.total}  loss {loss_text}  {extra}{rate_text} tok/s  "
                 f"elapsed {format_duration(elapsed)}  ETA {format_duration(eta)}")
 
-    def update(self, step: int, *, loss: float | None = None, tokens: int = 0) -> None:
+    def update(self, step: int, *, loss: float | None = None, tokens: int = 0, extra: str = "") -> None:
         """Report that ``step`` steps are complete.
 
         Args:
             step: steps completed so far (absolute, not this process's count).
             loss: this step's loss.
             tokens: tokens this step processed (added to the tokens/s count).
+            extra: more of the step's figures, shown after the loss (``lr 1e-05  grad 0.52``).
         """
         if not self.enabled:
             return
         self._tokens += tokens
-        text = self.line(step, loss)
+        text = self.line(step, loss, extra)
         if self.tty:
             filled = self.width * step // self.total
             text = f"[{'#' * filled}{'.' * (self.width - filled)}] {text}"
@@ -86,6 +88,14 @@ class ProgressBar:
         elif (step - self.initial) % self.log_every == 0 or step == self.total:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+    def note(self, text: str) -> None:
+        """Print a line of its own (an evaluation's result) without breaking the bar's line."""
+        if not self.enabled:
+            return
+        self.stream.write(("\n" if self.tty and self._drawn else "") + text + "\n")
+        self.stream.flush()
+        self._drawn = 0
 
     def close(self) -> None:
         """End the terminal line (call once, after the last update)."""

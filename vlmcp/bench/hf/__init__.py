@@ -1,4 +1,4 @@
-"""Benchmarks of Hugging Face VLMs under vlmcp (``vlmcp bench hf-memory``, ``hf-vision``, ``hf-loss``).
+"""Hugging Face VLMs under vlmcp (``vlmcp bench hf-memory``, ``hf-vision``, ``hf-loss``, ``hf-step``).
 
 * :mod:`vlmcp.bench.hf.memory`: busiest rank's saved-for-backward bytes of one training
   step over one process, per ``image_strategy`` and vision mode, on a long-video row and

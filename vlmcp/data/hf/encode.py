@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlmcp.data.hf.image_bounds import ImageBounds
 from vlmcp.data.hf.schema import Conversation
 from vlmcp.data.hf.template import Rendered, render
 from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, read_header, require_av, video_rules
@@ -47,8 +48,9 @@ class MediaError(ValueError):
         super().__init__(f"{where}: {self.reason}")
 
 
-def image_sizes(conv: Conversation) -> list[tuple[int, int]]:
-    """``(height, width)`` of each image, from the file headers (no decoding).
+def image_sizes(conv: Conversation, bounds: ImageBounds | None = None) -> list[tuple[int, int]]:
+    """``(height, width)`` of each image, from the file headers (no decoding), after ``bounds``
+    (``--image-max-pixels``/``--image-min-pixels``) scale it.
 
     Raises:
         MediaError: for an image whose header cannot be read.
@@ -57,7 +59,7 @@ def image_sizes(conv: Conversation) -> list[tuple[int, int]]:
     for media in conv.images:
         try:
             with media.open_image() as im:
-                sizes.append((im.height, im.width))
+                sizes.append((im.height, im.width) if bounds is None else bounds.size(im.height, im.width))
         except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
             raise MediaError(conv.where, media.name, "cannot read image", err) from None
     return sizes
@@ -250,8 +252,8 @@ def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int]
     return ids, mask
 
 
-def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = None
-                   ) -> tuple[Rendered, list[int], list[bool]]:
+def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = None,
+                   images: ImageBounds | None = None) -> tuple[Rendered, list[int], list[bool]]:
     """``(rendered, ids, trained)``: ``conv``'s tokens as the model will see them, each image and
     video expanded to its token count, and which carry loss; only headers are read.
 
@@ -259,26 +261,28 @@ def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = 
         processor: the model's processor.
         conv: the conversation.
         video: how videos are sampled (default :class:`VideoSampling`'s).
+        images: the pixel bounds images are scaled into (default: none).
 
     Raises:
         MediaError: an image's or video's header cannot be read, or the processor refuses its size.
         ValueError: naming ``file:line`` for a conversation the template cannot render, or
             videos for a model whose videos vlmcp does not encode.
     """
-    sizes = image_sizes(conv)
+    sizes = image_sizes(conv, images)
     counts = image_token_counts(processor, conv, sizes)
     plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
     return (rendered, *_expand(processor, conv, rendered, counts, plans, sizes))
 
 
-def sample_length(processor, conv: Conversation, video: VideoSampling | None = None) -> int:
+def sample_length(processor, conv: Conversation, video: VideoSampling | None = None,
+                  images: ImageBounds | None = None) -> int:
     """Tokens of ``conv`` after the processor expands its images and videos (headers only).
 
     Raises:
         MediaError, ValueError: as :func:`planned_tokens`.
     """
-    return len(planned_tokens(processor, conv, video)[1])
+    return len(planned_tokens(processor, conv, video, images)[1])
 
 
 def _decode_videos(processor, conv: Conversation, plans: list[VideoPlan]) -> list[tuple[dict, VideoPlan]]:
@@ -346,13 +350,15 @@ class EncodedSample:
         return self.input_ids.numel()
 
 
-def encode_conversation(processor, conv: Conversation, video: VideoSampling | None = None) -> EncodedSample:
+def encode_conversation(processor, conv: Conversation, video: VideoSampling | None = None,
+                        bounds: ImageBounds | None = None) -> EncodedSample:
     """Decode ``conv``'s images and videos and run the processor; labels on the trained messages only.
 
     Args:
         processor: the model's processor.
         conv: the conversation.
         video: how videos are sampled (as planning sampled them; default :class:`VideoSampling`'s).
+        bounds: the pixel bounds each image is scaled into before the processor (as planning).
 
     Raises:
         MediaError: naming ``file:line`` and the image or video when it cannot be decoded or
@@ -364,7 +370,8 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
     for media in conv.images:
         try:
             with media.open_image() as im:
-                images.append(im.convert("RGB"))
+                image = im.convert("RGB")
+            images.append(image if bounds is None else bounds.apply(image))
         except Exception as err:  # a truncated file: header fine, pixels not
             raise MediaError(conv.where, media.name, "cannot decode image", err) from None
     sizes = [(im.height, im.width) for im in images]

@@ -89,7 +89,8 @@ def _parse(path: Path) -> list[tuple[int, Any]]:
     return list(enumerate(data, start=1))
 
 
-def _read_file(path: Path, media_root: Path) -> tuple[list[Conversation], list[Skipped]]:
+def _read_file(path: Path, media_root: Path, convert=None, max_samples: int | None = None
+               ) -> tuple[list[Conversation], list[Skipped]]:
     if not path.is_file():
         raise ValueError(f"--data {path}: no such file")
     if path.suffix.lower() not in _CONTAINERS:
@@ -98,10 +99,14 @@ def _read_file(path: Path, media_root: Path) -> tuple[list[Conversation], list[S
     records = _parse(path)
     if not records:
         raise ValueError(f"--data {path}: the file holds no conversation")
-    for number, record in records:
+    if max_samples is not None:
+        records = records[:max_samples]
+    for i, (number, record) in enumerate(records):
         if not isinstance(record, dict):
             raise ValueError(f"{line_name(str(path), number)}: expected a JSON object, got "
                              f"{type(record).__name__}")
+        if convert is not None:
+            records[i] = (number, convert(record, line_name(str(path), number)))
 
     @functools.cache
     def file_formats() -> frozenset[str]:
@@ -115,12 +120,16 @@ def _read_file(path: Path, media_root: Path) -> tuple[list[Conversation], list[S
 
 
 def read_conversations(paths: str | os.PathLike | Sequence[str | os.PathLike],
-                       image_root: str | os.PathLike | None = None) -> ConversationSet:
+                       image_root: str | os.PathLike | None = None, *,
+                       max_samples: int | None = None) -> ConversationSet:
     """Read and check every line of one or more ``--data`` files.
 
     Args:
-        paths: a file, or several, read in order and concatenated (``.jsonl`` or ``.json``).
+        paths: a file, or several, read in order and concatenated (``.jsonl`` or ``.json``); a
+            :class:`~vlmcp.data.hf.dataset_info.DataSource` (``--dataset``) rewrites its lines
+            first and has its own image directory.
         image_root: where relative image paths start; default each data file's own directory.
+        max_samples: read only the first lines (objects) of each file (``--max-samples``).
 
     Returns:
         The kept conversations (files in the order given, each in file order) and the
@@ -139,8 +148,12 @@ def read_conversations(paths: str | os.PathLike | Sequence[str | os.PathLike],
     if root is not None and not root.is_dir():
         raise ValueError(f"--image-root {root}: no such directory")
     kept, skipped = [], []
-    for path in map(Path, paths):
-        conversations, skips = _read_file(path, root if root is not None else path.parent)
+    if max_samples is not None and (isinstance(max_samples, bool) or max_samples < 1):
+        raise ValueError(f"--max-samples must be an integer >= 1, got {max_samples!r}")
+    for source in paths:
+        path, convert = Path(source), getattr(source, "convert", None)
+        media_root = root if root is not None else getattr(source, "media_root", None) or path.parent
+        conversations, skips = _read_file(path, media_root, convert, max_samples)
         kept += conversations
         skipped += skips
     if not kept:

@@ -47,8 +47,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, sample_length
+from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, planned_tokens, sample_length
+from vlmcp.data.hf.image_bounds import ImageBounds
 from vlmcp.data.hf.schema import Conversation, ConversationSet, Skipped
+from vlmcp.data.hf.truncate import Cut, cut_sample, plan_cut
 from vlmcp.data.hf.video import VideoSampling, video_rules
 from vlmcp.layout.labels import IGNORE_INDEX
 
@@ -92,6 +94,8 @@ class DataIndex:
         format_skipped: lines a format's documented rule leaves out (the readers').
         dropped_turns: turns a format's rule dropped from kept conversations.
         video: how videos were sampled (their token counts depend on it; decoding uses it too).
+        images: the pixel bounds images are scaled into (planning and decoding alike).
+        cuts: per conversation, where ``--truncate`` cuts it (None: whole); empty: none is cut.
     """
 
     conversations: list[Conversation]
@@ -103,6 +107,8 @@ class DataIndex:
     format_skipped: tuple[Skipped, ...] = ()
     dropped_turns: int = 0
     video: VideoSampling = VideoSampling()
+    images: ImageBounds = ImageBounds()
+    cuts: tuple[Cut | None, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -112,7 +118,8 @@ class DataIndex:
 
 def build_index(processor, data: ConversationSet | list[Conversation], seq_len: int, *,
                 strict: bool = False, source: str = "--data",
-                video: VideoSampling | None = None) -> DataIndex:
+                video: VideoSampling | None = None, images: ImageBounds | None = None,
+                truncate: bool = False) -> DataIndex:
     """Token counts, skips and the packing of ``data``'s conversations into rows of ``seq_len``.
 
     Args:
@@ -122,31 +129,44 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
         strict: raise on a conversation that would be skipped.
         source: how errors name the data.
         video: how videos are sampled (``--video-*``; default :class:`VideoSampling`'s).
+        images: the pixel bounds images are scaled into (``--image-*-pixels``; default none).
+        truncate: cut a conversation longer than ``seq_len`` (:mod:`vlmcp.data.hf.truncate`)
+            instead of skipping it; one that cannot be cut is skipped as too long, with why.
 
     Raises:
         ValueError: with ``strict``, for the first conversation longer than ``seq_len`` or
             with an unusable image or video; without, when no conversation is left to train on.
     """
     video = video or VideoSampling()
+    images = images or ImageBounds()
     if not isinstance(data, ConversationSet):
         data = ConversationSet(conversations=list(data))
-    kept, lengths, too_long, unreadable = [], [], [], []
+    kept, lengths, too_long, unreadable, cuts = [], [], [], [], []
     for conv in data.conversations:
         try:
-            n = sample_length(processor, conv, video)
+            n = sample_length(processor, conv, video, images)
         except MediaError as err:
             if strict:
                 raise ValueError(f"{err} (drop --strict to skip such conversations)") from None
             unreadable.append(Skipped(conv.where, err.reason))
             continue
+        cut, why = None, ""
+        if n > seq_len and truncate:
+            _, ids, trained = planned_tokens(processor, conv, video, images)
+            cut = plan_cut(processor, conv, ids, trained, seq_len)
+            if isinstance(cut, str):
+                why, cut = f"; {cut}", None
+            else:
+                n = cut.tokens
         if n > seq_len:
             if strict:
                 raise ValueError(f"{conv.where}: the conversation is {n} tokens, longer than "
-                                 f"--seq-len {seq_len} (drop --strict to skip such conversations)")
-            too_long.append(Skipped(conv.where, f"{n} tokens"))
+                                 f"--seq-len {seq_len}{why} (drop --strict to skip such conversations)")
+            too_long.append(Skipped(conv.where, f"{n} tokens{why}"))
             continue
         kept.append(conv)
         lengths.append(n)
+        cuts.append(cut)
     if not kept:
         first = (unreadable or too_long or [None])[0]
         raise ValueError(f"{source}: none of the {len(data.conversations)} conversations can be trained on: "
@@ -156,7 +176,8 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
     return DataIndex(conversations=kept, lengths=lengths, rows=_pack(processor, kept, lengths, seq_len),
                      seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
                      format_skipped=tuple(data.skipped),
-                     dropped_turns=sum(c.dropped_turns for c in kept), video=video)
+                     dropped_turns=sum(c.dropped_turns for c in kept), video=video, images=images,
+                     cuts=tuple(cuts) if any(c is not None for c in cuts) else ())
 
 
 def _pack(processor, conversations: list[Conversation], lengths: list[int], seq_len: int) -> list[list[int]]:
@@ -220,7 +241,9 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
             skipped.append(i)
             continue
         try:
-            sample = encode_conversation(processor, conv, index.video)
+            sample = encode_conversation(processor, conv, index.video, index.images)
+            if index.cuts and index.cuts[i] is not None:
+                sample = cut_sample(sample, index.cuts[i], conv)
         except MediaError as err:
             skipped.append(i)
             failures.append(Skipped(conv.where, err.reason))

@@ -136,6 +136,9 @@ class Conversation:
         tools: the tool schemas the line offers the model (LLaMA-Factory / ms-swift top-level
             ``tools``) as a JSON list in text, or None. Like ``tool_call`` messages they change
             what trains: an encoder that cannot render them must refuse the conversation.
+        pretrain: an ms-swift pre-training line (one assistant message, nothing else): its text
+            trains as plain text, every token, without the chat template
+            (:func:`vlmcp.data.hf.template.render`).
     """
 
     line: int
@@ -145,6 +148,7 @@ class Conversation:
     videos: tuple[Media, ...] = ()
     dropped_turns: int = 0
     tools: str | None = None
+    pretrain: bool = False
 
     @property
     def where(self) -> str:

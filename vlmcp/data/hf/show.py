@@ -97,18 +97,21 @@ class ConversationView:
         return f"{head}\n{body.rstrip()}"
 
 
-def view_conversation(processor, conv: Conversation, video: VideoSampling | None = None) -> ConversationView:
+def view_conversation(processor, conv: Conversation, video: VideoSampling | None = None,
+                      images=None) -> ConversationView:
     """The view of ``conv`` (image and video headers read, no pixel decoded).
 
     Args:
         processor: the model's processor.
         conv: the conversation.
         video: how videos are sampled (``--video-*``), which sets their token counts.
+        images: the :class:`~vlmcp.data.hf.image_bounds.ImageBounds` images are scaled into
+            (``--image-*-pixels``), which set their token counts.
 
     Raises:
         ValueError: naming ``file:line``, as planning would (:func:`planned_tokens`).
     """
-    rendered, ids, trained = planned_tokens(processor, conv, video)
+    rendered, ids, trained = planned_tokens(processor, conv, video, images)
     planned = video_plans(processor, conv, video)
     plans = [{"video": media.name, "frames": len(plan.indices), "of": plan.total,
               "size": [plan.width, plan.height],

@@ -187,6 +187,42 @@ class Rendered:
     trained: list[bool]
 
 
+def _media_text(processor, kind: str, where: str) -> str:
+    """What the chat template writes for one image (video) part, found between two text parts."""
+    parts = [{"type": "text", "text": "A"}, {"type": kind}, {"type": "text", "text": "B"}]
+    text = processor.apply_chat_template([{"role": "user", "content": parts}], tokenize=False)
+    token = getattr(processor, f"{kind}_token", None)
+    start, end = text.find("A"), text.rfind("B")
+    piece = text[start + 1:end] if 0 <= start < end else ""
+    if not token or piece.count(token) != 1:
+        raise ValueError(f"{where}: a pre-training line with {kind}s: {type(processor).__name__}'s chat "
+                         f"template does not write a {kind} part in place, so vlmcp cannot place it in plain "
+                         "text")
+    return piece
+
+
+def _render_plain(processor, conv: Conversation) -> Rendered:
+    """A pre-training line (:attr:`Conversation.pretrain`): its text as plain text, each image and
+    video as the chat template writes one, then the end-of-text token. The line's text and the
+    end-of-text token train; what the template writes for an image or video does not."""
+    kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
+    eos = processor.tokenizer.eos_token
+    if not eos:
+        raise ValueError(f"{conv.where}: a pre-training line needs the tokenizer's end-of-text token")
+    full, spans = "", []
+    for piece in [*_PLACEHOLDERS.split(conv.messages[0].content), None]:
+        if piece in kinds:
+            full += _media_text(processor, kinds[piece], conv.where)
+            continue
+        piece = eos if piece is None else piece
+        spans.append((len(full), len(full) + len(piece)))
+        full += piece
+    enc = processor.tokenizer(full, return_offsets_mapping=True)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    trained = [e > s and any(a <= s < b for a, b in spans) for s, e in offsets]
+    return Rendered(text=full, ids=list(enc["input_ids"]), offsets=offsets, trained=trained)
+
+
 def render(processor, conv: Conversation) -> Rendered:
     """Render ``conv`` with the model's chat template and find its trained tokens (see the Note).
 
@@ -198,6 +234,8 @@ def render(processor, conv: Conversation) -> Rendered:
     """
     if not any(m.trained for m in conv.messages):
         raise ValueError(f"{conv.where}: no message carries loss, so nothing to learn")
+    if conv.pretrain:
+        return _render_plain(processor, conv)
     own_newline = bool(conv.images or conv.videos) and newline_after_image(processor)
     messages, tools = chat_messages(conv, own_newline), chat_tools(conv)
 

@@ -13,7 +13,10 @@ Two kinds, by ``--fsdp``:
   crash never leaves a partial ``step_N``. DCP stores tensors by name with their global
   shapes, so a run resumes at another CP or DP size.
 
-Both keep the newest three and carry the data position (rows consumed) for an exact resume.
+Both keep the newest ``--save-total-limit`` (default 3; 0 keeps all) and carry the data
+position (rows consumed) for an exact resume. A resume must keep the run's data, model and
+schedule (``--steps``, ``--grad-accum``, ``--lr`` and its scheduler and warm-up): a change is
+refused, naming it (:func:`check_resumable`).
 On resume the newest checkpoint that passes its checksums wins; a damaged one is skipped
 with a warning naming the file (:func:`latest_step`).
 
@@ -44,6 +47,7 @@ from vlmcp.train.checkpoint import (
     remove_stale_temps,
     save_checkpoint,
 )
+from vlmcp.train.hf.finetune_config import finetune_changes
 from vlmcp.train.lock import writer_tag
 from vlmcp.train.state import full_state, load_full_state
 
@@ -52,9 +56,12 @@ __all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkp
 _DIR = re.compile(r"^step_(\d{8,})$")
 _TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
 _META = "vlmcp_meta.pt"
-KEEP_LAST = 3
-_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video")
-_PATH_FIELDS = ("model", "data", "image_root")
+_RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video",
+                  # what the rows are made of (a checkpoint from before these fields holds their defaults)
+                  "dataset", "dataset_dir", "max_samples", "image_max_pixels", "image_min_pixels", "truncate")
+_SCHEDULE_FIELDS = ("steps", "grad_accum", "lr", "lr_scheduler", "warmup_steps", "warmup_ratio")
+"""Checked where the checkpoint has them (older checkpoints: ``steps`` only)."""
+_PATH_FIELDS = ("model", "data", "image_root", "dataset_dir")
 
 
 def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
@@ -131,10 +138,13 @@ def _same(field: str, a, b) -> bool:
 
 def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
     """Raise if a checkpoint of ``saved`` config cannot continue the run ``cfg``."""
-    changed = [f"--{f.replace('_', '-')} {saved.get(f)!r} -> {getattr(cfg, f)!r}"
-               for f in _RESUME_FIELDS if not _same(f, saved.get(f), getattr(cfg, f))]
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    fields = _RESUME_FIELDS + tuple(f for f in _SCHEDULE_FIELDS if f in saved)
+    changed = [f"--{f.replace('_', '-')} {saved.get(f, defaults.get(f))!r} -> {getattr(cfg, f)!r}"
+               for f in fields if not _same(f, saved.get(f, defaults.get(f)), getattr(cfg, f))]
     if saved.get("fsdp") != cfg.fsdp:
         changed.append(f"--fsdp {saved.get('fsdp')} -> {cfg.fsdp}")
+    changed += finetune_changes(saved, cfg)
     if changed:
         raise ValueError(f"cannot resume from {where}: it belongs to another run ({', '.join(changed)})")
     if step > cfg.steps:
@@ -176,7 +186,7 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
         path = Path(directory) / f"step_{step:08d}.pt"
         if rank == 0:
             state.update(meta)
-            save_checkpoint(directory, step, state, keep_last=KEEP_LAST)
+            save_checkpoint(directory, step, state, keep_last=cfg.save_total_limit or None)
         dist.barrier(group=world)
         return path
     import torch.distributed.checkpoint as dcp
@@ -200,7 +210,7 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
         torch.save(meta, temp / _META)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temp, final)
-        for _, old in _dcp_dirs(Path(directory))[:-KEEP_LAST]:
+        for _, old in (_dcp_dirs(Path(directory))[:-cfg.save_total_limit] if cfg.save_total_limit else []):
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier(group=world)
     return final

@@ -29,6 +29,7 @@ from torch import nn
 from vlmcp.grads import partition_of
 from vlmcp.train.checkpoint import clean_os_error, remove_stale_temps
 from vlmcp.train.hf.checkpoint import gather_slice, partitioned_params
+from vlmcp.train.hf.finetune import lora_output, save_adapter
 from vlmcp.train.lock import writer_tag
 
 __all__ = ["MODEL_MARKER", "final_model_complete", "save_trained_model"]
@@ -92,37 +93,51 @@ def _publish(temp: Path, out: Path, step: int) -> None:
     temp.rmdir()
 
 
+def _clean_model(cfg, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A fresh model of ``cfg.model``'s config holding ``state`` (built on meta, the tensors assigned)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(cfg.model)
+    with torch.device("meta"):
+        clean = AutoModelForImageTextToText.from_config(config, dtype=next(iter(state.values())).dtype)
+    missing = sorted(set(clean.state_dict()) - set(state))
+    if missing:
+        raise RuntimeError(f"the trained model lacks {missing[:5]}; cannot save it as {cfg.model}'s kind")
+    clean.load_state_dict({k: state[k] for k in clean.state_dict()}, assign=True)
+    return clean
+
+
 def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGroup,
                        cp_group: dist.ProcessGroup, step: int | None = None) -> Path:
     """``save_pretrained`` of the trained weights and the processor into ``cfg.output_dir``.
 
     The weights go into a fresh, unparallelized model of the directory's own config (no
-    vlmcp attention or vision placement is saved), so any transformers consumer loads it.
+    vlmcp attention or vision placement is saved), so any transformers consumer loads it;
+    a LoRA run writes its PEFT adapter instead, or with ``--merge-lora`` the merged weights
+    (:mod:`vlmcp.train.hf.finetune`).
     Written through a temporary directory and renamed into place, marker last (see the
     module docstring); ``step`` (default ``cfg.steps``) goes into the marker.
 
     Raises:
         OSError: one line naming the directory and the reason (e.g. a full disk).
     """
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
     from vlmcp.data.hf.processor import save_processor
 
     state = _gathered_state(model, cp_group, cfg.fsdp)
     out = Path(cfg.output_dir)
     if dist.get_rank(world) == 0:
-        config = AutoConfig.from_pretrained(cfg.model)
-        with torch.device("meta"):
-            clean = AutoModelForImageTextToText.from_config(config, dtype=next(iter(state.values())).dtype)
-        missing = sorted(set(clean.state_dict()) - set(state))
-        if missing:
-            raise RuntimeError(f"the trained model lacks {missing[:5]}; cannot save it as {cfg.model}'s kind")
-        clean.load_state_dict({k: state[k] for k in clean.state_dict()}, assign=True)
+        adapter = None
+        if getattr(cfg, "lora", False):  # a PEFT adapter, or with --merge-lora the merged weights
+            state, adapter = lora_output(cfg, state)
+        clean = _clean_model(cfg, state) if adapter is None else None
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out, _MODEL_TEMP)
         temp = out / f".model.tmp-{writer_tag()}"
         try:
-            clean.save_pretrained(temp)
+            if adapter is None:
+                clean.save_pretrained(temp)
+            else:
+                save_adapter(cfg, adapter, temp)
             save_processor(processor, temp)
             _publish(temp, out, cfg.steps if step is None else step)
         except Exception as err:

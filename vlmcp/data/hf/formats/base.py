@@ -106,13 +106,14 @@ def string(line: Line, value: Any, what: str) -> str:
 
 def build_conversation(line: Line, messages: Sequence[Message], images: Sequence[Media] = (),
                        videos: Sequence[Media] = (), *, dropped_turns: int = 0,
-                       tools: str | None = None) -> Conversation:
+                       tools: str | None = None, pretrain: bool = False) -> Conversation:
     """The :class:`Conversation`, after the checks every format shares.
 
     Raises:
         ValueError: no message; a number of ``<image>`` (``<video>``) placeholders other than
             the number of images (videos); a conversation that opens (after any system
-            message) with an assistant turn; no message with loss.
+            message) with an assistant turn, unless ``pretrain`` (then it is exactly one
+            assistant message); no message with loss.
     """
     if not messages:
         raise line.error("the conversation has no message")
@@ -123,11 +124,16 @@ def build_conversation(line: Line, messages: Sequence[Message], images: Sequence
             raise line.error(f"{placeholders} {placeholder} placeholder(s) but {len(media)} {what}(s); "
                              f"each {what} needs one {placeholder} where it goes")
     first = next((m for m in messages if m.role != "system"), None)
-    if first is not None and first.role in ("assistant", "tool_call"):
+    if pretrain:
+        if len(messages) != 1 or messages[0].role != "assistant" or tools is not None:
+            raise line.error("a pre-training line is one assistant message and nothing else")
+    elif first is not None and first.role in ("assistant", "tool_call"):
         raise line.error(f"the conversation opens with an {first.role} message; it needs a user (or "
-                         "system) message first")
+                         "system) message first (an ms-swift pre-training line is one assistant message and "
+                         "nothing else)")
     if not any(m.trained for m in messages):
         raise line.error("no message carries loss (no assistant or tool_call turn, and none with "
                          "\"loss\": true), so nothing to learn")
     return Conversation(line=line.number, messages=tuple(messages), images=tuple(images),
-                        source=line.source, videos=tuple(videos), dropped_turns=dropped_turns, tools=tools)
+                        source=line.source, videos=tuple(videos), dropped_turns=dropped_turns, tools=tools,
+                        pretrain=pretrain)

@@ -32,6 +32,10 @@ and videos (then the line has no ``images`` / ``videos``). A ``tool_call`` conte
 call: a JSON object with a ``name`` (or a list of them, parallel calls), as text or
 structured (then serialised).
 A ``tool_response`` content may also be a JSON object (serialised).
+
+ms-swift's pre-training line, ``{"messages": [{"role": "assistant", "content": "<image>A dog."}],
+"images": ["d.jpg"]}`` (one assistant message, nothing else), trains its text as plain text
+(:attr:`Conversation.pretrain`), as ``swift pt`` does (no chat template).
 """
 
 from __future__ import annotations
@@ -202,7 +206,10 @@ class MessagesFormat(DataFormat):
                 raise line.error("the line has a top-level \"system\" and a leading system message "
                                  "(message 0); which one trains is ambiguous, keep one")
             messages.insert(0, Message(role="system", content=system))
-        return build_conversation(line, messages, images, videos, tools=_tools(line, record.get("tools")))
+        # ms-swift's pre-training line: {"messages": [{"role": "assistant", "content": "..."}]}
+        pretrain = key == "messages" and [m.role for m in messages] == ["assistant"]
+        return build_conversation(line, messages, images, videos, tools=_tools(line, record.get("tools")),
+                                  pretrain=pretrain)
 
 
 MESSAGES = MessagesFormat()

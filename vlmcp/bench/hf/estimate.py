@@ -1,0 +1,118 @@
+"""``vlmcp plan --model``'s memory estimate against the exact counter, on tiny models.
+
+Run: ``vlmcp bench hf-estimate [--cp 1 2 --archs qwen2_vl qwen2_5_vl qwen3_vl llava]``.
+
+For each architecture the estimate knows (:data:`vlmcp.estimate.towers.TOWERS`), a tiny random
+model (:func:`vlmcp.hf.debug.tiny.tiny_model`, float32) trains one step on one packed row of 4
+samples, each ``[prompt, image, answer]`` (``--text-tokens`` text per sample), under each
+configuration of checkpointing x vision mode x ``image_strategy``: ``vlmcp.hf.shard_inputs``,
+:func:`vlmcp.hf.causal_lm_loss`, ``backward``. Each rank counts what autograd saves
+(:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter`, parameters left out); the table gives the
+busiest rank's bytes against :func:`vlmcp.estimate.estimate_memory`'s ``saved`` for the same
+config (read back from the model's config, as ``vlmcp plan --model DIR`` reads config.json) and
+row. The goal: within 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+import torch.distributed as dist
+
+from vlmcp.bench.hf import needs_transformers
+from vlmcp.launch import spawn_ranks
+
+NAME = "hf-estimate"
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl")
+CONFIGS = (  # (activation checkpointing, vision_mode, image_strategy)
+    (False, "replicate", "replicate"), (True, "replicate", "replicate"), (False, "scatter", "shard"),
+    (True, "scatter", "shard"))
+
+
+def _samples(arch: str, text: int) -> tuple:
+    image = {"llava": (1,), "internvl": (4,)}.get(arch, (1, 8, 8))  # 16 LLM tokens each (InternVL: 4 tiles)
+    before = max(1, text // 6)
+    return tuple((before, image, text - before) for _ in range(4))
+
+
+def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> list[dict]:
+    """Every rank: per (arch, config), this rank's saved bytes and the estimate's inputs (``dtype``: the
+    parameters' and pixels')."""
+    import vlmcp.hf
+    from vlmcp.checks.saved_tensors import SavedTensorMeter
+    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.hf.debug.tiny import tiny_config, tiny_model
+
+    out = []
+    for arch in archs:
+        base = tiny_model(tiny_config(arch), seed=0).to(getattr(torch, dtype))
+        inputs, labels, cu = synthetic_row(base, _samples(arch, text_tokens))
+        visual = int((inputs["input_ids"] == base.config.image_token_id).sum())
+        for ckpt, mode, strategy in configs:
+            model = copy.deepcopy(base)
+            if ckpt:
+                model.train()
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            vlmcp.hf.parallelize(model, group, vision_mode=mode)
+            with SavedTensorMeter(model.parameters()) as meter:
+                batch = vlmcp.hf.shard_inputs(model, inputs, group, labels=labels, cu_seqlens=cu,
+                                              image_strategy=strategy)
+                res = vlmcp.hf.causal_lm_loss(model, batch, group)
+                res.loss.backward()
+            saved = torch.tensor([meter.bytes])
+            if group is not None:
+                dist.all_reduce(saved, op=dist.ReduceOp.MAX, group=group)
+            out.append(dict(arch=arch, ckpt=ckpt, vision_mode=mode, image_strategy=strategy,
+                            seq_len=int(inputs["input_ids"].shape[1]), visual=visual,
+                            images=16 if arch == "internvl" else 4,  # InternVL: tiles
+                            config=base.config.to_dict(), measured=int(saved), dtype=dtype))
+    return out
+
+
+def predicted(row: dict, cp: int) -> int:
+    """The estimate's saved bytes for a row of :func:`measure`."""
+    from transformers import AutoConfig
+
+    from vlmcp.estimate import EstimateSetup, estimate_memory
+
+    cfg = dict(row["config"])
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    setup = EstimateSetup(seq_len=row["seq_len"], cp=cp, visual_tokens=row["visual"], images=row["images"],
+                          activation_checkpointing=row["ckpt"], dtype=row["dtype"],
+                          image_strategy=row["image_strategy"], vision_mode=row["vision_mode"])
+    return estimate_memory(config, setup).saved
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cp", type=int, nargs="+", default=[1, 2], help="CP sizes (default 1 2)")
+    parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS),
+                        help="architectures (default: all the estimate knows)")
+    parser.add_argument("--text-tokens", type=int, default=120, help="text tokens per sample (default 120)")
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"),
+                        default=["float32", "bfloat16"], help="parameter dtypes (default float32 bfloat16)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if needs_transformers(NAME):
+        return 0
+    print("tiny models, one row of 4 samples [prompt, image of 16 tokens, answer]; busiest rank's "
+          "saved bytes")
+    print("| model | dtype | P | checkpointing | vision_mode | image_strategy | measured | estimate | "
+          "error |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for dtype in args.dtypes:
+        for P in args.cp:
+            _table(P, args, dtype)
+    return 0
+
+
+def _table(P: int, args: argparse.Namespace, dtype: str) -> None:
+    rows = (measure(None, args.archs, CONFIGS, args.text_tokens, dtype) if P == 1 else
+            spawn_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, dtype, timeout=1800)[0])
+    for row in rows:
+        est = predicted(row, P)
+        print(f"| {row['arch']} | {dtype} | {P} | {'yes' if row['ckpt'] else 'no'} | {row['vision_mode']} | "
+              f"{row['image_strategy']} | {row['measured'] / 2**10:,.1f} KiB | {est / 2**10:,.1f} KiB | "
+              f"{est / row['measured'] - 1:+.1%} |", flush=True)
