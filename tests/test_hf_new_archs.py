@@ -169,3 +169,21 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
                         (dict(num_kv_shared_layers=2), r"layers.2, model.language_model.layers.3: no token")):
         with pytest.raises(ValueError, match=match):
             vlmcp.hf.parallelize(tiny_model(tiny_config("gemma4", text_config=text), torch.float64), None)
+
+
+LONG_TAIL_EXACT = ("ovis2", "qianfan_ocr")
+"""transformers' image-text-to-text types with no vlmcp adapter that ``python -m vlmcp.hf.debug.long_tail``
+measured exact (docs/hf-models.md lists every type and its outcome)."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_long_tail_coverage_verify_on_tiny_configs():
+    """The long tail's coverage: every type without an adapter or a refusal is in the measured list, and
+    those measured exact stay exact at P=2 (their default configs shrunk, the adapter-less path)."""
+    from vlmcp.hf.debug import long_tail
+
+    assert set(LONG_TAIL_EXACT) <= set(long_tail.long_tail_types())
+    results = run_on_ranks(long_tail.long_tail, 2, list(LONG_TAIL_EXACT), timeout=560)[0]
+    assert [r["model_type"] for r in results] == list(LONG_TAIL_EXACT)
+    assert all(r["status"] == "exact" for r in results), results

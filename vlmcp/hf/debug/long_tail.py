@@ -56,10 +56,17 @@ def tiny_long_tail_model(model_type: str, dtype: torch.dtype = torch.float64, se
     text = getattr(config, "text_config", None)  # the vocabulary stays: placeholder ids live near its end
     if text is not None and getattr(text, "attention_dropout", 0):
         text.attention_dropout = 0.0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa", dtype=dtype)
-    return model.eval()
+    for attn in ("sdpa", "eager"):  # a ViT without SDPA support: eager (the LM's becomes vlmcp's anyway)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            try:
+                model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn, dtype=dtype)
+            except ValueError as e:
+                if attn == "eager" or "does not support an attention implementation" not in str(e):
+                    raise
+                continue
+        return model.eval()
+    raise AssertionError("unreachable")
 
 
 def long_tail_types() -> tuple[str, ...]:
