@@ -79,20 +79,35 @@ def long_tail_types() -> tuple[str, ...]:
     return tuple(sorted(t for t in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if t not in known))
 
 
-def long_tail(group: dist.ProcessGroup | None, model_types, samples=((5, (1,), 9), (12,), (3, (1,), 4, 7))):
-    """Per model type, what vlmcp does with its tiny model at this group's P (replicate, ring, float64):
-    ``{"model_type", "status", "detail"}`` with status ``"exact"`` (loss and every gradient within 1e-9 of
-    the unmodified model), ``"float32 islands"`` (within :data:`FLOAT32`: the type's float32 steps are not
-    lifted in :data:`~vlmcp.hf.debug.float64.ISLANDS`, so its float64 check rounds as float32 does),
-    ``"wrong"`` (beyond that: a defect), ``"refused"`` (parallelize or
-    shard_inputs named why), or ``"not built"`` (the shrunk config or its synthetic row does not build)."""
+PLACEHOLDER_SAMPLES = ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7))
+"""The row of a placeholder-merge model: an image after a prompt, a text-only sample, two images."""
+
+
+def long_tail(group: dist.ProcessGroup | None, model_types):
+    """Per model type, what vlmcp does with its tiny model at this group's P (replicate, ring, float64).
+
+    Rows: :data:`PLACEHOLDER_SAMPLES`, Qwen grids for the M-RoPE path. Returns one
+    ``{"model_type", "status", "detail"}`` per type, status ``"exact"`` (loss and every gradient within
+    1e-9 of the unmodified model), ``"float32 islands"`` (within :data:`FLOAT32`: the type's float32
+    steps are not lifted in :data:`~vlmcp.hf.debug.float64.ISLANDS`, so its float64 check rounds as
+    float32 does), ``"wrong"`` (beyond that: a defect), ``"refused"`` (parallelize or shard_inputs
+    named why), or ``"not built"`` (the shrunk config or its synthetic row does not build).
+    """
+    from vlmcp.hf.adapters import adapter_for
+    from vlmcp.hf.adapters.generic import MRopePlaceholderAdapter
     from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
+    from vlmcp.hf.debug.tiny import DEFAULT_SAMPLES
 
     out = []
     for model_type in model_types:
         try:
             model = tiny_long_tail_model(model_type)
-            case = HFParityCase(model=f"hf:{model_type}", samples=samples)
+            try:  # Qwen grids for the M-RoPE path, fixed-size images otherwise
+                mrope = isinstance(adapter_for(model), MRopePlaceholderAdapter)
+            except ValueError:
+                mrope = False  # parallelize names why below
+            case = HFParityCase(model=f"hf:{model_type}", samples=DEFAULT_SAMPLES if mrope
+                                else PLACEHOLDER_SAMPLES)
             ref = reference_for(case, model)
         except Exception as e:  # noqa: BLE001  (a measurement: every failure is reported, none hidden)
             out.append({"model_type": model_type, "status": "not built",
