@@ -23,7 +23,7 @@ SHRINK: dict[str, int] = {
     "num_hidden_layers": 2, "depth": 2, "num_layers": 2, "hidden_size": 64, "intermediate_size": 128,
     "num_attention_heads": 4, "num_key_value_heads": 2, "num_heads": 4, "head_dim": 16, "embed_dim": 64,
     "moe_intermediate_size": 32, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
+    "num_experts_per_tok": 2, "out_hidden_size": 64,
 }
 """Fields set in every sub-config that has them (``text_config``, ``vision_config``, the top level)."""
 
