@@ -165,6 +165,11 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
     layers = model.model.language_model.layers
     assert [getattr(x.self_attn, IMAGE_ATTENTION_ATTR, None) for x in layers] == [None, "causal"] * 2
     assert [x.self_attn.sliding_window for x in layers] == [4, None, 4, None]
+    capped = vlmcp.hf.parallelize(tiny_model(tiny_config("gemma4", text_config=dict(
+        final_logit_softcapping=3.0)), torch.float64), None)  # the chunked loss cannot reproduce the cap
+    batch = vlmcp.hf.shard_inputs(capped, inputs, None, labels=labels, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="a softcap, scale or cast of the logits"):
+        vlmcp.hf.causal_lm_loss(capped, batch, None)
     for text, match in ((dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
                         (dict(num_kv_shared_layers=2), r"layers.2, model.language_model.layers.3: no token")):
         with pytest.raises(ValueError, match=match):

@@ -507,3 +507,18 @@ def test_minimax_m3_sparse_layers_refused_and_its_full_layers_run():
     with pytest.raises(ValueError, match=r"layers.0: layer type 'minimax_m3_sparse': indexed/compressed"):
         vlmcp.hf.parallelize(sparse, None)
     vlmcp.hf.parallelize(tiny_model("minimax_m3_vl", torch.float64), None)
+
+
+def test_attention_logit_softcapping_refused_not_ignored():
+    """Gemma 2-style ``softcap`` reaching vlmcp's attention: refused, never computed without it."""
+    from vlmcp.hf.attention import CONTEXT_KEY, vlmcp_attention_forward
+
+    model = vlmcp.hf.parallelize(tiny_model("llava", torch.float64), None)
+    inputs, labels, cu = synthetic_row(model, ((9,),))
+    batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+    attn = model.model.language_model.layers[0].self_attn
+    n = batch.model_inputs["input_ids"].shape[1]
+    q, kv = torch.zeros(1, 6, n, 8, dtype=torch.float64), torch.zeros(1, 2, n, 8, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="softcap=50.0"):
+        vlmcp_attention_forward(attn, q, kv, kv, None, softcap=50.0,
+                                **{CONTEXT_KEY: batch.model_inputs[CONTEXT_KEY]})

@@ -102,7 +102,8 @@ def vlmcp_attention_forward(
         sliding_window: the layer's window W (Gemma 3's ``sliding_attention`` layers): a query sees a
             key fewer than W positions before it, as transformers' sliding mask; None: no window.
             Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.mixers.audit` audited).
-        **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; the rest is ignored. The images'
+        **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; a ``softcap`` (Gemma 2's attention
+            logit soft-capping) is refused; the rest is ignored. The images'
             attention is the context's, unless the module sets :data:`IMAGE_ATTENTION_ATTR`.
 
     Returns:
@@ -118,6 +119,10 @@ def vlmcp_attention_forward(
         raise RuntimeError(
             "this model's language model uses vlmcp attention but the call carries no CP layout: call "
             "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} asks for attention logit soft-capping (softcap={kwargs['softcap']}), "
+            "which vlmcp's attention does not apply: refused rather than computed without it")
     if dropout:
         raise ValueError(f"vlmcp attention has no dropout, got attention dropout {dropout} (set "
                          "config.text_config.attention_dropout = 0 or call model.eval())")

@@ -7,8 +7,10 @@ the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and Si
 position interpolation, MoE routers (Qwen3-VL-MoE's softmax and load-balancing loss, Qwen3.5-MoE's
 softmax, DeepSeek-V3's sigmoid and group top-k), Qwen3.5's (and Qwen3.5-MoE's) zero-centred and
 gated norms, its decay and gated-delta-rule kernel, Kimi-K2.5's temporal merge, Nemotron-H's gated
-norm, Mamba-2 decay, SSD scan, router and float32 logits, and RADIO's position interpolation. In
-a float64 model each rounds the gradient to float32; a replicated token's gradient arrives in P
+norm, Mamba-2 decay, SSD scan, router and float32 logits, RADIO's position interpolation, GLM-4.5V's
+and MiniMax-M3-VL's sigmoid routers, MiniMax-M3-VL's and Gemma 4's norms (Gemma 4's is ``x * w``, not
+Gemma 3's ``x * (1 + w)``), Gemma 4's ViT pooling and router, and Llama 4's norms, complex rotary and
+router. In a float64 model each rounds the gradient to float32; a replicated token's gradient arrives in P
 shares, each rounded on its own, so CP and one process then differ by ~1e-8 relative: float32
 noise, not a CP error. float64 parity therefore runs both models with those steps in the input
 dtype, for the duration only::
@@ -279,7 +281,8 @@ ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     (_modeling("llama4"), "Llama4Router.forward", _llama4_router),
     (_modeling("minimax_m3_vl"), "MiniMaxM3VLRMSNorm.forward", "in_dtype"),
     *((_modeling("gemma4"), f, "in_dtype") for f in (
-        "Gemma4RMSNorm.forward", "Gemma4VisionPooler._avg_pool_by_positions", "Gemma4VisionPooler.forward")),
+        "Gemma4RMSNorm.forward", "Gemma4VisionPooler._avg_pool_by_positions", "Gemma4VisionPooler.forward",
+        "Gemma4TextRouter.forward")),
     (_modeling("minimax_m3_vl"), "MiniMaxM3VLTopKRouter.forward", "in_dtype"),
     (_modeling("minimax_m3_vl"), "load_balancing_loss_func", _load_balancing),
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
