@@ -21,7 +21,7 @@ from tests import hf_new_cases  # noqa: E402
 from tests.hf_archs import NEW_ARCHS  # noqa: E402
 from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
 from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model  # noqa: E402
+from vlmcp.hf.debug.tiny import VIDEO_ONLY_SAMPLES, tiny_arch, tiny_config, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
@@ -48,8 +48,12 @@ VARIANTS = {"glm46v": ("replicate", "hidden_shard")}
 P2_CASES = (
     [_case(a, "ring", m) for a in NEW_ARCHS for m in VARIANTS.get(a, _modes(a))]
     + [_case(a, "ulysses", _modes(a)[-1]) for a in NEW_ARCHS]
-    + [_case(a, "ulysses", "broadcast", "shard") for a in ("gemma4", "glm4v_moe", "mistral4")]  # image tokens
-)                                                                                 # sharded with the text
+    # image tokens sharded with the text
+    + [_case(a, "ulysses", "broadcast", "shard") for a in ("gemma4", "glm4v_moe", "mistral4")]
+    # GLM's videos: frame groups as ViT units, written with the image placeholder
+    + [HFParityCase(model=f"hf:{a}", vision_mode="scatter", samples=VIDEO_ONLY_SAMPLES)
+       for a in ("glm4v_moe", "glm46v")]
+)
 P3_CASES = [_case("gemma4", "ulysses", "scatter"), _case("glm4v_moe", "ring", "broadcast"),
             _case("mistral4", "ulysses", "hidden_shard"), _case("llama4", "ring", "replicate"),
             _case("minimax_m3_vl", "ring", "scatter", "shard")]
