@@ -118,13 +118,37 @@ def test_a_gated_deltanet_vlmcp_does_not_know_is_refused():
     _untouched(model)
 
 
-def test_qwen3_5_without_an_adapter_refused_for_its_m_rope_positions():
+def test_an_m_rope_model_without_an_adapter_takes_its_own_rope_index_or_is_refused_by_name():
+    """The long tail (Note [vlmcp HF long tail: M-RoPE through the model's own rope index]): Qwen3.5 as if
+    vlmcp had no adapter runs through its own get_rope_index in replicate; a rope index needing a
+    parameter the generic path cannot pass, and M-RoPE without any rope index, are refused by name."""
+    from vlmcp.hf.adapters import generic
+    from vlmcp.hf.adapters.generic import MRopePlaceholderAdapter
+
     model = tiny_qwen3_5(layers=4)
     del adapters._ADAPTERS["qwen3_5"]  # a private copy (the fixture): as if vlmcp had no Qwen3.5 adapter
-    with pytest.raises(ValueError, match=r"model_type='qwen3_5'\) has no vlmcp adapter and computes "
-                                         r"multimodal \(M-RoPE\) position ids"):
-        vlmcp.hf.parallelize(model, None)
-    _untouched(model)
+    adapter = vlmcp.hf.adapter_for(model)
+    assert isinstance(adapter, MRopePlaceholderAdapter) and adapter.vision_modes == ("replicate",)
+    assert adapter.rope_keywords == generic.ROPE_KEYWORDS  # Qwen3.5 takes all four
+    with pytest.raises(ValueError, match="vision_mode='scatter' needs a vlmcp adapter"):
+        vlmcp.hf.parallelize(copy.deepcopy(model), None, vision_mode="scatter")
+    odd = copy.deepcopy(model)
+    odd.model.get_rope_index = lambda input_ids, image_grid_thw, frame_rate: None
+    with pytest.raises(ValueError, match=r"model_type='qwen3_5'\) has no vlmcp adapter and its get_rope_index"
+                                         r".*needs \['frame_rate'\]"):
+        vlmcp.hf.parallelize(odd, None)
+    _untouched(odd)
+    bare = copy.deepcopy(model)
+    bare.model.get_rope_index = None
+    del bare.model.get_rope_index  # the instance attribute, then the class's: hide it
+    type(bare.model).get_rope_index, saved = property(lambda self: (_ for _ in ()).throw(AttributeError)), \
+        type(bare.model).get_rope_index
+    try:
+        with pytest.raises(ValueError, match=r"computes multimodal \(M-RoPE\) position ids \(rope "):
+            vlmcp.hf.parallelize(bare, None)
+    finally:
+        type(bare.model).get_rope_index = saved
+    vlmcp.hf.parallelize(model, None)  # the audit runs Qwen3.5's Gated DeltaNet as registered
 
 
 def _rename_classes(model: nn.Module, attr: str, name: str) -> None:
@@ -441,3 +465,60 @@ def test_an_adapter_token_key_is_sharded_and_passed_on():
     assert local.shape == batch.model_inputs["input_ids"].shape
     assert torch.equal(local[0], batch.shard.shard(types[0], fill=0))
 
+
+
+REFUSED_BY_NAME = ("ernie4_5_vl_moe", "step3p7", "minicpmv4_6", "molmo2", "mistral4")
+"""Issue 27's model types vlmcp refuses by name (vlmcp/hf/adapters/refused.py)."""
+
+
+def _meta_model(model_type: str):
+    """The model of ``model_type``'s default config, on the meta device (no memory, no weights)."""
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    with torch.device("meta"):
+        return AutoModelForImageTextToText.from_config(CONFIG_MAPPING[model_type]())
+
+
+@pytest.mark.parametrize("model_type", REFUSED_BY_NAME)
+def test_issue_27_model_types_refused_by_name_with_the_reason(model_type):
+    """Without the table some would pass the placeholder default (Step3 and Molmo 2 did)."""
+    model = _meta_model(model_type)
+    with pytest.raises(ValueError, match=f"model_type='{model_type}'.*is refused by vlmcp: ") as e:
+        vlmcp.hf.parallelize(model, None)
+    assert adapters.REFUSED[model_type].split(":")[0] in str(e.value)
+    assert model_type not in vlmcp.hf.supported_model_types()
+
+
+@pytest.mark.parametrize("model_type, layer, kind", [
+    ("mistral_large4", "MistralLarge4TextDecoderLayer", "sparse_attention"),
+])
+def test_sparse_attention_layers_refused_by_the_audit(model_type, layer, kind):
+    """Mistral Large 4's DeepSeek sparse attention (an indexer picks each query's keys): refused per layer."""
+    with pytest.raises(ValueError, match=rf"{layer} \[{kind}\] at model.language_model.layers.0"):
+        vlmcp.hf.parallelize(_meta_model(model_type), None)
+
+
+def test_minimax_m3_sparse_layers_refused_and_its_full_layers_run():
+    """MiniMax-M3-VL's "minimax_m3_sparse" layers (a block-sparse indexer) are refused by layer; the tiny
+    model of full-attention layers runs (its parity: tests/test_hf_new_archs.py)."""
+    sparse = tiny_model(tiny_config("minimax_m3_vl", text_config=dict(
+        layer_types=["minimax_m3_sparse", "full_attention"])), torch.float64)
+    with pytest.raises(ValueError, match=r"layers.0: layer type 'minimax_m3_sparse': indexed/compressed"):
+        vlmcp.hf.parallelize(sparse, None)
+    vlmcp.hf.parallelize(tiny_model("minimax_m3_vl", torch.float64), None)
+
+
+def test_attention_logit_softcapping_refused_not_ignored():
+    """Gemma 2-style ``softcap`` reaching vlmcp's attention: refused, never computed without it."""
+    from vlmcp.hf.attention import CONTEXT_KEY, vlmcp_attention_forward
+
+    model = vlmcp.hf.parallelize(tiny_model("llava", torch.float64), None)
+    inputs, labels, cu = synthetic_row(model, ((9,),))
+    batch = vlmcp.hf.shard_inputs(model, inputs, None, labels=labels, cu_seqlens=cu)
+    attn = model.model.language_model.layers[0].self_attn
+    n = batch.model_inputs["input_ids"].shape[1]
+    q, kv = torch.zeros(1, 6, n, 8, dtype=torch.float64), torch.zeros(1, 2, n, 8, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="softcap=50.0"):
+        vlmcp_attention_forward(attn, q, kv, kv, None, softcap=50.0,
+                                **{CONTEXT_KEY: batch.model_inputs[CONTEXT_KEY]})

@@ -42,12 +42,16 @@ from torch import nn
 from vlmcp.attention import cp_attention
 from vlmcp.layout import RankShard
 
-__all__ = ["ATTN_NAME", "CONTEXT_KEY", "CPContext", "mark", "register", "vlmcp_attention_forward"]
+__all__ = ["ATTN_NAME", "CONTEXT_KEY", "IMAGE_ATTENTION_ATTR", "CPContext", "mark", "register",
+           "vlmcp_attention_forward"]
 
 ATTN_NAME = "vlmcp"
 """The ``_attn_implementation`` name of vlmcp's attention."""
 CONTEXT_KEY = "vlmcp_cp"
 """The ``model(**inputs)`` keyword that carries the :class:`CPContext`."""
+IMAGE_ATTENTION_ATTR = "_vlmcp_image_attention"
+"""A module attribute that overrides the adapter's ``image_attention`` for that layer (Gemma 4: its
+full-attention layers are causal over images, its sliding layers bidirectional); set by the adapter."""
 _MARK = "_vlmcp_cp_attention"
 _REACHED = "_vlmcp_cp_attention_reached"
 
@@ -98,7 +102,9 @@ def vlmcp_attention_forward(
         sliding_window: the layer's window W (Gemma 3's ``sliding_attention`` layers): a query sees a
             key fewer than W positions before it, as transformers' sliding mask; None: no window.
             Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.mixers.audit` audited).
-        **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; the rest is ignored.
+        **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; a ``softcap`` (Gemma 2's attention
+            logit soft-capping) is refused; the rest is ignored. The images'
+            attention is the context's, unless the module sets :data:`IMAGE_ATTENTION_ATTR`.
 
     Returns:
         ``(out (1, N, H, D), None)``: HF's layout, no attention weights.
@@ -113,6 +119,10 @@ def vlmcp_attention_forward(
         raise RuntimeError(
             "this model's language model uses vlmcp attention but the call carries no CP layout: call "
             "model(**vlmcp.hf.shard_inputs(model, inputs, cp_group, ...).model_inputs)")
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} asks for attention logit soft-capping (softcap={kwargs['softcap']}), "
+            "which vlmcp's attention does not apply: refused rather than computed without it")
     if dropout:
         raise ValueError(f"vlmcp attention has no dropout, got attention dropout {dropout} (set "
                          "config.text_config.attention_dropout = 0 or call model.eval())")
@@ -124,8 +134,9 @@ def vlmcp_attention_forward(
     if query.dim() != 4 or query.shape[0] != 1:
         raise ValueError(f"vlmcp attention takes one row (batch 1), got query of shape {tuple(query.shape)}")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (N, heads, D)
+    image_attention = getattr(module, IMAGE_ATTENTION_ATTR, None) or ctx.image_attention
     out = cp_attention(q, k, v, ctx.shard, ctx.group, backend=ctx.backend,
-                       image_attention=ctx.image_attention, softmax_scale=scaling,
+                       image_attention=image_attention, softmax_scale=scaling,
                        sliding_window=sliding_window)
     return out.unsqueeze(0), None
 

@@ -23,6 +23,7 @@ from torch import nn
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
 from vlmcp.hf.mixers import gdn as hf_gdn
+from vlmcp.hf.mixers import llama4 as hf_llama4
 from vlmcp.hf.mixers import mamba2 as hf_mamba2
 from vlmcp.hf.mixers import short_conv as hf_short_conv
 from vlmcp.hf.mixers.audit import audit_token_mixers
@@ -149,10 +150,11 @@ def parallelize(
                              f"but {out} is not divisible by P={world}")
         check_hidden_shard_layers(model, (adapter.projector_last, *adapter.deepstack_projectors(model)))
     submodule(model, adapter.language_model)  # names the architecture if the path is wrong
-    # Qwen3.5's Gated DeltaNet, LFM2's short conv, Nemotron-H's Mamba-2
-    for mixer_implementation in (hf_gdn, hf_short_conv, hf_mamba2):
+    # Qwen3.5's Gated DeltaNet, LFM2's short conv, Nemotron-H's Mamba-2, Llama 4's attention
+    for mixer_implementation in (hf_gdn, hf_short_conv, hf_mamba2, hf_llama4):
         mixer_implementation.register()  # classes of loaded transformers modules only: imports nothing
     mixers = audit_token_mixers(model, adapter.language_model)
+    adapter.prepare_model(model)
     for mixer in mixers:
         mixer.prepare(mixer.module)
     hf_attention.register()

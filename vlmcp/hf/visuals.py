@@ -102,6 +102,8 @@ def row_visuals(model: nn.Module, adapter: HFAdapter, ids: torch.Tensor,
                          "raises 'Image features and image tokens do not match'): put images and videos in "
                          "different rows")
     tokens = adapter.image_tokens(model, pixels) if has_pixels else []
+    if tokens is None:  # no metadata rule: Note [vlmcp HF long tail: image tokens from the row]
+        tokens = adapter.row_image_tokens(model, pixels, is_image)
     n_images = (len(tokens) if tokens is not None else 1) if has_pixels else 0
     groups = _items_per_sample(tokens, is_image, cu, n_images)
     vtokens = adapter.video_tokens(model, videos) if has_videos else []

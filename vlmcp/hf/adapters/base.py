@@ -264,6 +264,34 @@ class HFAdapter:
         """LLM tokens of each image, from metadata only; None when the adapter cannot tell."""
         return None
 
+    def row_image_tokens(self, model: nn.Module, pixels: Mapping[str, torch.Tensor],
+                         is_image: torch.Tensor) -> list[int] | None:
+        """LLM tokens of each image read from the row itself, where :meth:`image_tokens` has no rule
+        (None: it cannot tell either). Called on the global row, before any collective.
+
+        The default (Note [vlmcp HF long tail: image tokens from the row]): when the first pixel key has
+        one row per image and the row's image placeholders form exactly that many maximal runs, run
+        ``i`` is image ``i``; otherwise None.
+
+        Args:
+            model: the top-level model.
+            pixels: the row's per-image inputs.
+            is_image: ``BoolTensor[L]``, the row's image placeholders.
+        """
+        pv = pixels.get(self.pixel_keys[0])
+        if pv is None or pv.dim() < 2:
+            return None
+        flags = is_image.to(torch.int8)
+        starts = torch.nonzero(flags[1:] > flags[:-1]).flatten() + 1
+        if bool(flags[0]):
+            starts = torch.cat([torch.zeros(1, dtype=starts.dtype), starts])
+        ends = torch.nonzero(flags[:-1] > flags[1:]).flatten() + 1
+        if bool(flags[-1]):
+            ends = torch.cat([ends, torch.tensor([flags.numel()], dtype=ends.dtype)])
+        if starts.numel() != pv.shape[0] or starts.numel() == 0:
+            return None
+        return (ends - starts).tolist()
+
     def select_images(self, pixels: Mapping[str, torch.Tensor], index: list[int]) -> dict:
         """The per-image inputs of images ``index`` (in that order)."""
         raise NotImplementedError(f"the {self.name} adapter cannot split images")
@@ -366,6 +394,10 @@ class HFAdapter:
         """Sharded ids ``(R, N)`` in the shape ``model(position_ids=...)`` takes."""
         return local  # (1, N): batch 1
 
+    def prepare_model(self, model: nn.Module) -> None:
+        """Ready the top-level ``model`` in place, once, after the token-mixer audit passed and before
+        ``parallelize`` changes anything else (Llama 4: mend transformers' forward). Default: nothing."""
+
     def auxiliary_loss(self, model: nn.Module, output, weights: torch.Tensor, group) -> torch.Tensor | None:
         """This rank's share of what the model's forward adds to the token loss besides it (a MoE
         router's load-balancing loss), or None (:func:`vlmcp.hf.causal_lm_loss`).
@@ -390,7 +422,38 @@ class HFAdapter:
 
 @dataclass(frozen=True, kw_only=True)
 class PlaceholderAdapter(HFAdapter):
-    """Any VLM that merges at its placeholder tokens with 1-D positions: ``replicate`` only."""
+    """Any VLM that merges at its placeholder tokens with 1-D positions: ``replicate`` only.
+
+    Note [vlmcp HF long tail: image tokens from the row]
+    ----------------------------------------------------
+    An architecture without an adapter has no metadata rule for an image's token count. Its row
+    still says it: HF's processors write each image's placeholders as one run (LLaVA and the models
+    built like it), so when ``pixel_values`` has one row per image and the row has exactly as many
+    runs (:meth:`HFAdapter.row_image_tokens`), run ``i`` is image ``i``. That is all packing needs:
+    which images each sample takes (the per-sample reference, ``select_images``' rows), and a
+    mismatch raises before any collective. Where the runs do not match the rows (tiles written as
+    several runs), a packed row with images in more than one sample is refused by name. HF's own
+    merge then runs on every rank's local row (``replicate``), as with any placeholder model.
+    """
 
     name: str = "placeholder"
     model_types: tuple[str, ...] = ()
+
+    def select_images(self, pixels, index):
+        """Rows ``index`` of every per-image input (one row per image, as :meth:`row_image_tokens` found)."""
+        take = torch.as_tensor(index, dtype=torch.long)
+        return {k: v[take.to(v.device)] for k, v in pixels.items()}
+
+    def synthetic_images(self, model, images, generator, *, markers=True):
+        """Random ``vision_config.image_size`` images; each one run of as many placeholders as the model's
+        own ``get_image_features`` gives it features (probed once, without gradient)."""
+        vc = model.config.vision_config
+        side = vc.image_size if isinstance(vc.image_size, int) else vc.image_size[0]
+        pv = torch.randn(len(images), getattr(vc, "num_channels", 3), side, side, generator=generator,
+                         dtype=torch.float64)
+        with torch.no_grad():
+            dtype = next(model.parameters()).dtype
+            feats = model.model.get_image_features(pixel_values=pv[:1].to(dtype))
+        feats = getattr(feats, "pooler_output", feats)
+        n = (feats[0] if isinstance(feats, (tuple, list)) else feats).reshape(-1, feats[0].shape[-1]).shape[0]
+        return {"pixel_values": pv}, [[self.image_token_id(model.config)] * n for _ in images]

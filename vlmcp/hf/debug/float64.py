@@ -7,8 +7,10 @@ the ViT rotary embeddings of the Qwen-VL family and Kimi-K2.5, GLM-4.1V's and Si
 position interpolation, MoE routers (Qwen3-VL-MoE's softmax and load-balancing loss, Qwen3.5-MoE's
 softmax, DeepSeek-V3's sigmoid and group top-k), Qwen3.5's (and Qwen3.5-MoE's) zero-centred and
 gated norms, its decay and gated-delta-rule kernel, Kimi-K2.5's temporal merge, Nemotron-H's gated
-norm, Mamba-2 decay, SSD scan, router and float32 logits, and RADIO's position interpolation. In
-a float64 model each rounds the gradient to float32; a replicated token's gradient arrives in P
+norm, Mamba-2 decay, SSD scan, router and float32 logits, RADIO's position interpolation, GLM-4.5V's
+and MiniMax-M3-VL's sigmoid routers, MiniMax-M3-VL's and Gemma 4's norms (Gemma 4's is ``x * w``, not
+Gemma 3's ``x * (1 + w)``), Gemma 4's ViT pooling and router, and Llama 4's norms, complex rotary and
+router. In a float64 model each rounds the gradient to float32; a replicated token's gradient arrives in P
 shares, each rounded on its own, so CP and one process then differ by ~1e-8 relative: float32
 noise, not a CP error. float64 parity therefore runs both models with those steps in the input
 dtype, for the duration only::
@@ -120,7 +122,8 @@ def float64_norms(model: nn.Module) -> int:
         if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
             m.forward = types.MethodType(_rms_norm, m)
             n += 1
-        elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
+        elif (name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps")
+              and not hasattr(m, "with_scale")):  # Gemma 4's is x * w (or no weight): an ISLANDS entry
             m.forward = types.MethodType(_zero_centred_norm, m)
             n += 1
     return n
@@ -249,6 +252,13 @@ def _kimi_temporal_merge(self, hidden_states, grid_thw, kernel_height, kernel_wi
     return pooled.view(n, kernel, -1)
 
 
+def _llama4_router(self, hidden_states):
+    """``Llama4Router.forward`` with the sigmoid in the logits' dtype."""
+    logits = F.linear(hidden_states, self.weight, self.bias)
+    top, index = torch.topk(logits, self.top_k, dim=1)
+    return torch.sigmoid(torch.full_like(logits, float("-inf")).scatter_(1, index, top)), logits
+
+
 def _modeling(name: str) -> str:
     return f"transformers.models.{name}.modeling_{name}"
 
@@ -260,8 +270,21 @@ _QWEN3_5 = (("qwen3_5", "Qwen3_5"), ("qwen3_5_moe", "Qwen3_5Moe"))
 ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     *((_modeling(m), "apply_rotary_pos_emb_vision", _rotary_vision(_modeling(m)))
       for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "qwen3_5_moe",
-                "kimi_k25")),
+                "kimi_k25", "glm4v_moe")),
     (_modeling("glm4v"), "Glm4vVisionEmbeddings.forward", _glm4v_positions),
+    (_modeling("glm4v_moe"), "Glm4vMoeVisionEmbeddings.forward", _glm4v_positions),
+    (_modeling("glm4v_moe"), "Glm4vMoeTextTopkRouter.forward", "in_dtype"),
+    (_modeling("glm4v_moe"), "load_balancing_loss_func", _load_balancing),
+    *((_modeling("llama4"), f, "in_dtype") for f in (
+        "apply_rotary_emb", "vision_apply_rotary_emb", "Llama4TextL2Norm.forward",
+        "Llama4TextRMSNorm.forward")),
+    (_modeling("llama4"), "Llama4Router.forward", _llama4_router),
+    (_modeling("minimax_m3_vl"), "MiniMaxM3VLRMSNorm.forward", "in_dtype"),
+    *((_modeling("gemma4"), f, "in_dtype") for f in (
+        "Gemma4RMSNorm.forward", "Gemma4VisionPooler._avg_pool_by_positions", "Gemma4VisionPooler.forward",
+        "Gemma4TextRouter.forward")),
+    (_modeling("minimax_m3_vl"), "MiniMaxM3VLTopKRouter.forward", "in_dtype"),
+    (_modeling("minimax_m3_vl"), "load_balancing_loss_func", _load_balancing),
     (_modeling("siglip2"), "Siglip2VisionEmbeddings.resize_positional_embeddings",
      staticmethod(_siglip2_positions)),
     (_modeling("qwen3_vl_moe"), "Qwen3VLMoeTextTopKRouter.forward", _softmax_router),

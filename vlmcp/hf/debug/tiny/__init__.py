@@ -21,7 +21,20 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.debug.tiny import anyres, gemma3, kimi_k25, lfm2_vl, llava, nemotron, qwen  # noqa: F401  (registration)
+from vlmcp.hf.debug.tiny import (  # noqa: F401  (registration)
+    anyres,
+    gemma3,
+    gemma4,
+    glm,
+    kimi_k25,
+    lfm2_vl,
+    llama4,
+    llava,
+    minimax,
+    mistral4,
+    nemotron,
+    qwen,
+)
 from vlmcp.hf.debug.tiny.registry import (
     DEFAULT_SAMPLES,
     VIDEO_ONLY_SAMPLES,
@@ -64,6 +77,7 @@ def tiny_model(arch_or_config: Any, dtype: torch.dtype = torch.float32, seed: in
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation,
                                                         dtype=dtype)
-        if config.model_type in tiny_archs() and tiny_arch(config.model_type).post_init is not None:
-            tiny_arch(config.model_type).post_init(model)
+        arch = arch_or_config if isinstance(arch_or_config, str) else config.model_type
+        if arch in tiny_archs() and tiny_arch(arch).post_init is not None:
+            tiny_arch(arch).post_init(model)
     return model.eval()
