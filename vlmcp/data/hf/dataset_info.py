@@ -112,18 +112,28 @@ def _sharegpt(dataset: str, columns: Mapping[str, str | None], tags: Mapping[str
                                  f"({', '.join(f'{t}: {v}' for t, v in tags.items() if t != 'role_tag')})")
             rest = {k: v for k, v in turn.items() if k not in (tags["role_tag"], tags["content_tag"])}
             messages.append({"role": roles[tag], "content": turn[tags["content_tag"]], **rest})
-        out: dict[str, Any] = {"messages": messages}
-        used = {source}
-        for column in ("system", "tools", "images", "videos"):
-            name = columns.get(column)
-            if name and name in record:
-                out[column] = record[name]
-                used.add(name)
-        _unmapped(record, used, where, columns, dataset)
-        out.update({k: v for k, v in record.items() if k in METADATA_KEYS and k not in used})
-        return out
+        return _with_columns(messages, record, {source}, ("system", "tools", "images", "videos"), where,
+                             columns, dataset)
 
     return convert
+
+
+def _with_columns(messages: list, record: Mapping[str, Any], used: set, optional: tuple[str, ...],
+                  where: str, columns: Mapping[str, str | None], dataset: str) -> dict:
+    """The converted line: ``messages``, the ``optional`` columns the record has, and its metadata.
+
+    Every key of the record must be one of the used columns or metadata (:func:`_unmapped`).
+    """
+    out: dict[str, Any] = {"messages": messages}
+    used = set(used)
+    for column in optional:
+        name = columns.get(column)
+        if name and name in record:
+            out[column] = record[name]
+            used.add(name)
+    _unmapped(record, used, where, columns, dataset)
+    out.update({k: v for k, v in record.items() if k in METADATA_KEYS and k not in used})
+    return out
 
 
 def _alpaca(dataset: str, columns: Mapping[str, str | None]):
@@ -151,16 +161,8 @@ def _alpaca(dataset: str, columns: Mapping[str, str | None]):
         query = text(record, "query", where, False)
         messages.append({"role": "user", "content": prompt if query is None else f"{prompt}\n{query}"})
         messages.append({"role": "assistant", "content": text(record, "response", where, True)})
-        out: dict[str, Any] = {"messages": messages}
         used = {columns[c] for c in ("prompt", "query", "response", "history") if columns.get(c)}
-        for column in ("system", "images", "videos"):
-            name = columns.get(column)
-            if name and name in record:
-                out[column] = record[name]
-                used.add(name)
-        _unmapped(record, used, where, columns, dataset)
-        out.update({k: v for k, v in record.items() if k in METADATA_KEYS and k not in used})
-        return out
+        return _with_columns(messages, record, used, ("system", "images", "videos"), where, columns, dataset)
 
     return convert
 
