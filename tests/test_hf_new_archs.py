@@ -169,11 +169,23 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
     layers = model.model.language_model.layers
     assert [getattr(x.self_attn, IMAGE_ATTENTION_ATTR, None) for x in layers] == [None, "causal"] * 2
     assert [x.self_attn.sliding_window for x in layers] == [4, None, 4, None]
+    # final_logit_softcapping: the chunked loss applies the cap itself, as the forward does to the logits
     capped = vlmcp.hf.parallelize(tiny_model(tiny_config("gemma4", text_config=dict(
-        final_logit_softcapping=3.0)), torch.float64), None)  # the chunked loss cannot reproduce the cap
+        final_logit_softcapping=0.5)), torch.float64), None)
     batch = vlmcp.hf.shard_inputs(capped, inputs, None, labels=labels, cu_seqlens=cu)
-    with pytest.raises(ValueError, match="a softcap, scale or cast of the logits"):
-        vlmcp.hf.causal_lm_loss(capped, batch, None)
+    grads = []
+    for chunk_size in (5, None):  # chunked, then the full logits (cap applied by the model's forward)
+        capped.zero_grad()
+        loss = vlmcp.hf.causal_lm_loss(capped, batch, None, chunk_size=chunk_size).loss
+        loss.backward()
+        grads.append((float(loss), [p.grad.clone() for p in capped.parameters() if p.grad is not None]))
+    assert capped.config.get_text_config().final_logit_softcapping == 0.5  # restored after the call
+    assert abs(grads[0][0] - grads[1][0]) < 1e-12 and len(grads[0][1]) == len(grads[1][1])
+    assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-13)
+               for a, b in zip(grads[0][1], grads[1][1], strict=True))
+    uncapped = vlmcp.hf.causal_lm_loss(vlmcp.hf.parallelize(tiny_model("gemma4", torch.float64), None),
+                                       batch, None).loss
+    assert abs(float(uncapped) - grads[0][0]) > 1e-3  # the cap changes this row's loss
     for text, match in ((dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
                         (dict(num_kv_shared_layers=2), r"layers.2, model.language_model.layers.3: no token")):
         with pytest.raises(ValueError, match=match):

@@ -271,6 +271,11 @@ REFUSED = {
     "llava_onevision": "SigLIP 'full' features pooled by anyres_max (bilinear downsampling) not written yet",
     "kimi_k25": "MLA + MoE language model", "lfm2_vl": "short-convolution layers",
     "nemotron_h_omni": "Mamba-2 + MoE language model",
+    "gemma4": "pooled patch tower, per-layer embeddings and MoE layers not written yet",
+    "glm4v_moe": "MoE language model", "glm46v": "GLM-4.6V not written yet (dense or MoE language model)",
+    "llama4": "chunked attention and MoE language model", "minimax_m3_vl": "MoE language model",
+    "mistral4": "MLA + MoE language model (a mistral3 model whose text model is mistral4: refused by "
+                "the text check)",
 }
 """Architectures of the README's table the estimate refuses, and why."""
 

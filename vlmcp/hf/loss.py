@@ -18,7 +18,10 @@ of logits. So:
   layers, any config field read by the body), and the head is exactly ``nn.Linear``;
   anything that would change the head's output after it (a softcap, a logit scale, a
   cast) is caught: the forward must return the head's output object itself as ``logits``,
-  else the call raises, naming the model class. Gemma 3's ``final_logit_softcapping`` is
+  else the call raises, naming the model class. A tanh softcap the adapter names
+  (:attr:`~vlmcp.hf.HFAdapter.logit_softcap`, Gemma 4's ``final_logit_softcapping``) is computed
+  by the chunked loss itself (``softcap=``), with the config field set to None for the one call
+  so the forward leaves the head's output alone. Gemma 3's ``final_logit_softcapping`` is
   applied by ``Gemma3ForCausalLM`` only, not by the VLM's forward, so it does not change
   a Gemma 3 VLM's logits (tested);
 * tied embeddings need nothing: the head's weight *is* the embedding's parameter;
@@ -80,7 +83,24 @@ def _check_head(model: nn.Module, path: str) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _head_returns_loss(head: nn.Module, labels: torch.Tensor, group, chunk_size: int):
+def _softcap_in_loss(model: nn.Module, field: str | None):
+    """Yields the cap of the text config's ``field`` (None: no field or no cap), the field set to
+    None inside, so that the forward returns the head's output (the loss) unchanged."""
+    config = model.config.get_text_config() if field else None
+    cap = getattr(config, field, None) if field else None
+    if cap is None:
+        yield None
+        return
+    setattr(config, field, None)
+    try:
+        yield float(cap)
+    finally:
+        setattr(config, field, cap)
+
+
+@contextlib.contextmanager
+def _head_returns_loss(head: nn.Module, labels: torch.Tensor, group, chunk_size: int,
+                       softcap: float | None = None):
     """For the calls inside it, ``head(hidden)`` returns :func:`cp_linear_cross_entropy`'s loss; the
     :class:`CPLoss` of each call is appended to the yielded list."""
     results: list[CPLoss] = []
@@ -90,7 +110,7 @@ def _head_returns_loss(head: nn.Module, labels: torch.Tensor, group, chunk_size:
             raise ValueError(f"the LM head got hidden states of shape {tuple(hidden.shape)}, expected "
                              f"(1, {labels.numel()}, hidden): one row of this rank's slots")
         res = cp_linear_cross_entropy(hidden[0], head.weight, labels, group, bias=head.bias,
-                                      chunk_size=chunk_size)
+                                      chunk_size=chunk_size, softcap=softcap)
         results.append(res)
         return res.loss
 
@@ -144,7 +164,8 @@ def causal_lm_loss(model: nn.Module, batch: HFBatch, cp_group: dist.ProcessGroup
         res = cp_cross_entropy(out.logits[0], labels, cp_group)
     else:
         head = _check_head(unwrap_peft(model), adapter.lm_head)
-        with _head_returns_loss(head, labels, cp_group, chunk_size) as results:
+        with (_softcap_in_loss(unwrap_peft(model), adapter.logit_softcap) as softcap,
+              _head_returns_loss(head, labels, cp_group, chunk_size, softcap) as results):
             out = model(**batch.model_inputs)
         if len(results) != 1 or out.logits is not results[0].loss:
             raise ValueError(

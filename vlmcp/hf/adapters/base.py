@@ -154,6 +154,11 @@ class HFAdapter:
     lm_head: str = "lm_head"
     """The LM head, an ``nn.Linear`` the top-level forward calls once on the last hidden states and
     returns as ``logits`` (:func:`vlmcp.hf.causal_lm_loss` runs the chunked loss in its place)."""
+    logit_softcap: str | None = None
+    """A text-config field (``final_logit_softcapping``) whose value the top-level forward applies
+    to the head's output (``cap * tanh(logits / cap)``): :func:`vlmcp.hf.causal_lm_loss` computes
+    the chunked loss with that cap and sets the field to None for its one call of the forward.
+    None: the forward returns the head's output as it is (any change is refused)."""
     vision_modules: tuple[str, ...] = ()
     """ViT + projector submodules (their parameters get the vision mode's gradient rule)."""
     vision_params: tuple[str, ...] = ()

@@ -123,4 +123,4 @@ class Gemma4Adapter(HFAdapter):
         return pixels, ids
 
 
-GEMMA4 = Gemma4Adapter(name="gemma4", model_types=("gemma4",))
+GEMMA4 = Gemma4Adapter(name="gemma4", model_types=("gemma4",), logit_softcap="final_logit_softcapping")
