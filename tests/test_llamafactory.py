@@ -97,10 +97,7 @@ def _missing():
 
 
 def test_every_mapping_target_is_a_flag_of_vlmcp_train():
-    missing = _missing()
-    if missing:  # turns on by itself once ft-loop and ft-lora are merged
-        pytest.skip(f"flags not merged yet: {', '.join('--' + d.replace('_', '-') for d in missing)}")
-    assert not missing
+    assert not _missing(), "LLaMA-Factory keys mapped onto flags vlmcp train does not have"
 
 
 def test_every_key_the_issue_lists_is_mapped_or_refused():
@@ -290,8 +287,6 @@ def _run_yaml(root, config, *extra):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["qwen2_vl_full_sft.yaml", "qwen2_vl_lora_sft.yaml"])
 def test_a_llamafactory_yaml_trains_with_cp2_in_one_command(tmp_path, name, monkeypatch, capsys):
-    if name == "qwen2_vl_lora_sft.yaml" and _missing():
-        pytest.skip(f"flags not merged yet: {', '.join(_missing())}")
     root = _lf_workdir(tmp_path)
     done = _run_yaml(root, ASSETS / name, "--seq-len", "48")  # the command line wins over cutoff_len
     assert done.returncode == 0, done.stdout + done.stderr

@@ -400,7 +400,7 @@ def test_an_image_that_fails_to_decode_is_skipped_on_every_cp_rank(models, cut_d
     from vlmcp.cli.train_hf import _report
 
     good, bad = cut_data
-    cfg = _config(models["llava"], None, tmp_path, cp=2, steps=1)
+    cfg = _config(models["llava"], None, tmp_path, cp=2, steps=1, warmup_steps=None)
     cfg = dataclasses.replace(cfg, data=(str(good), str(bad)))
     index = plan_data(cfg)
     assert len(index.conversations) == 6 and not index.unreadable  # planning reads headers only
@@ -483,7 +483,8 @@ def test_a_run_that_trains_no_token_is_an_error(models, cut_data, tmp_path, caps
     from vlmcp.cli.train_hf import _report
 
     _, bad = cut_data  # its only image fails to decode in training: every row is empty
-    cfg = dataclasses.replace(_config(models["llava"], None, tmp_path, cp=1, steps=2), data=(str(bad),))
+    cfg = dataclasses.replace(_config(models["llava"], None, tmp_path, cp=1, steps=2, warmup_steps=None),
+                              data=(str(bad),))
     index = plan_data(cfg)
     preload_model_code(cfg.model)
     summary = spawn_ranks(train_hf_rank, 1, cfg, index, timeout=200, threads_per_rank=1)[0]

@@ -206,13 +206,27 @@ def test_resume_with_another_schedule_is_refused_naming_it(tmp_path):
     for kw, named in ((dict(steps=8), "--steps 6 -> 8"), (dict(steps=6, grad_accum=2), "--grad-accum 1 -> 2"),
                       (dict(steps=6, lr_scheduler="linear"), "--lr-scheduler 'cosine' -> 'linear'"),
                       (dict(steps=6, warmup_steps=3), "--warmup-steps None -> 3"),
-                      (dict(steps=6, lr=1e-4), "--lr 1e-05 -> 0.0001")):
+                      (dict(steps=6, lr=1e-4), "--lr 1e-05 -> 0.0001"),
+                      (dict(steps=6, weight_decay=0.1), "--weight-decay 0.0 -> 0.1")):
         with pytest.raises(ValueError, match="belongs to another run") as err:
             other = HFTrainConfig(model="m", data="d.jsonl", output_dir="o", **kw)
             check_resumable(saved, other, 2, tmp_path)
         assert named in str(err.value)
     old = {k: v for k, v in saved.items() if k not in ("grad_accum", "lr_scheduler")}  # an older checkpoint
     check_resumable(old, cfg, 2, tmp_path)
+
+
+def test_a_warmup_longer_than_the_run_and_eval_every_without_eval_data_are_refused():
+    from vlmcp.train.hf.config import HFTrainConfig
+
+    with pytest.raises(ValueError, match=r"--warmup-steps 10 is longer than the run \(3 steps\)"):
+        HFTrainConfig(model="m", data="d.jsonl", output_dir="o", steps=3, warmup_steps=10)
+    epochs = HFTrainConfig(model="m", data="d.jsonl", output_dir="o", warmup_steps=10)  # steps not known yet
+    with pytest.raises(ValueError, match="longer than the run"):
+        epochs.with_steps(rows=2)  # one epoch of 2 rows: 2 steps
+    with pytest.raises(ValueError, match="--eval-every 5 needs held-out data"):
+        HFTrainConfig(model="m", data="d.jsonl", output_dir="o", steps=3, eval_every=5)
+    HFTrainConfig(model="m", data="d.jsonl", output_dir="o", steps=3, eval_every=5, eval_data=("e.jsonl",))
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,8 @@ _META = "vlmcp_meta.pt"
 _RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video",
                   # what the rows are made of (a checkpoint from before these fields holds their defaults)
                   "dataset", "dataset_dir", "max_samples", "image_max_pixels", "image_min_pixels", "truncate")
-_SCHEDULE_FIELDS = ("steps", "grad_accum", "lr", "lr_scheduler", "warmup_steps", "warmup_ratio")
+_SCHEDULE_FIELDS = ("steps", "grad_accum", "lr", "lr_scheduler", "warmup_steps", "warmup_ratio",
+                    "weight_decay")  # the optimizer state keeps its weight decay
 """Checked where the checkpoint has them (older checkpoints: ``steps`` only)."""
 _PATH_FIELDS = ("model", "data", "image_root", "dataset_dir")
 

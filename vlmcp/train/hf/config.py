@@ -27,10 +27,7 @@ from vlmcp.train.schedule import LRScheduler
 
 ReportTo = Literal["none", "tensorboard"]
 
-__all__ = ["RESUME_FIELDS", "HFTrainConfig", "ReportTo"]
-
-RESUME_FIELDS = ("steps", "grad_accum", "lr", "lr_scheduler", "warmup_steps", "warmup_ratio")
-"""Fields of the schedule a resumed run must keep (:func:`vlmcp.train.hf.checkpoint.check_resumable`)."""
+__all__ = ["HFTrainConfig", "ReportTo"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +80,7 @@ class HFTrainConfig:
     text, or ``auto`` (the cost model, per row): ``vlmcp.hf.shard_inputs``."""
     steps: int | None = None
     """Total optimizer steps; None: ``epochs`` passes over the rows (:meth:`with_steps`). A resumed
-    run must keep it (and every other field of the schedule: :data:`RESUME_FIELDS`)."""
+    run must keep it, and the rest of the schedule (:func:`vlmcp.train.hf.checkpoint.check_resumable`)."""
     epochs: float | None = None
     """Passes over the planned rows when ``steps`` is None (None: 1); may be fractional."""
     grad_accum: int = 1
@@ -206,6 +203,12 @@ class HFTrainConfig:
                              "give one")
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
             raise ValueError(f"--warmup-ratio must be in [0, 1], got {self.warmup_ratio}")
+        if self.steps is not None and self.warmup_steps is not None and self.warmup_steps > self.steps:
+            raise ValueError(f"--warmup-steps {self.warmup_steps} is longer than the run "
+                             f"({self.steps} steps): the learning rate would never reach --lr")
+        if self.eval_every and not self.eval_data and not self.eval_dataset:
+            raise ValueError(f"--eval-every {self.eval_every} needs held-out data: --eval-data FILE or "
+                             "--eval-dataset NAME")
         for name in ("weight_decay", "max_grad_norm"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
