@@ -178,7 +178,8 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
         capped.zero_grad()
         loss = vlmcp.hf.causal_lm_loss(capped, batch, None, chunk_size=chunk_size).loss
         loss.backward()
-        grads.append((float(loss), [p.grad.clone() for p in capped.parameters() if p.grad is not None]))
+        grads.append((float(loss.detach()),
+                      [p.grad.clone() for p in capped.parameters() if p.grad is not None]))
     assert capped.config.get_text_config().final_logit_softcapping == 0.5  # restored after the call
     assert abs(grads[0][0] - grads[1][0]) < 1e-12 and len(grads[0][1]) == len(grads[1][1])
     assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-13)
@@ -186,6 +187,23 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
     uncapped = vlmcp.hf.causal_lm_loss(vlmcp.hf.parallelize(tiny_model("gemma4", torch.float64), None),
                                        batch, None).loss
     assert abs(float(uncapped) - grads[0][0]) > 1e-3  # the cap changes this row's loss
+    # use_bidirectional_attention None (the config's default): every layer causal, as transformers
+    def causal_cfg():  # one config per model: parallelize sets its attention implementation
+        return tiny_config("gemma4", text_config=dict(use_bidirectional_attention=None))
+
+    plain = tiny_model(causal_cfg(), torch.float64)
+    ours = vlmcp.hf.parallelize(tiny_model(causal_cfg(), torch.float64), None)
+    assert [getattr(x.self_attn, IMAGE_ATTENTION_ATTR, None) for x in ours.model.language_model.layers] == \
+        ["causal"] * 4
+    from vlmcp.hf.debug.float64 import float64_exact, float64_norms
+
+    float64_norms(ours)
+    batch = vlmcp.hf.shard_inputs(ours, inputs, None, labels=labels, cu_seqlens=cu)
+    with float64_exact(torch.float64):
+        mine = float(vlmcp.hf.causal_lm_loss(ours, batch, None).loss.detach())
+    assert abs(mine - _loss(plain, (inputs, labels, cu))) < 1e-12
+    with pytest.raises(ValueError, match="Gemma 4 rows with images need mm_token_type_ids"):
+        vlmcp.hf.shard_inputs(model, causal, None, labels=labels, cu_seqlens=cu)
     for text, match in ((dict(use_bidirectional_attention="all"), "use_bidirectional_attention='all'"),
                         (dict(num_kv_shared_layers=2), r"layers.2, model.language_model.layers.3: no token")):
         with pytest.raises(ValueError, match=match):

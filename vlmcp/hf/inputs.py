@@ -286,6 +286,7 @@ def _read_row(model: nn.Module, adapter: HFAdapter, inputs, labels, cu_seqlens) 
     pixels = {k: inputs[k] for k in keys[InputKind.IMAGE]}
     videos = {k: inputs[k] for k in keys[InputKind.VIDEO]}
     given = per_token.get("mm_token_type_ids")
+    adapter.check_row(model, tuple(inputs), bool(pixels))
     visuals = row_visuals(model, adapter, ids.cpu(), None if given is None else given.cpu(), pixels, videos,
                           cu)
     _check_image_blocks(model, adapter, keys, per_token, visuals, cu)

@@ -399,6 +399,10 @@ class HFAdapter:
         """Sharded ids ``(R, N)`` in the shape ``model(position_ids=...)`` takes."""
         return local  # (1, N): batch 1
 
+    def check_row(self, model: nn.Module, keys: Sequence[str], has_images: bool) -> None:
+        """Raise if ``shard_inputs`` cannot reproduce the model's forward on a row of these input
+        ``keys`` (the default accepts every row the generic checks accept)."""
+
     def prepare_model(self, model: nn.Module) -> None:
         """Ready the top-level ``model`` in place, once, after the token-mixer audit passed and before
         ``parallelize`` changes anything else (Llama 4: mend transformers' forward). Default: nothing."""

@@ -18,6 +18,10 @@ against the image tokens; the plan is the mask). Full-attention layers have thei
 (``global_head_dim``) and rotary; per-layer embeddings (``per_layer_inputs`` from the token ids) are
 per token. Positions are 1-D. Videos and audio are not taken by this adapter (refused by name).
 
+With ``use_bidirectional_attention`` None (the config's default) every layer is causal, images
+included (:meth:`Gemma4Adapter.prepare_model` marks them all); under ``"vision"`` a row with images
+and no ``mm_token_type_ids`` is refused (transformers would make its images causal).
+
 Refused: a text config with ``use_bidirectional_attention="all"`` (every token sees every other, not
 causal; :meth:`Gemma4Adapter.prepare_model`) and one whose layers share K/V across layers
 (``num_kv_shared_layers``: those layers have no K/V projection, and the token-mixer audit names them).
@@ -55,10 +59,21 @@ class Gemma4Adapter(HFAdapter):
         if int(getattr(text, "num_kv_shared_layers", 0) or 0):
             raise ValueError(f"Gemma 4 with num_kv_shared_layers={text.num_kv_shared_layers} (later layers "
                              "reuse earlier layers' K/V) is refused: not checked under CP by vlmcp")
+        # HF: image blocks are bidirectional on sliding layers only, and only under "vision" (the
+        # config's default, None, keeps every layer causal, images included)
+        bidirectional = getattr(text, "use_bidirectional_attention", None) == "vision"
         layers = submodule(model, self.language_model).layers
         for layer, kind in zip(layers, text.layer_types, strict=True):
-            if kind == "full_attention":  # HF: causal only, no bidirectional image blocks
+            if kind == "full_attention" or not bidirectional:
                 setattr(layer.self_attn, IMAGE_ATTENTION_ATTR, "causal")
+
+    def check_row(self, model, keys, has_images):
+        if (has_images and "mm_token_type_ids" not in keys
+                and getattr(model.config.get_text_config(), "use_bidirectional_attention", None) == "vision"):
+            raise ValueError("Gemma 4 rows with images need mm_token_type_ids (the processor's output): "
+                             "without it transformers' forward makes images causal on every layer, while "
+                             "use_bidirectional_attention='vision' asks for bidirectional image blocks; "
+                             "pass the processor's mm_token_type_ids")
 
     def _k2(self, config) -> int:
         return int(config.vision_config.pooling_kernel_size) ** 2
