@@ -203,9 +203,6 @@ class HFTrainConfig:
                              "give one")
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio <= 1:
             raise ValueError(f"--warmup-ratio must be in [0, 1], got {self.warmup_ratio}")
-        if self.steps is not None and self.warmup_steps is not None and self.warmup_steps > self.steps:
-            raise ValueError(f"--warmup-steps {self.warmup_steps} is longer than the run "
-                             f"({self.steps} steps): the learning rate would never reach --lr")
         if self.eval_every and not self.eval_data and not self.eval_dataset:
             raise ValueError(f"--eval-every {self.eval_every} needs held-out data: --eval-data FILE or "
                              "--eval-dataset NAME")
