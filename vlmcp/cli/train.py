@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import get_args
 
 from vlmcp.cli import command_help
-from vlmcp.cli.config_file import add_config_arguments, write_resolved_config
+from vlmcp.cli.config_file import add_config_arguments
 from vlmcp.cli.finetune import HF_DEFAULTS, add_loop_arguments, check_no_loop_flags
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
 from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
@@ -221,8 +221,6 @@ def run(args: argparse.Namespace) -> int:
         if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
             hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
             with _run_locks(args):
-                if is_rank_zero():
-                    write_resolved_config(args, check_writable_dir("--output-dir", args.output_dir))
                 return run_hf(args)
         check_reference_args(args)
         check_no_loop_flags(args)

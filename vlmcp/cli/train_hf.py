@@ -391,6 +391,10 @@ def run_hf(args: argparse.Namespace) -> int:
         say(f"vlmcp train: warning: ... and {len(index.unreadable) - 5} more conversations with an "
              f"unreadable {'image or video' if _has_videos(index) else 'image'}")
     say(_first_view(cfg, processor, index))
+    if is_rank_zero():  # every check has passed: the run starts
+        from vlmcp.cli.config_file import write_resolved_config
+
+        write_resolved_config(args, cfg.output_dir)
     if not under_torchrun():
         print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}"
               f"{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
