@@ -332,7 +332,8 @@ def _train(run: _Run, stop: StopSignals, on_finish: Callable | None, eval_index:
         message = (f"steps {run.start + 1}-{done} trained no target token (every conversation of their "
                    "rows was skipped, or none has a trained turn); the model is not saved")
     decode_skipped = run.decode_skips.gather(run.group)
-    peak = _peak_memory(run.device, run.group)
+    peak = {"bytes": int(run.peak_memory()),
+            "kind": "GPU allocated" if run.device.type == "cuda" else "resident"}
     probe = on_finish(run.model, run.processor, run.index, run.cp_group) if on_finish is not None else None
     model_dir = None
     if stopped is None:
@@ -347,14 +348,6 @@ def _train(run: _Run, stop: StopSignals, on_finish: Callable | None, eval_index:
             "tokens": run.tokens, "target_tokens": run.targets, "seconds": seconds, "stopped": stopped,
             "message": message, "checkpoint": run.checkpoint, "model_dir": model_dir, "loss_curve": curve,
             "probe": probe, "decode_skipped": decode_skipped, "peak_memory": peak, "evals": evals}
-
-
-def _peak_memory(device: torch.device, group: dist.ProcessGroup) -> dict:
-    """The busiest rank's peak memory (see :func:`_memory`)."""
-    kind = "GPU allocated" if device.type == "cuda" else "resident"
-    peak = torch.tensor([_memory(device)], dtype=torch.float64, device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
-    return {"bytes": int(peak.item()), "kind": kind}
 
 
 def _newest(cfg: HFTrainConfig) -> str:
