@@ -7,10 +7,12 @@ STAMP := $(VENV)/.vlmcp-installed
 
 .PHONY: demo test install-check lint bench bench-plan clean
 
-$(STAMP): pyproject.toml requirements/cpu.txt
+# requirements/ci.txt pins every package CI tests with (pip constraints), so a new release of
+# transformers (or anything else) cannot change what `make test` installs.
+$(STAMP): pyproject.toml requirements/cpu.txt requirements/ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements/cpu.txt
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c requirements/ci.txt -e '.[test]'
 	touch $(STAMP)
 
 # The main job on its built-in default: train the reference VLM with CP=2 on the built-in
