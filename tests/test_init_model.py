@@ -90,14 +90,20 @@ def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens)
     image_token = processor.tokenizer.image_token if arch == "gemma3" else processor.image_token
     image_id = processor.tokenizer.convert_tokens_to_ids(image_token)
     assert int((ids == image_id).sum()) == tokens
-    # what planning counts from the size alone is the processor's expansion (InternVL: + <img>, </img>)
-    if arch == "smolvlm":  # no _get_num_multimodal_tokens: vlmcp counts the text the processor writes
-        from vlmcp.data.hf.encode import _smolvlm_text
+    # what planning writes from the size alone is the processor's expansion, in place (InternVL: with
+    # <img>, </img>, which transformers 5.24 counts among its tokens and 5.25 does not)
+    from vlmcp.data.hf.image_text import image_texts
+    from vlmcp.data.hf.schema import Conversation, Media, Message
 
-        planned = _smolvlm_text(processor, size).count("<image>")
-    else:
-        planned = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
-    assert planned == tokens + 2 * (arch == "internvl")
+    one = Conversation(line=1, source="d.jsonl", images=(Media("image", path="x.png"),),
+                       messages=(Message("user", "<image>"), Message("assistant", "a")))
+    (planned,) = image_texts(processor, one, [size])
+    assert planned.count(image_token) == tokens
+    # (Gemma 3's newlines around the image tokenize with the text beside them)
+    piece = processor.tokenizer(planned.strip("\n"), add_special_tokens=False)["input_ids"]
+    assert any(ids[k:k + len(piece)].tolist() == piece for k in range(len(ids)))
+    if arch == "internvl":
+        assert planned.startswith("<img>") and planned.endswith("</img>")
     specials = {"llava": ["<image>", "</s>"],
                 "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
                 "llava_onevision": ["<|im_start|>", "<|im_end|>", "<image>", "<video>", "<|endoftext|>"],

@@ -12,10 +12,15 @@ The pipeline, one module per step:
   (each model's own processor's rules, one module per family), their decoding with PyAV,
   and the model's video inputs without torchvision; :mod:`~vlmcp.data.hf.video_processor`:
   the processor's own text expansion and call with those inputs;
+* :mod:`~vlmcp.data.hf.image_text` and :mod:`~vlmcp.data.hf.expand`: each image's text from
+  its size, and the placeholders expanded by the processor's own code (planning writes what
+  the processor writes, whichever transformers version);
 * :mod:`~vlmcp.data.hf.encode`: one conversation -> processor inputs with labels on the
   trained turns; a bad image or video is a ``MediaError`` naming ``file:line``;
 * :mod:`~vlmcp.data.hf.rows`: plan and pack rows, decode them ahead of training (a
   conversation whose image or video fails is skipped, never trained wrongly);
+  :mod:`~vlmcp.data.hf.planned`: the first conversation of each kind encoded at planning and
+  held to its plan;
 * :mod:`~vlmcp.data.hf.show`: what one conversation trains (``vlmcp data show``);
 * :mod:`~vlmcp.data.hf.processor`: load and save a model directory's processor;
 * :mod:`~vlmcp.data.hf.export`: the built-in data written as such a file, with

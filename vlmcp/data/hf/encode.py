@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from vlmcp.data.hf.expand import Expansion, expand
 from vlmcp.data.hf.image_bounds import ImageBounds
+from vlmcp.data.hf.image_text import image_texts, image_token_counts
 from vlmcp.data.hf.schema import Conversation
 from vlmcp.data.hf.template import Rendered, render
 from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, read_header, require_av, video_rules
@@ -27,7 +29,7 @@ from vlmcp.data.hf.video_processor import process, replacement_texts
 from vlmcp.layout.labels import IGNORE_INDEX
 
 __all__ = ["EncodedSample", "MediaError", "check_pixels", "encode_conversation", "image_sizes",
-           "image_token_counts", "planned_tokens", "sample_length", "video_plans"]
+           "image_token_counts", "plan_expansion", "planned_tokens", "sample_length", "video_plans"]
 
 
 class MediaError(ValueError):
@@ -63,29 +65,6 @@ def image_sizes(conv: Conversation, bounds: ImageBounds | None = None) -> list[t
         except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
             raise MediaError(conv.where, media.name, "cannot read image", err) from None
     return sizes
-
-
-def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int]]) -> list[int]:
-    """Tokens of each image of ``conv`` at the given sizes (the processor's rule, no pixels).
-
-    Raises:
-        MediaError: when the processor refuses an image's size (e.g. Qwen's aspect ratio > 200).
-    """
-    counts = []
-    for media, size in zip(conv.images, sizes, strict=True):
-        try:
-            if type(processor).__name__ == "SmolVLMProcessor":  # no _get_num_multimodal_tokens: its text's
-                counts.append(_smolvlm_text(processor, size).count(processor.image_token))
-                continue
-            counts.append(int(processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]))
-        except Exception as err:  # the processor's own checks (smart_resize, ...)
-            raise MediaError(conv.where, media.name, "the processor refuses image", err) from None
-    if len(counts) > 1 and type(processor).__name__ == "LlavaOnevisionProcessor":
-        # each image of a multi-image sample is its base tile and one newline
-        # (LlavaOnevisionProcessor.replace_image_token; _get_num_multimodal_tokens counts it tiled)
-        one = processor.num_image_tokens + 1 - (processor.vision_feature_select_strategy == "default")
-        counts = [one] * len(counts)
-    return counts
 
 
 def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = None) -> list[VideoPlan]:
@@ -125,80 +104,12 @@ def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = 
     return plans
 
 
-def _run(processor, what: str, token: int, n: int) -> list[int]:
-    """The ``n`` tokens an image (video) placeholder becomes: ``n`` copies of it, or InternVL's
-    ``<img>`` + ``n - 2`` ``<IMG_CONTEXT>`` + ``</img>`` (its counts hold the two)."""
-    start = getattr(processor, "start_image_token_id", None)
-    end = getattr(processor, "end_image_token_id", None)
-    if what == "image" and start is not None and end is not None:
-        return [start] + [token] * (n - 2) + [end]
-    return [token] * n
-
-
-def _smolvlm_text(processor, size: tuple[int, int]) -> str:
-    """The text SmolVLM's processor writes for an image of ``size`` (``(height, width)``): its crops'
-    ``<fake_token_around_image><row_i_col_j>`` + ``image_seq_len`` ``<image>``, ``"\\n"`` after each
-    row, then ``"\\n"`` and the global image (the global image alone when the image is not split)."""
-    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
-
-    _, rows, cols = processor.image_processor.get_number_of_image_patches(*size)
-    return get_image_prompt_string(rows, cols, processor.image_seq_len, processor.fake_image_token,
-                                   processor.image_token, processor.global_image_token)
-
-
-def _image_texts(processor, sizes: list[tuple[int, int]]) -> list[str] | None:
-    """The text the processor writes for each image placeholder when it is more than a run of
-    tokens, else None: Gemma 3's ``full_image_sequence`` (``"\\n\\n<start_of_image>"``, the image
-    tokens, ``"<end_of_image>\\n\\n"``, whose newlines tokenize with the text around them), or
-    SmolVLM's rows of crops and global image (:func:`_smolvlm_text`; it depends on the size)."""
-    if type(processor).__name__ == "SmolVLMProcessor":
-        return [_smolvlm_text(processor, size) for size in sizes]
-    sequence = getattr(processor, "full_image_sequence", None)
-    return [sequence] * len(sizes) if isinstance(sequence, str) else None
-
-
-def _expand_text(processor, conv: Conversation, rendered: Rendered, items: dict[int, tuple[str, list[str]]]
-                 ) -> tuple[list[int], list[bool]]:
-    """:func:`_expand` where each placeholder becomes text: ``items`` maps a placeholder token to its
-    kind (``"image"``, ``"video"``) and the text of each of its items, in order. The expanded text
-    is tokenized as the processor tokenizes it; a token is trained where its first character came
-    from a trained token of ``rendered``."""
-    spans = [(off, t) for t, off in zip(rendered.ids, rendered.offsets, strict=True) if t in items]
-    for token, (what, texts) in items.items():
-        n = sum(t == token for _, t in spans)
-        if n != len(texts):
-            raise ValueError(f"{conv.where}: the chat template wrote {n} {what} placeholder(s) for "
-                             f"{len(texts)} {what}(s)" + (_VIDEO_HINT if what == "video" else ""))
-    trained_char = [False] * len(rendered.text)
-    for (s, e), trained in zip(rendered.offsets, rendered.trained, strict=True):
-        trained_char[s:e] = [trained] * (e - s)
-    text, origin, cursor, seen = [], [], 0, dict.fromkeys(items, 0)
-    for (s, e), token in spans:
-        sequence = items[token][1][seen[token]]
-        seen[token] += 1
-        text += [rendered.text[cursor:s], sequence]
-        origin += [*range(cursor, s), *[-1] * len(sequence)]
-        cursor = e
-    text.append(rendered.text[cursor:])
-    origin += range(cursor, len(rendered.text))
-    enc = processor.tokenizer("".join(text), return_offsets_mapping=True)
-    trained = [s < len(origin) and origin[s] >= 0 and trained_char[origin[s]]
-               for s, _ in enc["offset_mapping"]]
-    return list(enc["input_ids"]), trained
-
-
-_VIDEO_HINT = ("; this model's chat template does not render video parts (the hub's Qwen2-VL template writes "
-               "<|vision_start|><|video_pad|><|vision_end|> for each)")
-
-
-def _video_texts(processor, conv: Conversation, plans: list[VideoPlan]) -> list[str] | None:
-    """The text the processor writes for each video when one is more than a run of its placeholder
-    (Qwen3-VL's timestamps, GLM-4.1V's frames), else None; each checked against its plan's tokens."""
+def _video_texts(processor, conv: Conversation, plans: list[VideoPlan]) -> list[str]:
+    """The text the processor writes for each video (its own ``replace_video_token`` on the plan),
+    each checked against its plan's tokens."""
     texts = replacement_texts(processor, plans)
-    token = processor.video_token
-    if all(text == token * plan.tokens for text, plan in zip(texts, plans, strict=True)):
-        return None
-    placeholder = processor.image_token if not video_rules(processor).mixes_images_and_videos else token
+    placeholder = processor.image_token if not video_rules(processor).mixes_images_and_videos else \
+        processor.video_token  # GLM-4.1V writes its frames with the image placeholder
     for k, (text, plan) in enumerate(zip(texts, plans, strict=True)):
         if text.count(placeholder) != plan.tokens:
             raise ValueError(f"{conv.where}: video {k} planned as {plan.tokens} tokens, but the processor "
@@ -206,56 +117,32 @@ def _video_texts(processor, conv: Conversation, plans: list[VideoPlan]) -> list[
     return texts
 
 
-def _expand(processor, conv: Conversation, rendered: Rendered, counts: list[int], plans: list[VideoPlan],
-            sizes: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
-    """Each image (video) token -> the tokens the processor writes for the image (video): the image's
-    count of them (images of ``sizes``) or its text, the video's plan; their labels off:
-    ``(ids, trained)``."""
-    tokenizer = processor.tokenizer
-    image_token = tokenizer.convert_tokens_to_ids(processor.image_token)
-    sequences = _image_texts(processor, sizes)
-    videos = _video_texts(processor, conv, plans) if plans else None
-    if sequences is not None or videos is not None:
-        if sequences is not None:
-            soft = getattr(tokenizer, "image_token", None) or processor.image_token  # Gemma 3: its soft token
-            per_image = [sequence.count(soft) for sequence in sequences]
-            if counts != per_image:
-                raise ValueError(f"{conv.where}: images of {counts} tokens, but the processor writes "
-                                 f"{per_image}")
-        if plans and sequences is not None:
-            raise ValueError(f"{conv.where}: videos with {type(processor).__name__}'s images are not encoded")
-        items = {image_token: ("image", sequences or [processor.image_token * n for n in counts])}
-        if plans:
-            items[tokenizer.convert_tokens_to_ids(processor.video_token)] = (
-                "video", videos or [processor.video_token * p.tokens for p in plans])
-        return _expand_text(processor, conv, rendered, items)
-    runs = {image_token: ("image", counts)}
-    if plans:
-        runs[tokenizer.convert_tokens_to_ids(processor.video_token)] = ("video", [p.tokens for p in plans])
-    ids, mask, seen = [], [], dict.fromkeys(runs, 0)
-    for token, trained in zip(rendered.ids, rendered.trained, strict=True):
-        if token in runs:
-            what, n = runs[token]
-            if seen[token] == len(n):
-                raise ValueError(f"{conv.where}: the chat template wrote more {what} placeholders "
-                                 f"than the {len(n)} {what}(s)")
-            ids += _run(processor, what, token, n[seen[token]])
-            mask += [False] * n[seen[token]]
-            seen[token] += 1
-        else:
-            ids.append(token)
-            mask.append(trained)
-    for token, (what, n) in runs.items():
-        if seen[token] != len(n):
-            raise ValueError(f"{conv.where}: the chat template wrote {seen[token]} {what} placeholder(s) for "
-                             f"{len(n)} {what}(s)" + (_VIDEO_HINT if what == "video" else ""))
-    return ids, mask
+def _expand(processor, conv: Conversation, rendered: Rendered, images: list[str], plans: list[VideoPlan]
+            ) -> Expansion:
+    """Each image and video placeholder -> the processor's text for it (``images``, the videos of
+    ``plans``), put in place by the processor's own code (Note [vlmcp data: the processor's own
+    expansion]); their tokens carry no loss."""
+    return expand(processor, conv, rendered, images, _video_texts(processor, conv, plans) if plans else [])
+
+
+def plan_expansion(processor, conv: Conversation, video: VideoSampling | None = None,
+                   images: ImageBounds | None = None) -> tuple[Rendered, Expansion]:
+    """``(rendered, expansion)``: ``conv`` through its chat template, and its tokens as the model will
+    see them, each image and video expanded by the processor's own code; only headers are read.
+
+    Raises:
+        MediaError, ValueError: as :func:`planned_tokens`.
+    """
+    texts = image_texts(processor, conv, image_sizes(conv, images))
+    plans = video_plans(processor, conv, video)
+    rendered = render(processor, conv)
+    return rendered, _expand(processor, conv, rendered, texts, plans)
 
 
 def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = None,
                    images: ImageBounds | None = None) -> tuple[Rendered, list[int], list[bool]]:
     """``(rendered, ids, trained)``: ``conv``'s tokens as the model will see them, each image and
-    video expanded to its token count, and which carry loss; only headers are read.
+    video expanded by the processor's own code, and which carry loss; only headers are read.
 
     Args:
         processor: the model's processor.
@@ -268,11 +155,8 @@ def planned_tokens(processor, conv: Conversation, video: VideoSampling | None = 
         ValueError: naming ``file:line`` for a conversation the template cannot render, or
             videos for a model whose videos vlmcp does not encode.
     """
-    sizes = image_sizes(conv, images)
-    counts = image_token_counts(processor, conv, sizes)
-    plans = video_plans(processor, conv, video)
-    rendered = render(processor, conv)
-    return (rendered, *_expand(processor, conv, rendered, counts, plans, sizes))
+    rendered, expansion = plan_expansion(processor, conv, video, images)
+    return rendered, expansion.ids, expansion.trained
 
 
 def sample_length(processor, conv: Conversation, video: VideoSampling | None = None,
@@ -350,6 +234,16 @@ class EncodedSample:
         return self.input_ids.numel()
 
 
+def _first_difference(tokenizer, planned: list[int], got: list[int]) -> str:
+    """Where two token lists first differ, for one line: ``at token 3 of 120 (planned '<|vision_start|>',
+    the processor's '<0.3 seconds>' ...)``."""
+    k = next((i for i, (a, b) in enumerate(zip(planned, got, strict=False)) if a != b),
+             min(len(planned), len(got)))
+    show = lambda ids: repr(tokenizer.decode(ids[k:k + 3])) if k < len(ids) else "the end"
+    return (f"{len(planned)} planned, {len(got)} from the processor; first difference at token {k}: planned "
+            f"{show(planned)}, the processor's {show(got)}")
+
+
 def encode_conversation(processor, conv: Conversation, video: VideoSampling | None = None,
                         bounds: ImageBounds | None = None) -> EncodedSample:
     """Decode ``conv``'s images and videos and run the processor; labels on the trained messages only.
@@ -363,8 +257,8 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
     Raises:
         MediaError: naming ``file:line`` and the image or video when it cannot be decoded or
             the processor fails on it.
-        ValueError: naming the line when the processor's tokens differ from the tokenizer's
-            (see Note [vlmcp data: trained tokens from the chat template]).
+        ValueError: naming the line when the processor's tokens differ from the planned ones
+            (Note [vlmcp data: the processor's own expansion]).
     """
     images = []
     for media in conv.images:
@@ -374,11 +268,10 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
             images.append(image if bounds is None else bounds.apply(image))
         except Exception as err:  # a truncated file: header fine, pixels not
             raise MediaError(conv.where, media.name, "cannot decode image", err) from None
-    sizes = [(im.height, im.width) for im in images]
-    counts = image_token_counts(processor, conv, sizes)
+    texts = image_texts(processor, conv, [(im.height, im.width) for im in images])
     plans = video_plans(processor, conv, video)
     rendered = render(processor, conv)
-    ids, mask = _expand(processor, conv, rendered, counts, plans, sizes)
+    expansion = _expand(processor, conv, rendered, texts, plans)
     videos = _decode_videos(processor, conv, plans)
     try:
         out = process(processor, rendered.text, images, videos)
@@ -388,11 +281,12 @@ def encode_conversation(processor, conv: Conversation, video: VideoSampling | No
         names = ", ".join(m.name for m in conv.images + conv.videos)
         what = " and ".join(w for w, media in (("image(s)", conv.images), ("video(s)", conv.videos)) if media)
         raise MediaError(conv.where, names, f"the processor fails on {what}", err) from None
-    if out["input_ids"][0].tolist() != ids:
-        raise ValueError(f"{conv.where}: the processor's tokens differ from the tokenizer's on the "
-                         "same text; cannot place the labels")
+    if out["input_ids"][0].tolist() != expansion.ids:
+        where = _first_difference(processor.tokenizer, expansion.ids, out["input_ids"][0].tolist())
+        raise ValueError(f"{conv.where}: the processor's tokens differ from the planned ones ({where}); "
+                         "cannot place the labels")
     input_ids = out["input_ids"][0]
-    labels = torch.where(torch.tensor(mask), input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    labels = torch.where(torch.tensor(expansion.trained), input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     per_token = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
     pixels = {k: v for k, v in out.items() if k not in per_token}
     mm = out["mm_token_type_ids"][0] if "mm_token_type_ids" in out else None

@@ -14,7 +14,11 @@ never cut because a conversation is never cut::
 
     seq_len = 100, lengths 70 60 40 30 20  ->  row 0: [70 | 30]   row 1: [60 | 40]   row 2: [20 | pad 80]
 
-Each row is filled to ``seq_len`` with one padding sample (pad tokens, no target).
+Each row is filled to ``seq_len`` with one padding sample (pad tokens, no target). Last, the
+first conversation of each kind (text only, images, videos, ...) is encoded as training will
+encode it, pixels and processor included, and compared with its plan
+(:func:`vlmcp.data.hf.planned.check_planned`): a plan the processor would not follow is refused
+here, naming ``file:line``, not at step 1 on every rank.
 
 *Order*: the run reads an endless sequence of rows; global row ``g`` is row
 ``perm[g % rows]`` of epoch ``g // rows``, ``perm`` a permutation seeded with ``(seed, epoch)``.
@@ -47,10 +51,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation, planned_tokens, sample_length
+from vlmcp.data.hf.encode import EncodedSample, MediaError, planned_tokens, sample_length
 from vlmcp.data.hf.image_bounds import ImageBounds
+from vlmcp.data.hf.planned import check_planned, encode_planned
 from vlmcp.data.hf.schema import Conversation, ConversationSet, Skipped
-from vlmcp.data.hf.truncate import Cut, cut_sample, plan_cut
+from vlmcp.data.hf.truncate import Cut, plan_cut
 from vlmcp.data.hf.video import VideoSampling, video_rules
 from vlmcp.layout.labels import IGNORE_INDEX
 
@@ -135,7 +140,9 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
 
     Raises:
         ValueError: with ``strict``, for the first conversation longer than ``seq_len`` or
-            with an unusable image or video; without, when no conversation is left to train on.
+            with an unusable image or video; without, when no conversation is left to train on;
+            naming ``file:line`` when the processor writes other tokens than planned for the
+            first conversation of a kind (:func:`vlmcp.data.hf.planned.check_planned`).
     """
     video = video or VideoSampling()
     images = images or ImageBounds()
@@ -173,11 +180,13 @@ def build_index(processor, data: ConversationSet | list[Conversation], seq_len: 
                          f"{len(too_long)} longer than --seq-len {seq_len}, {len(unreadable)} with an "
                          "unusable image or video"
                          + (f" (the first, {first.where}: {first.reason})" if first else ""))
-    return DataIndex(conversations=kept, lengths=lengths, rows=_pack(processor, kept, lengths, seq_len),
-                     seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
-                     format_skipped=tuple(data.skipped),
-                     dropped_turns=sum(c.dropped_turns for c in kept), video=video, images=images,
-                     cuts=tuple(cuts) if any(c is not None for c in cuts) else ())
+    index = DataIndex(conversations=kept, lengths=lengths, rows=_pack(processor, kept, lengths, seq_len),
+                      seq_len=seq_len, too_long=tuple(too_long), unreadable=tuple(unreadable),
+                      format_skipped=tuple(data.skipped),
+                      dropped_turns=sum(c.dropped_turns for c in kept), video=video, images=images,
+                      cuts=tuple(cuts) if any(c is not None for c in cuts) else ())
+    check_planned(processor, index)
+    return index
 
 
 def _pack(processor, conversations: list[Conversation], lengths: list[int], seq_len: int) -> list[list[int]]:
@@ -241,16 +250,11 @@ def build_row(processor, index: DataIndex, row: int, exclude: frozenset[int] = f
             skipped.append(i)
             continue
         try:
-            sample = encode_conversation(processor, conv, index.video, index.images)
-            if index.cuts and index.cuts[i] is not None:
-                sample = cut_sample(sample, index.cuts[i], conv)
+            sample = encode_planned(processor, index, i)
         except MediaError as err:
             skipped.append(i)
             failures.append(Skipped(conv.where, err.reason))
             continue
-        if len(sample) != index.lengths[i]:
-            raise ValueError(f"{conv.where}: {len(sample)} tokens after decoding its images and videos, "
-                             f"{index.lengths[i]} planned from their headers")
         samples.append(sample)
     inputs, labels, cu = pack_samples(processor, samples, index.seq_len)
     return HFRow(inputs=inputs, labels=labels, cu_seqlens=cu, tokens=sum(len(s) for s in samples), index=row,

@@ -11,7 +11,7 @@ The view is the chat template's text with two kinds of marker:
 
 (text that itself contains ``[[``, ``]]``, ``<image>`` or ``<video>`` is printed as it is;
 the ``--json`` form keeps the trained runs apart). Counts come from the image and video
-headers, as planning does (:func:`vlmcp.data.hf.encode.planned_tokens`): no pixel is decoded.
+headers, as planning does (:func:`vlmcp.data.hf.encode.plan_expansion`): no pixel is decoded.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmcp.data.hf.encode import planned_tokens, video_plans
+from vlmcp.data.hf.encode import plan_expansion, video_plans
 from vlmcp.data.hf.schema import (
     IMAGE_PLACEHOLDER,
     VIDEO_PLACEHOLDER,
@@ -109,9 +109,10 @@ def view_conversation(processor, conv: Conversation, video: VideoSampling | None
             (``--image-*-pixels``), which set their token counts.
 
     Raises:
-        ValueError: naming ``file:line``, as planning would (:func:`planned_tokens`).
+        ValueError: naming ``file:line``, as planning would (:func:`plan_expansion`).
     """
-    rendered, ids, trained = planned_tokens(processor, conv, video, images)
+    rendered, expansion = plan_expansion(processor, conv, video, images)
+    ids, trained = expansion.ids, expansion.trained
     planned = video_plans(processor, conv, video)
     plans = [{"video": media.name, "frames": len(plan.indices), "of": plan.total,
               "size": [plan.width, plan.height],
@@ -123,14 +124,17 @@ def view_conversation(processor, conv: Conversation, video: VideoSampling | None
     # GLM-4.1V writes video frames with the image placeholder: those are the video's tokens
     frames_as_images = sum(p.tokens for p in planned) if conv.videos and not \
         video_rules(processor).mixes_images_and_videos else 0
-    video_id = tokenizer.convert_tokens_to_ids(processor.video_token) if conv.videos else None
-    markers = {image_id: IMAGE_PLACEHOLDER, video_id: VIDEO_PLACEHOLDER}
-    edits = []  # (start, end, replacement) on rendered.text
+    markers = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
+    # each marker stands for the characters the processor replaced (transformers 5.25's Qwen3-VL: the
+    # template's vision start and end around a video too)
+    edits = [(start, end, markers[kind]) for kind, start, end in expansion.spans]
+    replaced = [False] * (len(rendered.text) + 1)
+    for _, start, end in expansion.spans:
+        replaced[start:end] = [True] * (end - start)
     run_start = None
-    flags = [t and token not in markers for token, t in zip(rendered.ids, rendered.trained, strict=True)]
-    for k, ((start, end), token) in enumerate(zip(rendered.offsets, rendered.ids, strict=True)):
-        if token in markers:
-            edits.append((start, end, markers[token]))
+    flags = [t and not any(replaced[s:e])
+             for (s, e), t in zip(rendered.offsets, rendered.trained, strict=True)]
+    for k, (start, end) in enumerate(rendered.offsets):
         if flags[k] and run_start is None:
             run_start = start
         if flags[k] and (k + 1 == len(flags) or not flags[k + 1]):

@@ -10,7 +10,8 @@ the precomputed pixels, grids and metadata, so ``<|video_pad|>`` runs, Qwen3-VL'
 ``second_per_grid_ts`` all come from transformers' own code:
 
 * planning (headers only): :func:`replacement_texts`, the processor's ``replace_video_token``
-  on each plan's grid and metadata;
+  on each plan's grid and metadata, put in place by its own ``get_text_with_replacements``
+  (:mod:`vlmcp.data.hf.expand`);
 * training: :func:`process`, the processor called with the pixels (the caller's processor is
   left as it was).
 """

@@ -1,7 +1,7 @@
 """Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE videos: ``Qwen3VLVideoProcessor``'s rules.
 
 All four ship ``Qwen3VLProcessor`` with a ``Qwen3VLVideoProcessor``; vlmcp runs that video
-processor's own code on the header (transformers 5.24)::
+processor's own code on the header (transformers 5.24 and 5.25 alike)::
 
     frames   its sample_frames on the header's metadata (total, fps, duration = total / fps):
              n = int(total / video_fps * fps), then min(max(n, min_frames), max_frames, total);
@@ -17,8 +17,10 @@ processor's own code on the header (transformers 5.24)::
              multiple of T
     text     per frame group "<t seconds>" (the mean of its first and last frame's time, one
              decimal: the processor's _calculate_timestamps) + vision start + H'W' / (patch
-             merge)^2 video pads + vision end; transformers 5.24 replaces the template's
-             <|video_pad|> only, so the template's own vision start / end stay around the whole
+             merge)^2 video pads + vision end: the processor's own replace_video_token; where it
+             goes is the processor's own get_text_with_replacements (transformers 5.24 replaces
+             the template's <|video_pad|> alone, 5.25 the template's vision start, pad and end:
+             Note [vlmcp data: the processor's own expansion])
 
 Frames given as images (no fps) take all their frames (past ``max_frames``, that many
 evenly) at ``--video-fps`` (default the video processor's), which also dates them. The

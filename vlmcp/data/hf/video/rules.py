@@ -4,7 +4,7 @@ Note [vlmcp data: video frames, sizes and tokens]
 -------------------------------------------------
 A video becomes model inputs in three steps, each from the header alone until the last:
 which frames (``indices``), at what size (``H' x W'``), and how the processor writes them
-(tokens, timestamps). Each family follows its model's own processor (transformers 5.24);
+(tokens, timestamps). Each family follows its model's own processor (transformers 5.24, 5.25);
 the flags mean the same thing everywhere, and an unset flag takes the model's default:
 
 * Qwen2-VL, Qwen2.5-VL (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``; :mod:`.qwen2_vl`):
@@ -38,13 +38,15 @@ repeated up to a multiple of T, or past ``max_frames`` that many evenly; they co
 sampled at ``fps`` (their timestamps too).
 
 What matches transformers exactly, and what within rounding (tests/test_video_data.py,
-tests/test_video_qwen3.py): the frame indices (the video processors' own ``sample_frames``
-run on the header's metadata, as transformers' PyAV reader fills it), the sizes (their own
-``smart_resize``), the expanded text and its token ids (the processor's own
-``replace_video_token`` at planning, and its own call with vlmcp's pixels at training, so
-timestamps, markers and ``mm_token_type_ids`` are transformers'), ``video_grid_thw``, and
-the pixel layout and values for the same resized frames (their own ``patchify``; the fused
-rescale-normalize written out, bit for bit). Within rounding: the resize. vlmcp resizes with
+tests/test_video_families.py, tests/test_demo_data.py): the frame indices (the video
+processors' own ``sample_frames`` run on the header's metadata, as transformers' PyAV reader
+fills it), the sizes (their own ``smart_resize``), the expanded text and its token ids (the
+processor's own ``replace_video_token`` and ``get_text_with_replacements`` at planning, which
+each version may override, Note [vlmcp data: the processor's own expansion]; its own call with
+vlmcp's pixels at training, so timestamps, markers, the template's wrapper around a video and
+``mm_token_type_ids`` are transformers'), ``video_grid_thw``, and the pixel layout and values
+for the same resized frames (their own ``patchify``; the fused rescale-normalize written out,
+bit for bit). Within rounding: the resize. vlmcp resizes with
 PIL (the image processor's resample), transformers' video processors with torchvision's
 antialiased resize, which is not installable for every torch: at most 2 levels of 255 apart
 (1 in most videos) in about 0.1% of the values where a frame is resized (``docs/data.md``).
