@@ -2,9 +2,10 @@
 
 The text and its trained tokens come from :func:`vlmcp.data.hf.template.render` (Note
 [vlmcp data: trained tokens from the chat template]); this module adds the images and
-videos: their token counts from the file headers (planning), their pixels through the
-processor (training), and :class:`MediaError` naming ``file:line`` and the file when either
-fails.
+videos: their tokens from the file headers, expanded by the processor's own code (planning;
+Note [vlmcp data: the processor's own expansion]), their pixels through the processor
+(training, which refuses tokens other than the planned ones), and :class:`MediaError` naming
+``file:line`` and the file when either fails.
 
 Token counts are known before any image or video is decoded (an image's count needs only
 its size, a video's its frame count, frame rate and size: Note [vlmcp data: video frames,

@@ -195,9 +195,10 @@ def _media_text(processor, kind: str, where: str) -> str:
     start, end = text.find("A"), text.rfind("B")
     piece = text[start + 1:end] if 0 <= start < end else ""
     if not token or piece.count(token) != 1:
+        article = "an" if kind == "image" else "a"
         raise ValueError(f"{where}: a pre-training line with {kind}s: {type(processor).__name__}'s chat "
-                         f"template does not write a {kind} part in place, so vlmcp cannot place it in plain "
-                         "text")
+                         f"template does not write {article} {kind} part in place, so vlmcp cannot place it "
+                         "in plain text")
     return piece
 
 
