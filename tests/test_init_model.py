@@ -96,7 +96,9 @@ def test_processor_expands_the_image_placeholder(model_dirs, arch, size, tokens)
 
         planned = _smolvlm_text(processor, size).count("<image>")
     else:
-        planned = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]
+        from vlmcp.data.hf.encode import _image_token_count
+
+        planned = _image_token_count(processor, size)
     assert planned == tokens + 2 * (arch == "internvl")
     specials = {"llava": ["<image>", "</s>"],
                 "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],

@@ -77,7 +77,7 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
             if type(processor).__name__ == "SmolVLMProcessor":  # no _get_num_multimodal_tokens: its text's
                 counts.append(_smolvlm_text(processor, size).count(processor.image_token))
                 continue
-            counts.append(int(processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]))
+            counts.append(_image_token_count(processor, size))
         except Exception as err:  # the processor's own checks (smart_resize, ...)
             raise MediaError(conv.where, media.name, "the processor refuses image", err) from None
     if len(counts) > 1 and type(processor).__name__ == "LlavaOnevisionProcessor":
@@ -86,6 +86,18 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
         one = processor.num_image_tokens + 1 - (processor.vision_feature_select_strategy == "default")
         counts = [one] * len(counts)
     return counts
+
+
+def _image_token_count(processor, size: tuple[int, int]) -> int:
+    """The tokens one image of ``size`` becomes: the processor's count, or, for a processor that writes
+    ``<img>`` and ``</img>`` around the image's tokens (InternVL), the tokens of its own
+    ``replace_image_token`` text for the image's tiles (transformers 5.24 counted the two markers in
+    ``num_image_tokens``, 5.25 does not: the text is the same in both)."""
+    data = processor._get_num_multimodal_tokens(image_sizes=[size])
+    if getattr(processor, "start_image_token_id", None) is None:
+        return int(data.num_image_tokens[0])
+    text = processor.replace_image_token({"num_patches": [int(data.num_image_patches[0])]}, 0)
+    return len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def video_plans(processor, conv: Conversation, sampling: VideoSampling | None = None) -> list[VideoPlan]:
