@@ -46,6 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vlmcp.deps import at_least
+from vlmcp.hf.hub_kernels import keep_instance_forward
 
 __all__ = ["ISLANDS", "float64_exact", "float64_norms", "in_dtype"]
 
@@ -135,7 +136,11 @@ def _zero_centred_norm(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def float64_norms(model: nn.Module) -> int:
-    """Make the HF RMSNorms of ``model`` compute in their input dtype (in place); returns the count."""
+    """Make the HF RMSNorms of ``model`` compute in their input dtype (in place); returns the count.
+
+    Instance forwards, which the hub-kernel kernelization of transformers 5.25's ``train()``/``eval()``
+    leaves in place (Note [vlmcp instance forwards and hub kernels]).
+    """
     n = 0
     for m in model.modules():
         name = type(m).__name__
@@ -143,10 +148,12 @@ def float64_norms(model: nn.Module) -> int:
             continue  # Gemma 4's (x * w or no weight) and the weightless ones: their ISLANDS entries
         if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
             m.forward = types.MethodType(_rms_norm, m)
-            n += 1
         elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
             m.forward = types.MethodType(_zero_centred_norm, m)
-            n += 1
+        else:
+            continue
+        keep_instance_forward(m)
+        n += 1
     return n
 
 
