@@ -19,8 +19,9 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,8 +71,8 @@ def main(argv: list[str]) -> int:
     else:
         _run(*pip, "-c", ROOT / "requirements" / "lowest.txt", *_test_requirements(newest=False))
     _run(*pip, "--no-deps", "-e", ROOT)
-    versions = subprocess.run([python, "-c", "import importlib.metadata as m; print(' '.join(m.version(p) for p in "
-                               f"{list(TESTED)!r}))"], check=True, capture_output=True, text=True).stdout.split()
+    code = f"import importlib.metadata as m; print(' '.join(m.version(p) for p in {list(TESTED)!r}))"
+    versions = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout.split()
     for name, version in zip(TESTED, versions, strict=True):
         lowest, bound = TESTED[name]
         inside = parse(lowest) <= parse(version) < parse(bound)

@@ -39,8 +39,10 @@ class UntestedVersion(RuntimeError):
 
 
 def parse(version: str) -> tuple[int, ...]:
-    """``"5.25.0"`` -> ``(5, 25, 0)``; a pre-release or local suffix (``5.26.0.dev0``, ``+cpu``) is dropped."""
-    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0].split("rc")[0].split(".dev")[0])[:3])
+    """``"5.25.0"`` -> ``(5, 25, 0)``; a pre-release or local suffix (``5.26.0.dev0``, ``+cpu``) is
+    dropped."""
+    release = version.split("+")[0].split("rc")[0].split(".dev")[0]
+    return tuple(int(p) for p in re.findall(r"\d+", release)[:3])
 
 
 def installed(package: str) -> str | None:
@@ -72,8 +74,9 @@ def check_versions(*packages: str) -> None:
         have = installed(package)
         if have is None or parse(lowest) <= parse(have) < parse(bound):
             continue
-        line = (f"{package} {have} is outside the range vlmcp was tested with ({package}>={lowest},<{bound}): "
-                f"pip install '{package}>={lowest},<{bound}'")
+        wanted = f"{package}>={lowest},<{bound}"
+        line = (f"{package} {have} is outside the range vlmcp was tested with ({wanted}): "
+                f"pip install '{wanted}'")
         if os.environ.get(OVERRIDE) == "1":
             if (package, have) not in _WARNED:
                 _WARNED.add((package, have))

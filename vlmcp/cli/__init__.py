@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _Parser(prog="vlmcp", description="Context parallelism for vision-language models.",
-                     epilog="environment: VLMCP_ALLOW_UNTESTED_VERSIONS=1 runs with a transformers, peft, trl "
-                            "or accelerate release outside the ranges vlmcp was tested with (a warning "
-                            "instead of the refusal; the ranges: vlmcp.deps.TESTED, docs/training.md)")
+                     epilog="environment: VLMCP_ALLOW_UNTESTED_VERSIONS=1 runs with a transformers, peft, "
+                            "trl or accelerate release outside the ranges vlmcp was tested with (a "
+                            "warning instead of the refusal; the ranges: vlmcp.deps.TESTED, "
+                            "docs/training.md)")
     parser.add_argument("--version", action="version", version=f"vlmcp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     command = _chosen(argv)
