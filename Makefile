@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vlmcp-installed
 
-.PHONY: demo test install-check lint bench bench-plan clean
+.PHONY: demo test install-check lint bench bench-plan clean compat compat-lowest
 
 # requirements/ci.txt pins every package CI tests with (pip constraints), so a new release of
 # transformers (or anything else) cannot change what `make test` installs.
@@ -32,6 +32,15 @@ test: $(STAMP)
 install-check: $(STAMP)
 	$(PY) -m pytest -q -m install
 
+# The suite against the registry's newest transformers, peft, trl and accelerate (their own venv,
+# .venv-compat-newest; the upper bounds ignored): the check to run on the day a release comes out.
+compat:
+	$(PYTHON) scripts/compat.py newest
+
+# The suite against the lowest releases of the tested ranges (requirements/lowest.txt).
+compat-lowest:
+	$(PYTHON) scripts/compat.py lowest
+
 lint: $(STAMP)
 	$(PY) -m ruff check vlmcp tests
 
@@ -53,4 +62,4 @@ gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-compat-newest .venv-compat-lowest build *.egg-info

@@ -140,15 +140,23 @@ def test_llama4_rows_notice_the_temperature_tuning_and_the_chunks():
 
 
 def test_llama4_forward_mended_and_vision_modes_refused():
-    """transformers 5.24's Llama 4 forward raises on every call; parallelize mends that one read."""
+    """transformers 5.24's Llama 4 forward raises on every call; parallelize mends that one read. 5.25
+    fixed it the same way: nothing is mended there."""
     from transformers import AutoModelForImageTextToText
+
+    from vlmcp.deps import at_least
 
     config = tiny_config("llama4")
     plain = AutoModelForImageTextToText.from_config(config)
-    with pytest.raises(AttributeError, match="image_outputs"):
+    if at_least("transformers", "5.25"):
         plain(input_ids=torch.tensor([[1, 5, 6]]))
-    vlmcp.hf.parallelize(plain, None)
-    assert plain._vlmcp_llama4_forward
+        vlmcp.hf.parallelize(plain, None)
+        assert not getattr(plain, "_vlmcp_llama4_forward", False)
+    else:
+        with pytest.raises(AttributeError, match="image_outputs"):
+            plain(input_ids=torch.tensor([[1, 5, 6]]))
+        vlmcp.hf.parallelize(plain, None)
+        assert plain._vlmcp_llama4_forward
     for mode in ("allreduce_hook", "broadcast", "scatter", "hidden_shard"):
         with pytest.raises(ValueError, match=f"vision_mode='{mode}'"):
             vlmcp.hf.parallelize(AutoModelForImageTextToText.from_config(config), None, vision_mode=mode)

@@ -88,8 +88,10 @@ def test_a_plain_install_trains_and_draws(tmp_path):
 
     # pip install 'vlmcp[hf]': docs/training.md's Python example as written (the model it loads is a
     # fresh init-model directory rather than 300 trained steps; the files are the same kind)
+    # with CI's constraints: the versions make test installed, not whatever the registry has today
     _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile",
-          "-r", ROOT / "requirements" / "cpu.txt", f"{src}[hf]"], tmp_path, 600)
+          "-r", ROOT / "requirements" / "cpu.txt", "-c", ROOT / "requirements" / "ci.txt", f"{src}[hf]"],
+         tmp_path, 600)
     _run([bin_dir / "vlmcp", "init-model", "--arch", "qwen2_vl", "--out", "runs/hf/out"], work, 120)
     _run([bin_dir / "vlmcp", "data", "shapes", "--out", "runs/hf/data", "--samples", "2"], work, 120)
     example = work / "readme_example.py"

@@ -50,6 +50,12 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _uses_transformers(args: argparse.Namespace) -> bool:
+    """Whether the parsed command reads a Hugging Face model (its transformers must be in range)."""
+    return (args.command == "init-model" or bool(getattr(args, "model", None))
+            or str(getattr(args, "bench", "")).startswith("hf-"))
+
+
 def _chosen(argv: list[str]) -> str | None:
     """The command in ``argv`` (its first word that is not an option), if it is one."""
     word = next((a for a in argv if not a.startswith("-")), None)
@@ -60,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     from vlmcp import __version__
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _Parser(prog="vlmcp", description="Context parallelism for vision-language models.")
+    parser = _Parser(prog="vlmcp", description="Context parallelism for vision-language models.",
+                     epilog="environment: VLMCP_ALLOW_UNTESTED_VERSIONS=1 runs with a transformers, peft, "
+                            "trl or accelerate release outside the ranges vlmcp was tested with (a "
+                            "warning instead of the refusal; the ranges: vlmcp.deps.TESTED, "
+                            "docs/training.md)")
     parser.add_argument("--version", action="version", version=f"vlmcp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     command = _chosen(argv)
@@ -73,15 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # the command's own usage, not the top level's
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     from vlmcp.cli.ranks import RanksFailed
+    from vlmcp.deps import UntestedVersion, check_versions
 
     try:
+        if _uses_transformers(args):
+            check_versions("transformers")  # before a model is built, a file written or a rank started
         return int(importlib.import_module(_COMMANDS[args.command][0]).run(args) or 0)
     except RanksFailed:
         return 1  # the failing rank's line is printed
     except KeyboardInterrupt:  # Ctrl-C before any rank started (a training run's ranks stop as on SIGTERM)
         print(f"\nvlmcp {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, NotImplementedError) as err:
+    except (ValueError, NotImplementedError, UntestedVersion) as err:
         print(f"vlmcp {args.command}: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:

@@ -16,6 +16,9 @@ def check_model_dir(model: str, *, cp: int, attention: str, vision_mode: str | N
         raise ValueError(f"--model {model}: not a model directory (no config.json)")
     from transformers import AutoConfig
 
+    from vlmcp.deps import check_versions
+
+    check_versions("transformers")
     try:
         config = AutoConfig.from_pretrained(model, local_files_only=True)
     except (ValueError, KeyError, OSError) as err:  # a model_type this transformers does not know

@@ -20,6 +20,7 @@ from typing import Literal, get_args
 import torch.distributed as dist
 from torch import nn
 
+from vlmcp.deps import check_versions
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
 from vlmcp.hf.mixers import gdn as hf_gdn
@@ -115,7 +116,9 @@ def parallelize(
             sliding windows HF's mask alone applies, sinks, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
             also with ``cp_group=None``.
+        vlmcp.deps.UntestedVersion: transformers outside the tested range (:mod:`vlmcp.deps`).
     """
+    check_versions("transformers")
     outer, model = model, unwrap_peft(model)  # a peft.PeftModel: the model inside (vlmcp.hf.peft)
     if attention not in ("ring", "ulysses"):
         raise ValueError(f"attention must be 'ring' or 'ulysses', got {attention!r}")

@@ -142,6 +142,10 @@ def apply_lora(model: nn.Module, *, rank: int = 8, alpha: float = 16.0, dropout:
     """
     from peft import LoraConfig, get_peft_model
 
+    from vlmcp.deps import check_versions
+
+    check_versions("peft")
+
     if getattr(model, "_vlmcp_hf", None) is not None:
         raise ValueError("apply_lora before vlmcp.hf.parallelize: the model is parallelized already")
     names = lora_targets(model, targets, vision=vision, projector=projector)

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlmcp.deps import check_versions
 from vlmcp.grads import finish_ddp_gradients, grad_norms, reduce_gradients
 from vlmcp.integrations.dp_world import (
     Mesh,
@@ -129,6 +130,8 @@ class CPTrainerMixin:
     """
 
     def __init__(self, *args, cp_size: int = 1, cp_options: CPOptions | None = None, **kwargs) -> None:
+        trl = any(c.__module__.split(".")[0] == "trl" for c in type(self).__mro__)
+        check_versions("transformers", "accelerate", *(("trl",) if trl else ()))
         if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
             raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r}")
         options = CPOptions() if cp_options is None else cp_options

@@ -26,6 +26,9 @@ ARCHS = ("qwen2_vl", "qwen3_vl", "qwen3_5")
 def needs_transformers(name: str) -> bool:
     """True when transformers is missing (the caller skips, saying so on stderr)."""
     if importlib.util.find_spec("transformers") is not None:
+        from vlmcp.deps import check_versions
+
+        check_versions("transformers")
         return False
     import sys
 

@@ -26,7 +26,8 @@ __all__ = ["image_texts", "image_token_counts"]
 
 
 def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int]]) -> list[int]:
-    """Tokens of each image of ``conv`` at the given sizes (the processor's rule, no pixels).
+    """Tokens of each image of ``conv`` at the given sizes (the processor's rule, no pixels): the
+    same on every transformers version (InternVL: the tokens of its own text, markers included).
 
     Raises:
         MediaError: when the processor refuses an image's size (e.g. Qwen's aspect ratio > 200).
@@ -38,6 +39,10 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
         try:
             if type(processor).__name__ == "SmolVLMProcessor":  # no _get_num_multimodal_tokens: its text's
                 counts.append(_smolvlm_text(processor, size).count(processor.image_token))
+                continue
+            if _frames_images(processor):  # its count: 5.24 holds <img> and </img>, 5.25 does not
+                text = _framed_text(processor, size)
+                counts.append(len(processor.tokenizer(text, add_special_tokens=False)["input_ids"]))
                 continue
             counts.append(int(processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_tokens[0]))
         except Exception as err:  # the processor's own checks (smart_resize, ...)
@@ -61,10 +66,15 @@ def _smolvlm_text(processor, size: tuple[int, int]) -> str:
                                    processor.image_token, processor.global_image_token)
 
 
-def _internvl_text(processor, size: tuple[int, int]) -> str:
+def _frames_images(processor) -> bool:
+    """Whether the processor writes ``<img>`` and ``</img>`` around an image's tokens (InternVL)."""
+    return getattr(processor, "start_image_token_id", None) is not None
+
+
+def _framed_text(processor, size: tuple[int, int]) -> str:
     """InternVL's own ``replace_image_token`` on the tiles it cuts an image of ``size`` into."""
     patches = processor._get_num_multimodal_tokens(image_sizes=[size]).num_image_patches
-    return processor.replace_image_token({"num_patches": patches}, 0)
+    return processor.replace_image_token({"num_patches": [int(patches[0])]}, 0)
 
 
 def image_texts(processor, conv: Conversation, sizes: list[tuple[int, int]]) -> list[str]:
@@ -77,8 +87,8 @@ def image_texts(processor, conv: Conversation, sizes: list[tuple[int, int]]) -> 
     """
     counts = image_token_counts(processor, conv, sizes)
     name = type(processor).__name__
-    if name == "InternVLProcessor":
-        return [_internvl_text(processor, size) for size in sizes]
+    if _frames_images(processor):
+        return [_framed_text(processor, size) for size in sizes]
     if name == "SmolVLMProcessor":
         texts = [_smolvlm_text(processor, size) for size in sizes]
     elif isinstance(getattr(processor, "full_image_sequence", None), str):  # Gemma 3

@@ -124,6 +124,9 @@ def load_processor(model_dir: str | os.PathLike):
     from transformers import AutoProcessor
     from transformers.utils import is_torchvision_available
 
+    from vlmcp.deps import check_versions
+
+    check_versions("transformers")
     model_dir = Path(model_dir)
     config_file = model_dir / "processor_config.json"
     saved = json.loads(config_file.read_text()) if config_file.exists() else {}

@@ -12,7 +12,8 @@ the tiles: counts, per-sample references and selection are per ``pixel_values`` 
 transformers 5.24's ``Llama4ForConditionalGeneration.forward`` raises ``AttributeError`` on every call
 (its output reads ``outputs.image_outputs``, which the language model's output lacks); ``parallelize``
 mends it on the instance (:func:`fix_forward`: transformers' own source with that one read replaced),
-and the float64 reference runs the same mended forward (every computation HF's).
+and the float64 reference runs the same mended forward (every computation HF's). transformers 5.25
+fixed it the same way (``image_outputs=mm_encoder_outputs.get("image")``); nothing is mended there.
 
 Vision modes: ``replicate`` only. HF's forward applies ``multi_modal_projector`` to
 ``get_image_features``' ``last_hidden_state`` itself, outside the ViT call that vlmcp's vision

@@ -45,6 +45,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vlmcp.deps import at_least
+from vlmcp.hf.hub_kernels import keep_instance_forward
+
 __all__ = ["ISLANDS", "float64_exact", "float64_norms", "in_dtype"]
 
 
@@ -90,10 +93,28 @@ def _without_float_calls(raw: Callable) -> types.CodeType:
     return next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == raw.__name__)
 
 
+def plain_function(fn: Callable) -> Callable:
+    """The Python function behind ``fn``: its decorators unwrapped, and a hub-kernel ``Func`` opened.
+
+    From transformers 5.25, functions that a hub kernel may replace (Qwen3.5's
+    ``torch_chunk_gated_delta_rule``, Nemotron-H's ``mamba2_chunk_scan``, ...) are ``nn.Module``
+    instances of the ``kernels`` package's ``Func``, whose ``forward`` calls the decorated function
+    it closes over (``func``); transformers 5.24 left them plain functions.
+    """
+    if isinstance(fn, torch.nn.Module):
+        forward = type(fn).forward
+        free = forward.__code__.co_freevars
+        if "func" not in free:
+            raise NotImplementedError(f"{type(fn).__qualname__}: a module whose forward does not close over "
+                                      f"the function it runs (free variables {free})")
+        fn = forward.__closure__[free.index("func")].cell_contents
+    return inspect.unwrap(fn)
+
+
 def in_dtype(fn: Callable, dtype: torch.dtype) -> Callable:
-    """``fn`` (decorators unwrapped) with every ``torch.float32`` it names read as ``dtype``, and every
+    """``fn`` (:func:`plain_function`) with every ``torch.float32`` it names read as ``dtype``, and every
     ``x.float()`` it calls as ``x.to(dtype)``."""
-    raw = inspect.unwrap(fn)
+    raw = plain_function(fn)
     namespace = dict(raw.__globals__)
     namespace["torch"] = _TorchWithFloat32As(dtype)
     code = raw.__code__
@@ -115,17 +136,24 @@ def _zero_centred_norm(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def float64_norms(model: nn.Module) -> int:
-    """Make the HF RMSNorms of ``model`` compute in their input dtype (in place); returns the count."""
+    """Make the HF RMSNorms of ``model`` compute in their input dtype (in place); returns the count.
+
+    Instance forwards, which the hub-kernel kernelization of transformers 5.25's ``train()``/``eval()``
+    leaves in place (Note [vlmcp instance forwards and hub kernels]).
+    """
     n = 0
     for m in model.modules():
         name = type(m).__name__
+        if hasattr(m, "with_scale") or not isinstance(getattr(m, "weight", None), nn.Parameter):
+            continue  # Gemma 4's (x * w or no weight) and the weightless ones: their ISLANDS entries
         if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
             m.forward = types.MethodType(_rms_norm, m)
-            n += 1
-        elif (name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps")
-              and not hasattr(m, "with_scale")):  # Gemma 4's is x * w (or no weight): an ISLANDS entry
+        elif name.startswith("Gemma") and name.endswith("RMSNorm") and hasattr(m, "eps"):
             m.forward = types.MethodType(_zero_centred_norm, m)
-            n += 1
+        else:
+            continue
+        keep_instance_forward(m)
+        n += 1
     return n
 
 
@@ -267,7 +295,7 @@ _QWEN3_5 = (("qwen3_5", "Qwen3_5"), ("qwen3_5_moe", "Qwen3_5Moe"))
 """Qwen3.5 and Qwen3.5-MoE: the same norms and Gated DeltaNet, each in its own module."""
 
 
-ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
+ISLANDS: tuple[tuple[str, str, Callable | str] | tuple[str, str, Callable | str, str], ...] = (
     *((_modeling(m), "apply_rotary_pos_emb_vision", _rotary_vision(_modeling(m)))
       for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "qwen3_5_moe",
                 "kimi_k25", "glm4v_moe")),
@@ -296,14 +324,17 @@ ISLANDS: tuple[tuple[str, str, Callable | str], ...] = (
     (_modeling("deepseek_v3"), "DeepseekV3TopkRouter.forward", "in_dtype"),
     (_modeling("kimi_k25"), "Kimi_K25VisionModel.temporal_merge", _kimi_temporal_merge),
     (_modeling("nemotron_h"), "mamba2_chunk_scan", "in_dtype"),
+    (_modeling("nemotron_h"), "mamba2_scan_forward", "in_dtype", "5.25"),  # A's float() moved here in 5.25
     (_modeling("nemotron_h"), "NemotronHMamba2Mixer.forward", "in_dtype"),  # after the scan: calls it
     (_modeling("nemotron_h"), "NemotronHRMSNormGated.forward", "in_dtype"),
     (_modeling("nemotron_h"), "NemotronHTopkRouter.forward", "in_dtype"),
     (_modeling("nemotron_h"), "NemotronHForCausalLM.forward", "in_dtype"),  # logits.float()
     (_modeling("radio"), "RadioPatchEmbeddings._interpolate_position_embedding", "in_dtype"),
 )
-"""(transformers module, attribute path within it, replacement or ``"in_dtype"``): every float32
-island vlmcp's float64 parity lifts (Note [vlmcp float64 parity: float32 islands])."""
+"""(transformers module, attribute path within it, replacement or ``"in_dtype"``[, the transformers
+release it first exists in]): every float32 island vlmcp's float64 parity lifts (Note [vlmcp float64
+parity: float32 islands]). An entry of a later release is skipped on an earlier one; one that is
+missing where it should exist raises (a renamed island must not be skipped silently)."""
 
 
 @contextlib.contextmanager
@@ -318,10 +349,10 @@ def float64_exact(dtype: torch.dtype) -> Iterator[None]:
         return
     saved = []
     try:
-        for module_name, path, replacement in ISLANDS:  # in order: each built after those above are in place
+        for module_name, path, replacement, *since in ISLANDS:  # in order: each built after those above
             module = sys.modules.get(module_name)
-            if module is None:
-                continue  # no model of it exists
+            if module is None or (since and not at_least("transformers", since[0])):
+                continue  # no model of it exists, or not in this release
             *owners, name = path.split(".")
             owner = module
             for part in owners:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
+from vlmcp.hf.hub_kernels import keep_instance_forward
 from vlmcp.hf.mixers import audit
 
 __all__ = ["cp_context", "install_forward", "register_classes"]
@@ -50,6 +51,8 @@ def register_classes(classes, prepare_fn) -> None:
 def install_forward(module: nn.Module, forward: Callable, mark: str, needs: Sequence[str],
                     layout: str) -> bool:
     """Replace ``module.forward`` by ``forward`` bound to it, once; False when it was installed already.
+    Hub-kernel kernelization (transformers 5.25's ``train()``/``eval()``) leaves it in place (Note [vlmcp
+    instance forwards and hub kernels]).
 
     Args:
         module: the HF token mixer instance.
@@ -68,5 +71,6 @@ def install_forward(module: nn.Module, forward: Callable, mark: str, needs: Sequ
             raise ValueError(f"{type(module).__name__} has no {name!r}: not the layout vlmcp runs under CP "
                              f"({layout})")
     module.forward = types.MethodType(forward, module)
+    keep_instance_forward(module)
     setattr(module, mark, True)
     return True
