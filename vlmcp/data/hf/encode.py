@@ -236,8 +236,9 @@ class EncodedSample:
 
 
 def _first_difference(tokenizer, planned: list[int], got: list[int]) -> str:
-    """Where two token lists first differ, for one line: ``at token 3 of 120 (planned '<|vision_start|>',
-    the processor's '<0.3 seconds>' ...)``."""
+    """Where two token lists first differ, for one line, three tokens decoded from there: ``120 planned,
+    118 from the processor; first difference at token 3: planned '<|vision_start|><0.3 seconds>',
+    the processor's '<0.3 seconds><|vision_start|>'``."""
     k = next((i for i, (a, b) in enumerate(zip(planned, got, strict=False)) if a != b),
              min(len(planned), len(got)))
     show = lambda ids: repr(tokenizer.decode(ids[k:k + 3])) if k < len(ids) else "the end"
