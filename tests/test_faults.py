@@ -374,6 +374,26 @@ def test_a_stalled_rank_ends_the_job_within_the_timeout(tmp_path):
     assert not any(_alive(p) for p in ranks)
 
 
+def test_a_killed_rank_is_one_line_per_rank_not_a_gloo_traceback(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    proc = _train_cli("--metrics-jsonl", metrics)
+    ranks = _wait_for_steps(proc, metrics, 2)
+    assert len(ranks) == 2
+    os.kill(ranks[1], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines[0] == "vlmcp train: failed: rank 1 was killed by SIGKILL (signal 9) without a report", lines
+    want = (r"vlmcp train: failed: rank 0: step \d+: .+ (over|with) ranks \[[01, ]+\] lost a peer "
+            r"\((Connection reset by peer|Connection closed by peer|Broken pipe|Socket closed)\)")
+    assert len(lines) == 2 and re.fullmatch(want, lines[1]), lines
+    time.sleep(1)
+    assert not any(_alive(p) for p in ranks)
+
+
 def test_ranks_do_not_outlive_a_killed_launcher(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = _train_cli("--metrics-jsonl", metrics)
