@@ -158,3 +158,41 @@ def hf_sigterm_in_last_step(group, cfg, index):
         return loop.train_hf_rank(group, cfg, index)
     finally:
         loop.RowLoader.next = original
+
+
+def dcp_refusals(group, directories):
+    """Resume from each crafted checkpoint directory (each holds one FSDP checkpoint of
+    :func:`dcp_round`): what each rank raised. Then past every check: the allow-list reader and
+    planner inside ``dcp.load`` itself (a file swapped in after the checks)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from vlmcp.train.hf.checkpoint import load_hf_checkpoint
+    from vlmcp.train.hf.dcp_reader import SafeLoadPlanner, SafeReader
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(group),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    refused = []
+    for directory in directories:
+        try:
+            load_hf_checkpoint(dcp_config(directory, resume=True), model, opt, group, torch.device("cpu"))
+            refused.append(None)
+        except ValueError as err:
+            refused.append(str(err))
+    inside = []
+    for directory in directories:
+        path = Path(directory) / "step_00000001"
+        try:
+            dcp.load({"optimizer": get_state_dict(model, opt)[1]}, checkpoint_id=path, process_group=group,
+                     storage_reader=SafeReader(path), planner=SafeLoadPlanner(allow_partial_load=True))
+            inside.append(None)
+        except CheckpointException as err:  # every rank's errors, on every rank (a BaseException)
+            inside.append(str(err))
+    return refused, inside

@@ -164,8 +164,12 @@ def test_a_full_disk_is_one_clean_os_error(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt"]
     with pytest.raises(DistributedTestError) as failed:  # a rank's OSError is one line, not a traceback
         run_on_ranks(fault_cases.raise_os_error, 2, timeout=60)
-    assert str(failed.value) == ("rank 1: OSError: [Errno 28] No space left on device: cannot write "
-                                 "checkpoint /x/step_00000002.pt")
+    lines = str(failed.value).splitlines()
+    assert lines[0] == "rank 1: OSError: [Errno 28] No space left on device: cannot write checkpoint " \
+        "/x/step_00000002.pt", lines
+    # rank 0, waiting in a barrier, may have lost rank 1 before the launcher stopped it: one line too
+    lost = "rank 0: outside the step loop: barrier over ranks [0, 1] lost a peer"
+    assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith(lost)), lines
 
 
 # ---------------------------------------------------------------- one run per directory

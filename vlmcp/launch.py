@@ -247,7 +247,8 @@ def _raise_collected(fn, procs, outputs: dict, results, reports: dict, grace: fl
     """Raise the failure of the run after its first sign, with what every rank says within ``grace``.
 
     The ranks that died without a report come first (the likely cause), one line each; then a
-    rank's traceback if one raised, or else one line per rank that lost a peer.
+    rank's traceback if one raised, or else one line per rank that reported: its own failure
+    (a full disk, a timeout), then those that only lost a peer.
     """
     world = len(procs)
     end = time.monotonic() + grace
@@ -269,7 +270,9 @@ def _raise_collected(fn, procs, outputs: dict, results, reports: dict, grace: fl
         rank, trace = errors[0]
         raise RankFailure(f"{fn.__name__}: {''.join(d + '; ' for d in deaths)}failed on rank {rank} of "
                           f"{world}:\n{trace}")
-    lines = deaths + [f"rank {r}: {payload[0]}" for r, (_, payload) in sorted(reports.items())]
+    # the causes first (a dead rank, a full disk), then the ranks that only lost them as peers
+    briefs = sorted(reports.items(), key=lambda item: (item[1][1][2] == "peer lost", item[0]))
+    lines = deaths + [f"rank {r}: {payload[0]}" for r, (_, payload) in briefs]
     detail = "\n".join(f"rank {r}:\n{payload[1]}" for r, (_, payload) in sorted(reports.items()))
     raise RankFailure("\n".join(lines), detail, lines)
 

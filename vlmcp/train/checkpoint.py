@@ -216,15 +216,17 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
     return final
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    weights_only: bool = True) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` and verify its checksum.
+
+    Always with ``torch.load(weights_only=True)``: a pickled object other than plain data is an
+    error, never run (a checkpoint directory may be writable by others; the checksum would
+    not tell, its writer can recompute it).
 
     Args:
         path: the checkpoint file.
         map_location: where tensors go (CPU by default, so a checkpoint from GPUs loads
             anywhere; move the model afterwards).
-        weights_only: refuse arbitrary pickled objects (safe for files from elsewhere).
 
     Raises:
         ValueError: if the file is not a vlmcp checkpoint, cannot be read, or its contents
@@ -232,7 +234,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """
     path = Path(path)
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=weights_only)
+        payload = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise  # a wrong path is the caller's mistake, not a damaged file
     except Exception as err:

@@ -18,7 +18,9 @@ position (rows consumed) for an exact resume. A resume must keep the run's data,
 schedule (``--steps``, ``--grad-accum``, ``--lr`` and its scheduler and warm-up): a change is
 refused, naming it (:func:`check_resumable`).
 On resume the newest checkpoint that passes its checksums wins; a damaged one is skipped
-with a warning naming the file (:func:`latest_step`).
+with a warning naming the file (:func:`latest_step`). A DCP checkpoint that would unpickle
+anything but checkpoint data is refused outright, naming the file, before any state is
+loaded, on every rank (Note [vlmcp DCP checkpoints are unpickled through an allow-list]).
 
 The final ``save_pretrained`` directory is a checkpoint too: :mod:`vlmcp.train.hf.final_model`.
 """
@@ -86,6 +88,8 @@ def _dcp_meta(path: Path) -> dict:
     """The meta of the DCP checkpoint ``path`` after checking every checksum it carries.
 
     Raises:
+        UnsafeCheckpoint: a file would unpickle something a checkpoint never holds (see
+            :func:`vlmcp.train.hf.dcp_reader.check_dcp_checkpoint`).
         ValueError: naming the file that cannot be read or does not match.
     """
     try:
@@ -101,6 +105,9 @@ def _dcp_meta(path: Path) -> dict:
         if not file.is_file() or _file_sha256(file) != digest:
             raise ValueError(f"{file} is {'damaged' if file.is_file() else 'missing'}: "
                              "the checkpoint's checksum does not match")
+    from vlmcp.train.hf.dcp_reader import check_dcp_checkpoint  # imports torch's DCP: only here
+
+    check_dcp_checkpoint(path)  # the checksums tell damage, not tampering: their writer can recompute them
     return {**body, "step": step, "config": config}
 
 
@@ -114,14 +121,22 @@ def latest_step(directory: str | os.PathLike, fsdp: bool) -> tuple[int, dict] | 
 
     Every checksum is checked (the whole checkpoint is read); a checkpoint that fails is
     skipped with a warning naming the file, and the one before it is tried.
+
+    Raises:
+        UnsafeCheckpoint: a DCP checkpoint would unpickle something a checkpoint never holds:
+            never skipped (a crafted file is no accident, and nothing older can be trusted more).
     """
     directory = Path(directory)
     if not fsdp:
         ckpt = load_latest_checkpoint(directory)
         return None if ckpt is None else (ckpt.step, ckpt.state["config"])
+    from vlmcp.train.hf.dcp_reader import UnsafeCheckpoint
+
     for step, path in reversed(_dcp_dirs(directory)):
         try:
             return step, _dcp_meta(path)["config"]
+        except UnsafeCheckpoint:
+            raise
         except ValueError as err:
             warnings.warn(f"skipping unreadable checkpoint: {err}", stacklevel=2)
     return None
@@ -229,22 +244,41 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     Ranks must agree on the step (a directory that is not shared would let them
     continue from different states and wait forever for each other).
     """
+    from vlmcp.train.hf.dcp_reader import UnsafeCheckpoint, check_dcp_checkpoint
+
     directory = Path(cfg.checkpoints)
     rank = dist.get_rank(world)
-    found = None
+    found, refused = None, None
     if rank == 0:  # reads and checks the checkpoints once; the others take its choice
         with warnings.catch_warnings():  # the command line reported damaged ones before the ranks started
             warnings.simplefilter("ignore")
-            found = latest_step(directory, cfg.fsdp)
-    step = torch.tensor([-1 if found is None else found[0]], dtype=torch.float64, device=device)
-    dist.all_reduce(step, op=dist.ReduceOp.MAX, group=world)
+            try:
+                found = latest_step(directory, cfg.fsdp)
+            except UnsafeCheckpoint as err:  # every rank stops with it; none waits for rank 0
+                refused = err
+    step = torch.tensor([-2 if refused else -1 if found is None else found[0]], dtype=torch.float64,
+                        device=device)
+    dist.broadcast(step, src=dist.get_global_rank(world, 0), group=world)
     step = int(step)
+    if step == -2:
+        raise refused or UnsafeCheckpoint(f"{directory}: rank 0 refused a checkpoint (its line names the "
+                                          "file); nothing was loaded")
     there = checkpoint_path(directory, step) if not cfg.fsdp else directory / f"step_{step:08d}" / _META
-    have = torch.tensor([float(step < 0 or there.is_file())], dtype=torch.float64, device=device)
+    refused = None
+    if cfg.fsdp and step >= 0:  # every rank checks what it will unpickle itself, before loading anything
+        try:
+            check_dcp_checkpoint(there.parent)
+        except ValueError as err:
+            refused = err
+    have = torch.tensor([float(step < 0 or there.is_file()), float(refused is None)], dtype=torch.float64,
+                        device=device)
     dist.all_reduce(have, op=dist.ReduceOp.MIN, group=world)
-    if not bool(have):
+    if not bool(have[0]):
         raise RuntimeError(f"rank 0 resumes from step {step} in {directory}, but some rank does not see "
                            "that checkpoint; is the directory shared by every rank?")
+    if not bool(have[1]):
+        raise refused or UnsafeCheckpoint(f"{there.parent}: another rank refused this checkpoint (its line "
+                                          "names the file); nothing was loaded")
     if step < 0:
         return 0, 0
     if not cfg.fsdp:
@@ -260,8 +294,10 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     check_resumable(meta["config"], cfg, step, directory)
     frozen = set(check_frozen(meta["frozen"], model, world, directory)) if "frozen" in meta else set()
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from vlmcp.train.hf.dcp_reader import SafeLoadPlanner, SafeReader
 
     path = directory / f"step_{step:08d}"
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -277,15 +313,18 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     # a parameter that never had a gradient (a ViT layer the model does not use) has no
     # AdamW state in the checkpoint; the fresh state get_state_dict made for it stays
     optim = {"optimizer": optim_state}
-    partial = DefaultLoadPlanner(allow_partial_load=True)
     try:
-        # into model_state's own tensors; a frozen one keeps --model's value (checked above)
+        # into model_state's own tensors; a frozen one keeps --model's value (checked above). Through
+        # the allow-list reader and planner: a file swapped in after the check is refused too
         dcp.load({"model": {k: v for k, v in model_state.items() if k not in frozen}}, checkpoint_id=path,
-                 process_group=world)
-        dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
-    except Exception as err:  # the checksums passed on rank 0: a file changed since, or another reader
+                 process_group=world, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+        dcp.load(optim, checkpoint_id=path, process_group=world, storage_reader=SafeReader(path),
+                 planner=SafeLoadPlanner(allow_partial_load=True))
+    except (Exception, CheckpointException) as err:  # checked, yet: a file changed since, or another reader
+        if isinstance(err, CheckpointException) and err.failures:  # DCP's wrapper of every rank's error
+            err = err.failures[min(err.failures)][0]
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: {first}") from err
+        raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: {first}") from None
     for name, p in slices.items():  # this rank's slice, at this run's CP size
         model_state[name] = local_part(p, model_state[name]).clone()
         for k, v in optim["optimizer"]["state"].get(name, {}).items():
