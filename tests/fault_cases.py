@@ -196,3 +196,51 @@ def dcp_refusals(group, directories):
         except CheckpointException as err:  # every rank's errors, on every rank (a BaseException)
             inside.append(str(err))
     return refused, inside
+
+
+def _file_size_limit(limit: int):
+    """From here on this process cannot write a file beyond ``limit`` bytes: a real write error
+    from the kernel (EFBIG, errno 27), like a full disk (ENOSPC) without needing one."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def dcp_full_disk(group, directory):
+    """An FSDP checkpoint save whose rank 1 cannot write its shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from vlmcp.train.hf.checkpoint import save_hf_checkpoint
+
+    cfg = dcp_config(directory)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(group),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    if dist.get_rank(group) == 1:
+        _file_size_limit(1024)
+    save_hf_checkpoint(cfg, model, opt, 1, 10, group, group)
+
+
+def final_model_full_disk(group, cfg):
+    """The final save of ``cfg.model``'s weights, whose ``model.safetensors`` meets a full file
+    system inside safetensors' own (Rust) writer on rank 0."""
+    import transformers.modeling_utils as modeling
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.train.hf.final_model import save_trained_model
+
+    model = AutoModelForImageTextToText.from_pretrained(cfg.model)
+    real = modeling.safe_save_file
+
+    def save_file(tensors, filename, metadata=None):
+        _file_size_limit(4096)  # the config and processor files before it fit
+        return real(tensors, filename, metadata=metadata)
+
+    modeling.safe_save_file = save_file
+    save_trained_model(cfg, model, load_processor(cfg.model), group, group, step=1)

@@ -10,8 +10,28 @@ Two kinds, by ``--fsdp``:
   shard into ``.step_N.tmp-<pid>-<host>/`` (on a directory all ranks share; rank 0 names it),
   rank 0 adds ``vlmcp_meta.pt`` (step, data position, config, the SHA-256 of every file
   and of the meta itself) and renames it to ``step_N/`` only after every rank finished, so a
-  crash never leaves a partial ``step_N``. DCP stores tensors by name with their global
-  shapes, so a run resumes at another CP or DP size.
+  crash never leaves a partial ``step_N`` (Note [vlmcp DCP checkpoints: atomic and durable]).
+  DCP stores tensors by name with their global shapes, so a run resumes at another CP or DP
+  size.
+
+Note [vlmcp DCP checkpoints: atomic and durable]
+------------------------------------------------
+A save of step N, and what a crash at each point leaves (``latest_step`` sees only
+``step_*`` directories holding a ``vlmcp_meta.pt``)::
+
+    .step_N.tmp-<pid>-<host>/   <- dcp.save, each rank fsyncs its files    (crash: hidden debris)
+                                <- rank 0: vlmcp_meta.pt (O_EXCL, fsync), fsync of every file
+                                   and of the directory                    (crash: hidden debris)
+    step_N/ (an old one)        -> .step_N.old-<pid>-<host>/                (crash: N-1 is newest)
+    .step_N.tmp-...             -> step_N/, fsync of the parent             (crash: N, complete)
+    .step_N.old-...             deleted
+    step_K/ beyond --save-total-limit -> .step_K.old-.../, fsync, deleted   (crash: K hidden)
+
+Nothing visible is ever deleted in place (``rmtree`` of a visible ``step_K`` that a crash
+interrupts would leave a damaged checkpoint under its name), and no rename is trusted before
+the directory holding it is fsynced. An old ``step_N`` exists only when the newest good
+checkpoint was older (it was damaged: a resume starts after its newest good checkpoint).
+Debris carries its writer and goes with the next save (:func:`remove_stale_temps`).
 
 Both keep the newest ``--save-total-limit`` (default 3; 0 keeps all) and carry the data
 position (rows consumed) for an exact resume. A resume must keep the run's data, model and
@@ -31,7 +51,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import shutil
 import warnings
 from pathlib import Path
 
@@ -42,6 +61,7 @@ from torch import nn
 from vlmcp.grads import local_part, partition_of
 from vlmcp.train.checkpoint import (
     checkpoint_path,
+    clean_os_error,
     list_checkpoints,
     load_checkpoint,
     load_latest_checkpoint,
@@ -49,6 +69,7 @@ from vlmcp.train.checkpoint import (
     remove_stale_temps,
     save_checkpoint,
 )
+from vlmcp.train.durable import open_exclusive, publish_dir, retire_dir
 from vlmcp.train.hf.finetune import check_frozen, frozen_record
 from vlmcp.train.hf.finetune_config import finetune_changes
 from vlmcp.train.lock import writer_tag
@@ -57,7 +78,7 @@ from vlmcp.train.state import full_state, load_full_state
 __all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkpoint", "save_hf_checkpoint"]
 
 _DIR = re.compile(r"^step_(\d{8,})$")
-_TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
+_TEMP = re.compile(r"^\.step_\d{8,}\.(?:tmp|old)-(\d+)-(.*)$")  # being written, or being deleted
 _META = "vlmcp_meta.pt"
 _RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video",
                   # what the rows are made of (a checkpoint from before these fields holds their defaults)
@@ -210,6 +231,8 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
         dist.barrier(group=world)
         return path
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = Path(directory) / f"step_{step:08d}"
@@ -223,18 +246,35 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
     model_state, optim_state = get_state_dict(model, optimizer)
     model_state, optim_state = _full_slices(model, model_state, optim_state, cp_group)
     model_state = {k: v for k, v in model_state.items() if k not in set(meta["frozen"]["names"])}
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=temp, process_group=world)
+    try:  # sync_files (torch's default, said here since the note relies on it): each rank fsyncs its own
+        dcp.save({"model": model_state, "optimizer": optim_state}, process_group=world,
+                 storage_writer=FileSystemWriter(temp, sync_files=True))
+    except CheckpointException as err:  # a BaseException holding every rank's error: a full disk is one line
+        cleaned = (clean_os_error(e, f"checkpoint {final}") for e, _ in err.failures.values())
+        failure = next((f for f in cleaned if f is not None), None)
+        if failure is None:
+            raise
+        raise failure from None
     dist.barrier(group=world)
     if rank == 0:
         meta["files"] = {p.name: _file_sha256(p) for p in sorted(temp.iterdir()) if p.is_file()}
         meta["sha256"] = payload_digest(meta)
-        torch.save(meta, temp / _META)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(temp, final)
-        for _, old in (_dcp_dirs(Path(directory))[:-cfg.save_total_limit] if cfg.save_total_limit else []):
-            shutil.rmtree(old, ignore_errors=True)
+        publish_dcp(temp, final, meta, cfg.save_total_limit)
     dist.barrier(group=world)
     return final
+
+
+def publish_dcp(temp: Path, final: Path, meta: dict, keep: int | None) -> None:
+    """Rank 0's part of a DCP save: ``vlmcp_meta.pt`` into the complete ``temp``, ``temp`` to ``final``,
+    and the checkpoints beyond the newest ``keep`` (None, 0: all kept) deleted, in the order of
+    Note [vlmcp DCP checkpoints: atomic and durable]."""
+    with open_exclusive(temp / _META) as f:
+        torch.save(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    publish_dir(temp, final)
+    for _, old in (_dcp_dirs(final.parent)[:-keep] if keep else []):
+        retire_dir(old)
 
 
 def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGroup,
