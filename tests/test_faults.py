@@ -147,20 +147,22 @@ def test_a_full_disk_is_one_clean_os_error(tmp_path, monkeypatch):
     import errno
     import io
 
-    from vlmcp.train import checkpoint as ckpt_module
+    from vlmcp.train import durable
 
     class Full(io.FileIO):
         def write(self, b):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     save_checkpoint(tmp_path, 1, {"w": torch.ones(3)})
-    monkeypatch.setattr(ckpt_module, "open", lambda p, mode: Full(p, mode), raising=False)
+    # the temporary file's writes fail (it is opened by vlmcp.train.durable.open_exclusive)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    monkeypatch.setattr(durable, "open", lambda p, mode, opener: Full(opener(p, flags), "wb"), raising=False)
     with pytest.raises(OSError) as info:
         save_checkpoint(tmp_path, 2, {"w": torch.zeros(100_000)})
     assert str(info.value) == (f"[Errno 28] cannot write checkpoint {tmp_path}/step_00000002.pt: "
                                "No space left on device")
     assert info.value.__suppress_context__  # no chained "unexpected pos" from torch's zip writer
-    monkeypatch.setattr(ckpt_module, "open", builtins.open)
+    monkeypatch.setattr(durable, "open", builtins.open)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001.pt"]
     with pytest.raises(DistributedTestError) as failed:  # a rank's OSError is one line, not a traceback
         run_on_ranks(fault_cases.raise_os_error, 2, timeout=60)
