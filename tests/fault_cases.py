@@ -244,3 +244,27 @@ def final_model_full_disk(group, cfg):
 
     modeling.safe_save_file = save_file
     save_trained_model(cfg, model, load_processor(cfg.model), group, group, step=1)
+
+
+def lock_taker(path, barrier, results, rounds):
+    """A run that, in each of ``rounds`` rounds, tries to take the lock of ``path`` at the same moment
+    as the others (``barrier``), reports whether it won, holds it until every taker has tried, and
+    lets it go."""
+    import os
+    import warnings
+
+    from vlmcp.train.lock import RunLock, RunLocked
+
+    warnings.simplefilter("ignore")  # the winner's "taking over" warning
+    for round_ in range(rounds):
+        barrier.wait()
+        lock = RunLock(path, "--output-dir")
+        try:
+            lock.acquire()
+            results.put((round_, os.getpid(), True))
+        except RunLocked:
+            results.put((round_, os.getpid(), False))
+        barrier.wait()  # every taker has tried; the parent looks at the file
+        barrier.wait()
+        lock.release()
+        barrier.wait()  # released; the parent plants the next stale lock

@@ -225,6 +225,61 @@ def test_a_stale_lock_is_taken_over_and_another_host_is_respected(tmp_path):
         RunLock(tmp_path, "--output-dir").acquire()
 
 
+def test_of_runs_that_take_over_one_stale_lock_together_exactly_one_wins(tmp_path):
+    """Four runs find the same stale lock at the same moment, 60 times over: exactly one gets it
+    each time, and the file names that one (checking the pid, then deleting the file, let a second
+    run delete the first one's fresh lock and take it too)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    takers, rounds = 4, 60
+    barrier, results = ctx.Barrier(takers + 1, timeout=60), ctx.Queue()
+    procs = [ctx.Process(target=fault_cases.lock_taker, args=(tmp_path, barrier, results, rounds))
+             for _ in range(takers)]
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    for p in procs:
+        p.start()
+    try:
+        for round_ in range(rounds):
+            (tmp_path / ".vlmcp.lock").write_text(_lock_of(int(gone.stdout)))  # stale: its run is gone
+            barrier.wait()
+            barrier.wait()
+            won = [results.get(timeout=30) for _ in range(takers)]
+            winners = [pid for r, pid, ok in won if ok]
+            assert {r for r, _, _ in won} == {round_} and len(winners) == 1, (round_, won)
+            assert json.loads((tmp_path / ".vlmcp.lock").read_text())["pid"] == winners[0]
+            barrier.wait()
+            barrier.wait()
+            assert not (tmp_path / ".vlmcp.lock").exists()  # the winner released it
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def test_where_files_cannot_be_locked_a_stale_lock_is_refused_not_taken_over(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")  # an NFS mount without a lock manager
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    lock = RunLock(tmp_path, "--output-dir").acquire()  # O_EXCL: a new file
+    assert json.loads((tmp_path / ".vlmcp.lock").read_text())["pid"] == os.getpid()
+    with pytest.raises(RunLocked, match="in use by another run"):
+        RunLock(tmp_path, "--output-dir").acquire()
+    lock.release()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    (tmp_path / ".vlmcp.lock").write_text(_lock_of(int(gone.stdout)))
+    refused = "names a run that no longer exists .* cannot lock files, so it is not taken over; delete it"
+    with pytest.raises(RunLocked, match=refused):
+        RunLock(tmp_path, "--output-dir").acquire()
+
+
 def test_temp_files_are_removed_only_by_their_owner(tmp_path, other_run):
     host = socket.gethostname()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
