@@ -8,6 +8,7 @@ an allow-list]). And no load from disk anywhere in the package may unpickle free
 """
 
 import ast
+import importlib.util
 import io
 import pickle
 import shutil
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from tests import fault_cases
+from vlmcp.cli import main
 from vlmcp.testing import run_on_ranks
 from vlmcp.train.checkpoint import payload_digest
 
@@ -74,7 +76,7 @@ def _craft(saved: Path, where: Path, kind: str, marker: Path) -> Path:
     return step
 
 
-def test_a_crafted_dcp_checkpoint_is_refused_on_every_rank_and_runs_nothing(tmp_path):
+def test_a_crafted_dcp_checkpoint_is_refused_on_every_rank_and_runs_nothing(tmp_path, capsys):
     from vlmcp.cli.train_hf import _resume_preflight
     from vlmcp.train.hf.checkpoint import latest_step
 
@@ -103,6 +105,15 @@ def test_a_crafted_dcp_checkpoint_is_refused_on_every_rank_and_runs_nothing(tmp_
     with pytest.raises(ValueError) as info:
         _resume_preflight(fault_cases.dcp_config(tmp_path / "metadata", resume=True))
     assert str(info.value) == metadata_line
+    if importlib.util.find_spec("transformers") is not None:  # what the user sees: exit 2, that line
+        from vlmcp.data.hf.export import export_shapes
+        from vlmcp.hf.debug.init_model import init_model
+
+        model, data = init_model("llava", tmp_path / "llava"), export_shapes(tmp_path / "shapes", 4)
+        assert main(["train", "--model", str(model), "--data", str(data), "--output-dir",
+                     str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "metadata"), "--fsdp",
+                     "--resume", "--cp", "2", "--seq-len", "128", "--steps", "2"]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"vlmcp train: error: {metadata_line}"
     with pytest.raises(ValueError, match=r"\.distcp: item optimizer\.param_groups\.0\.lr: refused: "
                                          r"torch\.load\(weights_only=True\) does not read it"):
         latest_step(tmp_path / "bytes", fsdp=True)  # never skipped for an older one: refused
