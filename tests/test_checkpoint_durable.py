@@ -61,22 +61,23 @@ def _crash_at(monkeypatch, k: int, log: list):
 def _next_save(template: Path, where: Path, step: int):
     """``where``: a copy of ``template`` (steps 1 and 2) with step ``step``'s save about to be
     published: its complete temporary directory (the files of step 2) and its meta."""
-    from vlmcp.train.hf.checkpoint import _META, _file_sha256
+    from vlmcp.train.hf.dcp_checkpoint import META, file_sha256
     from vlmcp.train.lock import writer_tag
 
     shutil.copytree(template, where)
     temp = where / f".step_{step:08d}.tmp-{writer_tag()}"
     shutil.copytree(where / "step_00000002", temp)
-    meta = torch.load(temp / _META, weights_only=True)
-    (temp / _META).unlink()
+    meta = torch.load(temp / META, weights_only=True)
+    (temp / META).unlink()
     meta = {k: v for k, v in meta.items() if k != "sha256"} | {"step": step}
-    meta["files"] = {p.name: _file_sha256(p) for p in sorted(temp.iterdir())}
+    meta["files"] = {p.name: file_sha256(p) for p in sorted(temp.iterdir())}
     meta["sha256"] = payload_digest(meta)
     return temp, where / f"step_{step:08d}", meta
 
 
 def test_a_crash_anywhere_in_a_dcp_save_leaves_a_loadable_newest_checkpoint(tmp_path, monkeypatch):
-    from vlmcp.train.hf.checkpoint import _TEMP, latest_step, publish_dcp
+    from vlmcp.train.hf.checkpoint import latest_step
+    from vlmcp.train.hf.dcp_checkpoint import TEMP, publish_dcp
 
     template = tmp_path / "saved"
     run_on_ranks(fault_cases.dcp_round, 2, str(template), "save", timeout=100)  # steps 1 and 2
@@ -103,13 +104,13 @@ def test_a_crash_anywhere_in_a_dcp_save_leaves_a_loadable_newest_checkpoint(tmp_
             if done:
                 assert visible == after and not [p for p in where.iterdir() if p.name.startswith(".")]
                 assert len(log) == k and k >= 3, log  # saw every operation, crashing before each
-            remove_stale_temps(where, _TEMP)  # the next save of this writer removes the debris
+            remove_stale_temps(where, TEMP)  # the next save of this writer removes the debris
             assert sorted(p.name for p in where.iterdir() if p.name.startswith(".")) == [], (step, k)
             k += 1
 
 
 def test_a_dcp_save_fsyncs_every_file_and_directory_before_a_name_points_at_them(tmp_path, monkeypatch):
-    from vlmcp.train.hf.checkpoint import publish_dcp
+    from vlmcp.train.hf.dcp_checkpoint import publish_dcp
 
     template = tmp_path / "saved"
     run_on_ranks(fault_cases.dcp_round, 2, str(template), "save", timeout=100)

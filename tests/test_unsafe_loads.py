@@ -41,14 +41,14 @@ class _Payload:
 
 def _rehash(step_dir: Path) -> None:
     """Recompute ``vlmcp_meta.pt``'s checksums, as anyone who can write the folder can."""
-    from vlmcp.train.hf.checkpoint import _META, _file_sha256
+    from vlmcp.train.hf.dcp_checkpoint import META, file_sha256
 
-    meta = torch.load(step_dir / _META, weights_only=True)
-    meta["files"] = {p.name: _file_sha256(p) for p in sorted(step_dir.iterdir())
-                     if p.is_file() and p.name != _META}
+    meta = torch.load(step_dir / META, weights_only=True)
+    meta["files"] = {p.name: file_sha256(p) for p in sorted(step_dir.iterdir())
+                     if p.is_file() and p.name != META}
     meta.pop("sha256")
     meta["sha256"] = payload_digest(meta)
-    torch.save(meta, step_dir / _META)
+    torch.save(meta, step_dir / META)
 
 
 def _craft(saved: Path, where: Path, kind: str, marker: Path) -> Path:

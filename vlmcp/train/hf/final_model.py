@@ -33,7 +33,7 @@ from torch import nn
 from vlmcp.grads import partition_of
 from vlmcp.train.checkpoint import clean_os_error, remove_stale_temps
 from vlmcp.train.durable import fsync_dir, fsync_file, open_exclusive
-from vlmcp.train.hf.checkpoint import gather_slice, partitioned_params
+from vlmcp.train.hf.dcp_checkpoint import gather_slice, partitioned_params
 from vlmcp.train.hf.finetune import lora_output, save_adapter
 from vlmcp.train.lock import writer_tag
 
