@@ -221,9 +221,10 @@ def spawn_ranks(
                                  grace=2.0 if status == "brief" else 0.3)
             outputs[rank] = pickle.loads(payload)
     finally:
-        for p in procs:
+        started = [p for p in procs if p.pid is not None]  # a start that failed leaves the rest unstarted
+        for p in started:
             p.join(timeout=5 if len(outputs) == world_size else 0)
-        for p in procs:
+        for p in started:
             if p.is_alive():
                 p.kill()
                 p.join()
