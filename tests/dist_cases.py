@@ -107,6 +107,7 @@ def kill_rank_two(group):
     """Rank 2 dies by SIGKILL while the others wait for it in an all-reduce."""
     import signal
 
+    dist.barrier(group=group)  # every rank is past init_process_group
     if dist.get_rank(group) == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     dist.all_reduce(torch.ones(1), group=group)

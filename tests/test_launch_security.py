@@ -8,11 +8,14 @@ network]).
 
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests import dist_cases
-from vlmcp import launch
+from vlmcp import rendezvous
 from vlmcp.testing import run_on_ranks
 
 pytestmark = [pytest.mark.timeout(120),
@@ -21,7 +24,7 @@ pytestmark = [pytest.mark.timeout(120),
 
 def test_spawned_ranks_listen_on_loopback_only_and_the_launcher_not_at_all(monkeypatch):
     made = []
-    real = launch.tempfile.mkdtemp
+    real = rendezvous.tempfile.mkdtemp
 
     def mkdtemp(*args, **kwargs):
         path = real(*args, **kwargs)
@@ -29,7 +32,13 @@ def test_spawned_ranks_listen_on_loopback_only_and_the_launcher_not_at_all(monke
             made.append((path, stat.S_IMODE(os.stat(path).st_mode)))
         return path
 
-    monkeypatch.setattr(launch.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(rendezvous.tempfile, "mkdtemp", mkdtemp)
+    # a SIGKILLed launcher's rendezvous directory goes with the next launch; a live one's stays
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    orphan = Path(real(prefix=f"vlmcp-rendezvous-{gone}-"))
+    (orphan / "store").write_text("x")
+    live = Path(real(prefix=f"vlmcp-rendezvous-{os.getppid()}-"))
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # exported for torchrun jobs: must not open the ranks
     results = run_on_ranks(dist_cases.listening_sockets, 3, os.getpid(), timeout=60)
     for rank, seen in enumerate(results):
@@ -40,3 +49,5 @@ def test_spawned_ranks_listen_on_loopback_only_and_the_launcher_not_at_all(monke
     # the rendezvous directory: private while the ranks run, gone after them
     assert len(made) == 1 and made[0][1] == 0o700
     assert not os.path.exists(made[0][0])
+    assert not orphan.exists() and live.exists()
+    live.rmdir()

@@ -4,8 +4,8 @@
 (through :func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
 ranks from a fork server that has already imported torch (so a spawn costs
 milliseconds, not an import), rendezvouses them through a ``FileStore`` in a private
-directory (Note [vlmcp spawned ranks open no port to the network]), and waits for every
-rank, optionally with one deadline:
+directory with no port open to the network (:mod:`vlmcp.rendezvous`, Note [vlmcp spawned
+ranks open no port to the network]), and waits for every rank, optionally with one deadline:
 
 * a rank that raises makes the call fail at once with that rank's traceback,
   and the other ranks (probably stuck in a collective) are killed;
@@ -24,19 +24,6 @@ The function receives ``(group, *args)`` where ``group`` is the default gloo
 process group of the spawned world, passed explicitly like every vlmcp API
 expects. Run a grid of cases inside one call (one spawn) rather than one call
 per case: starting ranks is the expensive part.
-
-Note [vlmcp spawned ranks open no port to the network]
-------------------------------------------------------
-A ``TCPStore`` listens on every interface whatever host it is given (``*:PORT`` for the
-whole run), unauthenticated: another host could read and write the rendezvous keys
-(the addresses the ranks connect to). Spawned ranks all live on this machine, so they
-rendezvous through a ``FileStore`` in a directory that ``tempfile.mkdtemp`` creates with
-mode 0700 (only this user can open it) and that the launcher removes when the ranks are
-done: no port at all. gloo's own pair sockets (rank to rank) bind to the interface named
-by ``GLOO_SOCKET_IFNAME``, which every spawned rank sets to the loopback interface, so they
-listen on ``127.0.0.1`` only (``tests/test_launch_security.py`` lists every listening
-socket of the ranks and of the launcher). Under torchrun, torchrun's rendezvous applies
-(its ``--rdzv-endpoint`` store and ``MASTER_ADDR``), not this one.
 """
 
 from __future__ import annotations
@@ -45,10 +32,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import shutil
 import signal
-import socket
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -57,6 +41,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from vlmcp.rendezvous import join_rendezvous, make_rendezvous, remove_rendezvous
 
 __all__ = ["RankFailure", "spawn_ranks"]
 
@@ -110,23 +96,13 @@ def _proc_state(pid: int | None) -> str:
             "R": "running", "S": "waiting"}.get(state, state)
 
 
-def _loopback() -> str:
-    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
-    names = [name for _, name in socket.if_nameindex()]
-    return next((n for n in ("lo", "lo0") if n in names), "lo")
-
-
 def _rank_main(fn, args, rank, world_size, rendezvous, results, threads, collective_timeout, launcher):
     from vlmcp.train.faults import watch_launcher
 
     watch_launcher(launcher)  # Note [vlmcp stalled peers and orphaned ranks]
     try:
         torch.set_num_threads(threads)
-        # set, not defaulted: a GLOO_SOCKET_IFNAME exported for torchrun jobs (eth0) would open
-        # the ranks' sockets to the network (Note [vlmcp spawned ranks open no port to the network])
-        os.environ["GLOO_SOCKET_IFNAME"] = _loopback()
-        store = dist.FileStore(os.path.join(rendezvous, "store"), world_size)
-        store.set_timeout(timedelta(seconds=collective_timeout))
+        store = join_rendezvous(rendezvous, world_size, collective_timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=collective_timeout))
         try:
@@ -179,7 +155,7 @@ def spawn_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if collective_timeout is None:
         collective_timeout = 300.0 if timeout is None else max(timeout, 10.0)
-    rendezvous = tempfile.mkdtemp(prefix="vlmcp-rendezvous-")  # mode 0700: this user's only
+    rendezvous = make_rendezvous()
     results = _CTX.Queue()
     procs = [
         _CTX.Process(
@@ -229,7 +205,7 @@ def spawn_ranks(
                 p.kill()
                 p.join()
         results.close()
-        shutil.rmtree(rendezvous, ignore_errors=True)
+        remove_rendezvous(rendezvous)
     return [outputs[r] for r in range(world_size)]
 
 
