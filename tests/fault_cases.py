@@ -158,3 +158,113 @@ def hf_sigterm_in_last_step(group, cfg, index):
         return loop.train_hf_rank(group, cfg, index)
     finally:
         loop.RowLoader.next = original
+
+
+def dcp_refusals(group, directories):
+    """Resume from each crafted checkpoint directory (each holds one FSDP checkpoint of
+    :func:`dcp_round`): what each rank raised. Then past every check: the allow-list reader and
+    planner inside ``dcp.load`` itself (a file swapped in after the checks)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from vlmcp.train.hf.checkpoint import load_hf_checkpoint
+    from vlmcp.train.hf.dcp_reader import SafeLoadPlanner, SafeReader
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(group),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    refused = []
+    for directory in directories:
+        try:
+            load_hf_checkpoint(dcp_config(directory, resume=True), model, opt, group, torch.device("cpu"))
+            refused.append(None)
+        except ValueError as err:
+            refused.append(str(err))
+    inside = []
+    for directory in directories:
+        path = Path(directory) / "step_00000001"
+        try:
+            dcp.load({"optimizer": get_state_dict(model, opt)[1]}, checkpoint_id=path, process_group=group,
+                     storage_reader=SafeReader(path), planner=SafeLoadPlanner(allow_partial_load=True))
+            inside.append(None)
+        except CheckpointException as err:  # every rank's errors, on every rank (a BaseException)
+            inside.append(str(err))
+    return refused, inside
+
+
+def _file_size_limit(limit: int):
+    """From here on this process cannot write a file beyond ``limit`` bytes: a real write error
+    from the kernel (EFBIG, errno 27), like a full disk (ENOSPC) without needing one."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def dcp_full_disk(group, directory):
+    """An FSDP checkpoint save whose rank 1 cannot write its shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from vlmcp.train.hf.checkpoint import save_hf_checkpoint
+
+    cfg = dcp_config(directory)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(group),)))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    if dist.get_rank(group) == 1:
+        _file_size_limit(1024)
+    save_hf_checkpoint(cfg, model, opt, 1, 10, group, group)
+
+
+def final_model_full_disk(group, cfg):
+    """The final save of ``cfg.model``'s weights, whose ``model.safetensors`` meets a full file
+    system inside safetensors' own (Rust) writer on rank 0."""
+    import transformers.modeling_utils as modeling
+    from transformers import AutoModelForImageTextToText
+
+    from vlmcp.data.hf.processor import load_processor
+    from vlmcp.train.hf.final_model import save_trained_model
+
+    model = AutoModelForImageTextToText.from_pretrained(cfg.model)
+    real = modeling.safe_save_file
+
+    def save_file(tensors, filename, metadata=None):
+        _file_size_limit(4096)  # the config and processor files before it fit
+        return real(tensors, filename, metadata=metadata)
+
+    modeling.safe_save_file = save_file
+    save_trained_model(cfg, model, load_processor(cfg.model), group, group, step=1)
+
+
+def lock_taker(path, barrier, results, rounds):
+    """A run that, in each of ``rounds`` rounds, tries to take the lock of ``path`` at the same moment
+    as the others (``barrier``), reports whether it won, holds it until every taker has tried, and
+    lets it go."""
+    import os
+    import warnings
+
+    from vlmcp.train.lock import RunLock, RunLocked
+
+    warnings.simplefilter("ignore")  # the winner's "taking over" warning
+    for round_ in range(rounds):
+        barrier.wait()
+        lock = RunLock(path, "--output-dir")
+        try:
+            lock.acquire()
+            results.put((round_, os.getpid(), True))
+        except RunLocked:
+            results.put((round_, os.getpid(), False))
+        barrier.wait()  # every taker has tried; the parent looks at the file
+        barrier.wait()
+        lock.release()
+        barrier.wait()  # released; the parent plants the next stale lock

@@ -111,6 +111,51 @@ def test_a_line_the_entry_does_not_describe_is_refused_naming_file_line_and_key(
         resolve_datasets("share", tmp_path / "elsewhere")
 
 
+def test_file_name_stays_inside_dataset_dir_and_its_errors_name_the_entry(tmp_path):
+    """LLaMA-Factory reads any path; vlmcp refuses one that leaves --dataset-dir (a dataset_info.json
+    from elsewhere must not make a run train on any file the user can read). And an error about the
+    entry's file names ``--dataset NAME``, not ``--data``."""
+    root = _demo(tmp_path / "data")
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"messages": [{"role": "user", "content": "x"},
+                                               {"role": "assistant", "content": "y"}]}) + "\n")
+    (root / "sub").mkdir()
+    (root / "sub" / "inner.json").write_text((root / "alpaca.json").read_text())
+    (root / "linked.jsonl").symlink_to(secret)  # put there by the directory's owner: allowed
+    info = json.loads((root / "dataset_info.json").read_text())
+    outside = {"up": "../secret.jsonl", "abs": str(secret), "deep": "sub/../../secret.jsonl"}
+    entries = {**{name: {"file_name": f} for name, f in outside.items()},
+               "fine": {"file_name": "sub/./x/../inner.json"},
+               "link": {"file_name": "linked.jsonl", "formatting": "sharegpt",
+                        "columns": {"messages": "messages"},
+                        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                                 "assistant_tag": "assistant"}},
+               "empty": {"file_name": ""}, "text": {"file_name": "notes.txt"},
+               "hollow": {"file_name": "e.json"}}
+    (root / "notes.txt").write_text("hi")
+    (root / "e.json").write_text("")
+    (root / "dataset_info.json").write_text(json.dumps({**info, **entries}))
+    for name, file_name in outside.items():
+        with pytest.raises(ValueError) as err:
+            resolve_datasets(name, root)
+        assert str(err.value) == (f"--dataset {name} ({root / 'dataset_info.json'}): \"file_name\" "
+                                  f"{file_name!r} lies outside --dataset-dir {root}; vlmcp reads a "
+                                  "dataset's file from inside the directory that holds dataset_info.json "
+                                  "(move the file there, or link it from there)")
+    assert [s.path for s in resolve_datasets("fine,link", root)] == [root / "sub" / "inner.json",
+                                                                    root / "linked.jsonl"]
+    with pytest.raises(ValueError, match=r"--dataset empty .*\"file_name\" must name a file"):
+        resolve_datasets("empty", root)
+    # the file's own errors name the entry and its file
+    with pytest.raises(ValueError) as err:
+        read_conversations(resolve_datasets("text", root))
+    assert str(err.value) == (f"--dataset text ({root / 'notes.txt'}): vlmcp reads .jsonl and .json files, "
+                              "not .txt")
+    with pytest.raises(ValueError) as err:
+        read_conversations(resolve_datasets("hollow", root))
+    assert str(err.value) == f"--dataset hollow ({root / 'e.json'}): the file holds no conversation"
+
+
 def test_dataset_info_given_as_data_says_how_to_name_its_datasets(tmp_path):
     root = _demo(tmp_path / "data")
     with pytest.raises(ValueError) as err:

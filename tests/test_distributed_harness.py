@@ -1,5 +1,6 @@
 """The multi-process harness itself, and the layout's collective inverse."""
 
+import re
 import time
 
 import pytest
@@ -27,6 +28,21 @@ def test_hang_fails_at_the_deadline_naming_the_ranks():
 def test_rank_that_dies_silently_is_reported():
     with pytest.raises(DistributedTestError, match="rank 0 died with exit code 3"):
         run_on_ranks(dist_cases.die_on_rank_zero, 2, timeout=60)
+
+
+def test_a_killed_rank_is_one_line_and_each_peer_that_lost_it_one_line():
+    with pytest.raises(DistributedTestError) as failed:
+        run_on_ranks(dist_cases.kill_rank_two, 3, timeout=60)
+    lines = failed.value.lines
+    assert str(failed.value) == "\n".join(lines) and "Traceback" not in str(failed.value)
+    assert lines[0] == "rank 2 was killed by SIGKILL (signal 9) without a report", lines
+    # the others were waiting for it (rank 1 perhaps for rank 0, which stopped first): one line each
+    assert [line.split(":")[0] for line in lines[1:]] == ["rank 0", "rank 1"], lines
+    # all_reduce, or the barrier before it when rank 2 left first (a collective that lost rank 2)
+    want = (r"rank [01]: outside the step loop: (all_reduce|barrier) over ranks \[0, 1, 2\] lost a peer "
+            r"\((Connection reset by peer|Connection closed by peer|Broken pipe|Socket closed)\)")
+    assert all(re.fullmatch(want, line) for line in lines[1:]), lines
+    assert "Connection" in failed.value.detail or "pipe" in failed.value.detail  # the tracebacks are kept
 
 
 @pytest.mark.parametrize("P", [1, 2, 3, 4])

@@ -3,9 +3,9 @@
 ``vlmcp train`` without a launcher, ``vlmcp verify``, and every distributed test
 (through :func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
 ranks from a fork server that has already imported torch (so a spawn costs
-milliseconds, not an import), rendezvouses them through a ``TCPStore`` that the
-parent owns on a free loopback port (no port race: the OS picks the port and
-the parent holds it), and waits for every rank, optionally with one deadline:
+milliseconds, not an import), rendezvouses them through a ``FileStore`` in a private
+directory with no port open to the network (:mod:`vlmcp.rendezvous`, Note [vlmcp spawned
+ranks open no port to the network]), and waits for every rank, optionally with one deadline:
 
 * a rank that raises makes the call fail at once with that rank's traceback,
   and the other ranks (probably stuck in a collective) are killed;
@@ -13,6 +13,9 @@ the parent holds it), and waits for every rank, optionally with one deadline:
   whose disk failed (``OSError``) is reported in one line, not a traceback; for a
   timeout the line adds the ranks that had not answered by then, and which of them are
   stopped (Note [vlmcp stalled peers and orphaned ranks]);
+* a rank that dies without a report (SIGKILL, a segfault, ``os._exit``) is named with its
+  signal or exit code, one line, followed by one line for each rank that lost it as a peer
+  (:class:`vlmcp.train.faults.PeerLost`), not their gloo tracebacks;
 * ranks still running at the deadline are killed and reported by number;
 * ranks never outlive the launcher: each watches it and SIGKILLs itself within a
   second of its death.
@@ -29,6 +32,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -37,6 +41,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from vlmcp.rendezvous import join_rendezvous, make_rendezvous, remove_rendezvous
 
 __all__ = ["RankFailure", "spawn_ranks"]
 
@@ -49,28 +55,34 @@ class RankFailure(RuntimeError):
 
     Attributes:
         detail: the failing rank's traceback (also in the message, except for a one-line
-            failure: a collective timeout or an ``OSError``).
+            failure: a collective timeout, a lost peer, a dead rank or an ``OSError``).
+        lines: the message's lines, one per failed rank, when each is one line (a rank
+            that died and the ranks that lost it); otherwise ``[message]``.
     """
 
-    def __init__(self, message: str, detail: str = "") -> None:
+    def __init__(self, message: str, detail: str = "", lines: list[str] | None = None) -> None:
         super().__init__(message)
         self.detail = detail or message
+        self.lines = lines or [message]
 
 
-def _one_line(err: BaseException) -> str | None:
-    """The one-line report of an error that needs no traceback, else None."""
-    from vlmcp.train.faults import CollectiveTimeout, is_timeout, stall_guard
+def _one_line(err: BaseException) -> tuple[str, str] | None:
+    """The one-line report of an error that needs no traceback and its kind (``"timeout"``,
+    ``"peer lost"``, ``"os"``), else None."""
+    from vlmcp.train.faults import CollectiveTimeout, PeerLost, is_peer_lost, is_timeout, stall_guard
 
-    if isinstance(err, CollectiveTimeout):
-        return str(err)
-    if is_timeout(err):  # raised outside any stall_guard: name the collective, not the step
-        try:
+    if not isinstance(err, (CollectiveTimeout, PeerLost)) and (is_timeout(err) or is_peer_lost(err)):
+        try:  # raised outside any stall_guard: name the collective, not the step
             with stall_guard("outside the step loop"):
                 raise err
-        except CollectiveTimeout as timeout:
-            return str(timeout)
+        except (CollectiveTimeout, PeerLost) as brief:
+            err = brief
+    if isinstance(err, CollectiveTimeout):
+        return str(err), "timeout"
+    if isinstance(err, PeerLost):
+        return str(err), "peer lost"
     if isinstance(err, OSError) and not isinstance(err, (FileNotFoundError, NotADirectoryError)):
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {err}", "os"
     return None
 
 
@@ -84,26 +96,32 @@ def _proc_state(pid: int | None) -> str:
             "R": "running", "S": "waiting"}.get(state, state)
 
 
-def _rank_main(fn, args, rank, world_size, port, results, threads, collective_timeout, launcher):
+def _rank_main(fn, args, rank, world_size, rendezvous, results, threads, collective_timeout, launcher):
     from vlmcp.train.faults import watch_launcher
 
     watch_launcher(launcher)  # Note [vlmcp stalled peers and orphaned ranks]
     try:
         torch.set_num_threads(threads)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                              timeout=timedelta(seconds=collective_timeout))
+        store = join_rendezvous(rendezvous, world_size, collective_timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=collective_timeout))
         try:
-            out = fn(dist.group.WORLD, *args)
+            report = (rank, "ok", pickle.dumps(fn(dist.group.WORLD, *args)))
+        except BaseException as err:  # noqa: BLE001 - the parent reports it
+            report = _report(rank, err)  # before the groups go: its line names their ranks
         finally:
             dist.destroy_process_group()
-        results.put((rank, "ok", pickle.dumps(out)))
+        results.put(report)
     except BaseException as err:  # noqa: BLE001 - the parent reports it
-        line = _one_line(err)
-        results.put((rank, "error", traceback.format_exc()) if line is None
-                    else (rank, "brief", (line, traceback.format_exc())))
+        results.put(_report(rank, err))
+
+
+def _report(rank: int, err: BaseException) -> tuple:
+    """What a failed rank sends the launcher: its one line (and its kind) or its traceback."""
+    brief = _one_line(err)
+    if brief is None:
+        return rank, "error", traceback.format_exc()
+    return rank, "brief", (brief[0], traceback.format_exc(), brief[1])
 
 
 def spawn_ranks(
@@ -137,23 +155,22 @@ def spawn_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if collective_timeout is None:
         collective_timeout = 300.0 if timeout is None else max(timeout, 10.0)
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
-                          wait_for_workers=False, timeout=timedelta(seconds=collective_timeout))
+    rendezvous = make_rendezvous()
     results = _CTX.Queue()
     procs = [
         _CTX.Process(
             target=_rank_main,
-            args=(fn, args, r, world_size, store.port, results, threads_per_rank,
+            args=(fn, args, r, world_size, rendezvous, results, threads_per_rank,
                   collective_timeout, os.getpid()),
             daemon=True,
         )
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
     deadline = float("inf") if timeout is None else time.monotonic() + timeout
     outputs: dict[int, Any] = {}
     try:
+        for p in procs:
+            p.start()
         while len(outputs) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -164,56 +181,96 @@ def spawn_ranks(
             try:
                 rank, status, payload = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs)
-                        if p.exitcode not in (None, 0) and r not in outputs]
-                if dead:
-                    # A rank died without reporting (segfault, os._exit, kill).
-                    time.sleep(0.2)  # let a late report arrive first
-                    if results.empty():
-                        raise RankFailure(
-                            f"{fn.__name__}: rank {dead[0]} died with exit code "
-                            f"{procs[dead[0]].exitcode} without a report") from None
+                if any(p.exitcode not in (None, 0) and r not in outputs for r, p in enumerate(procs)):
+                    # a rank died without reporting (SIGKILL, segfault, os._exit): its peers
+                    # are about to report that they lost it
+                    _raise_collected(fn, procs, outputs, results, {}, grace=2.0)
                 continue
-            if status == "brief":
+            if status == "brief" and payload[2] == "timeout":
                 _raise_brief(fn, rank, payload, procs, outputs, results)
-            if status == "error":
-                time.sleep(0.3)  # a peer that died silently is the likelier root cause
-                silent = [f"rank {r} died with exit code {p.exitcode} without a report; "
-                          for r, p in enumerate(procs)
-                          if p.exitcode not in (None, 0) and r not in outputs and r != rank]
-                raise RankFailure(
-                    f"{fn.__name__}: {''.join(silent)}failed on rank {rank} of {world_size}:"
-                    f"\n{payload}")
+            if status == "brief" and payload[2] != "peer lost":
+                raise RankFailure(f"rank {rank}: {payload[0]}", payload[1])
+            if status in ("brief", "error"):
+                # a peer that died silently is the likelier root cause of an error; a lost
+                # peer is someone else's failure, and that rank's line comes first
+                _raise_collected(fn, procs, outputs, results, {rank: (status, payload)},
+                                 grace=2.0 if status == "brief" else 0.3)
             outputs[rank] = pickle.loads(payload)
     finally:
-        for p in procs:
+        started = [p for p in procs if p.pid is not None]  # a start that failed leaves the rest unstarted
+        for p in started:
             p.join(timeout=5 if len(outputs) == world_size else 0)
-        for p in procs:
+        for p in started:
             if p.is_alive():
                 p.kill()
                 p.join()
         results.close()
+        remove_rendezvous(rendezvous)
     return [outputs[r] for r in range(world_size)]
 
 
+def _death(rank: int, code: int) -> str:
+    """``rank 1 was killed by SIGKILL (signal 9) without a report``, or its exit code."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "a signal"
+        return f"rank {rank} was killed by {name} (signal {-code}) without a report"
+    return f"rank {rank} died with exit code {code} without a report"
+
+
+def _raise_collected(fn, procs, outputs: dict, results, reports: dict, grace: float) -> None:
+    """Raise the failure of the run after its first sign, with what every rank says within ``grace``.
+
+    The ranks that died without a report come first (the likely cause), one line each; then a
+    rank's traceback if one raised, or else one line per rank that reported: its own failure
+    (a full disk, a timeout), then those that only lost a peer.
+    """
+    world = len(procs)
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        try:
+            rank, status, payload = results.get(timeout=0.05)
+        except queue.Empty:
+            if all(r in reports or r in outputs or procs[r].exitcode is not None for r in range(world)):
+                break
+            continue
+        if status == "ok":
+            outputs[rank] = pickle.loads(payload)
+        else:
+            reports[rank] = (status, payload)
+    deaths = [_death(r, procs[r].exitcode) for r in range(world)
+              if r not in reports and r not in outputs and procs[r].exitcode not in (None, 0)]
+    errors = [(r, payload) for r, (status, payload) in sorted(reports.items()) if status == "error"]
+    if errors:
+        rank, trace = errors[0]
+        raise RankFailure(f"{fn.__name__}: {''.join(d + '; ' for d in deaths)}failed on rank {rank} of "
+                          f"{world}:\n{trace}")
+    # the causes first (a dead rank, a full disk), then the ranks that only lost them as peers
+    briefs = sorted(reports.items(), key=lambda item: (item[1][1][2] == "peer lost", item[0]))
+    lines = deaths + [f"rank {r}: {payload[0]}" for r, (_, payload) in briefs]
+    detail = "\n".join(f"rank {r}:\n{payload[1]}" for r, (_, payload) in sorted(reports.items()))
+    raise RankFailure("\n".join(lines), detail, lines)
+
+
 def _raise_brief(fn, rank: int, payload, procs, outputs: dict, results) -> None:
-    """Raise the one-line failure of ``rank``; after a timeout, name who had not answered.
+    """Raise the one-line timeout of ``rank``, naming who had not answered.
 
     Ranks whose own waits timed out within a second of the first are answering (they
     waited on someone else); the ones left with no report are the stalled ones.
     """
-    line, detail = payload
+    line, detail, _ = payload
     reported = {rank} | set(outputs)
-    if "timed out" in line:
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            try:
-                other, _, _ = results.get(timeout=max(0.0, end - time.monotonic()))
-                reported.add(other)
-            except queue.Empty:
-                break
-        silent = [r for r in range(len(procs)) if r not in reported]
-        if silent:
-            states = [f"{r}" + (f" ({st})" if (st := _proc_state(procs[r].pid)) else "") for r in silent]
-            line += f"; no answer from rank{'s' if len(silent) > 1 else ''} {', '.join(states)}"
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        try:
+            other, _, _ = results.get(timeout=max(0.0, end - time.monotonic()))
+            reported.add(other)
+        except queue.Empty:
+            break
+    silent = [r for r in range(len(procs)) if r not in reported]
+    if silent:
+        states = [f"{r}" + (f" ({st})" if (st := _proc_state(procs[r].pid)) else "") for r in silent]
+        line += f"; no answer from rank{'s' if len(silent) > 1 else ''} {', '.join(states)}"
     raise RankFailure(f"rank {rank}: {line}", detail)

@@ -82,7 +82,8 @@ def _run_one(name: str, args: argparse.Namespace, index: int, total: int) -> int
         rc = int(_MODULES[name].run(args) or 0)
     except RankFailure as err:
         sys.stdout.flush()
-        print(f"vlmcp bench {name}: failed: {err}", file=sys.stderr)
+        for line in err.lines:  # one per failed rank, or one message (a traceback)
+            print(f"vlmcp bench {name}: failed: {line}", file=sys.stderr)
         return 1
     sys.stdout.flush()
     print(f"vlmcp bench {name}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

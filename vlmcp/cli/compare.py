@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = spawn_ranks(compare_rank, cfg.cp, model_config(cfg), row, args.dtype, timeout=600)[0]
     except RankFailure as err:
-        print(f"vlmcp compare: failed: {err}", file=sys.stderr)
+        for line in err.lines:  # one per failed rank, or one message (a traceback)
+            print(f"vlmcp compare: failed: {line}", file=sys.stderr)
         return 1
     table = markdown_table(rows)
     print(table)

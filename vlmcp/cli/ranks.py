@@ -130,7 +130,8 @@ def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, t
         return spawn_ranks(fn, world, *args, timeout=timeout, threads_per_rank=threads,
                            collective_timeout=collective_timeout)[0]
     except RankFailure as err:
-        print(f"{command}: failed: {err}", file=sys.stderr)
+        for line in err.lines:  # one per failed rank, or one message (a traceback)
+            print(f"{command}: failed: {line}", file=sys.stderr)
         raise RanksFailed(str(err)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

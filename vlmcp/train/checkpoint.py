@@ -11,6 +11,10 @@ power cut::
     .step_00000200.pt.tmp-<pid>-<host>   <- torch.save, flush, fsync  (crash here: ignored)
     step_00000200.pt                     <- os.replace                (visible, complete)
 
+The temporary file is created with ``O_EXCL | O_NOFOLLOW``
+(:func:`vlmcp.train.durable.open_exclusive`): its name is predictable, and a symlink planted
+there would otherwise make the save write wherever it points.
+
 A crash at any point leaves either the old set of checkpoints or the old set plus a
 complete new one; a partial temporary file never matches ``step_*.pt``, so it can
 never shadow the last good checkpoint. Temporary names carry their writer (pid and
@@ -43,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlmcp.train.durable import fsync_dir, open_exclusive
 from vlmcp.train.lock import writer_gone, writer_tag
 
 __all__ = [
@@ -93,18 +98,6 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename durable; not every platform can open a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def payload_digest(obj: Any) -> str:
     """SHA-256 (hex) of a checkpoint payload: tensors by dtype, shape and bytes, dicts, lists and
     tuples in order, every other value by its ``repr``. Equal for a payload and its reload."""
@@ -131,12 +124,20 @@ def payload_digest(obj: Any) -> str:
     return h.hexdigest()
 
 
+_RUST_OS_ERROR = re.compile(r"I/O error: (.+) \(os error (\d+)\)")
+"""How safetensors' Rust writer words an ``io::Error``: ``SafetensorError: Error while serializing:
+I/O error: No space left on device (os error 28)``, no ``OSError`` in the chain."""
+
+
 def clean_os_error(err: BaseException, what: str) -> OSError | None:
-    """The operating system's error behind ``err`` (a full disk inside ``torch.save`` surfaces as
-    ``RuntimeError: unexpected pos`` chained to it) as one clean ``OSError`` naming ``what``;
-    None when no ``OSError`` caused it."""
+    """The operating system's error behind ``err`` as one clean ``OSError`` naming ``what``; None
+    when no ``OSError`` caused it. A full disk inside ``torch.save`` surfaces as ``RuntimeError:
+    unexpected pos`` chained to the ``OSError``; inside safetensors (``save_pretrained``) as a
+    ``SafetensorError`` whose message carries the errno."""
     seen = err
     while seen is not None and not isinstance(seen, OSError):
+        if type(seen).__name__ == "SafetensorError" and (m := _RUST_OS_ERROR.search(str(seen))):
+            return OSError(int(m.group(2)), f"cannot write {what}: {m.group(1)}")
         seen = seen.__cause__ or seen.__context__
     if seen is None:
         return None
@@ -154,9 +155,9 @@ def remove_stale_temps(directory: Path, pattern: re.Pattern) -> None:
     for p in directory.iterdir():
         m = pattern.match(p.name)
         if m and (f"{m.group(1)}-{m.group(2)}" == writer_tag() or writer_gone(int(m.group(1)), m.group(2))):
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
-            else:
+            else:  # a file, or a link (removed itself, never what it points to)
                 p.unlink(missing_ok=True)
 
 
@@ -197,7 +198,7 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
     payload = {"format": _FORMAT, "version": _VERSION, "step": step,
                "sha256": payload_digest((step, state)), "state": state}
     try:
-        with open(temp, "wb") as f:
+        with open_exclusive(temp) as f:
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
@@ -208,7 +209,7 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
         if clean is not None:
             raise clean from None
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
     remove_stale_temps(directory, _TEMP)  # partial files of earlier, crashed saves
     if keep_last is not None:
         for old in list_checkpoints(directory)[:-keep_last]:
@@ -216,15 +217,17 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str,
     return final
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    weights_only: bool = True) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` and verify its checksum.
+
+    Always with ``torch.load(weights_only=True)``: a pickled object other than plain data is an
+    error, never run (a checkpoint directory may be writable by others; the checksum would
+    not tell, its writer can recompute it).
 
     Args:
         path: the checkpoint file.
         map_location: where tensors go (CPU by default, so a checkpoint from GPUs loads
             anywhere; move the model afterwards).
-        weights_only: refuse arbitrary pickled objects (safe for files from elsewhere).
 
     Raises:
         ValueError: if the file is not a vlmcp checkpoint, cannot be read, or its contents
@@ -232,7 +235,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """
     path = Path(path)
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=weights_only)
+        payload = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise  # a wrong path is the caller's mistake, not a damaged file
     except Exception as err:

@@ -14,9 +14,13 @@ error is turned into one line by :func:`stall_guard`::
 
 and the launcher (:func:`vlmcp.launch.spawn_ranks`) adds which ranks had not answered
 when the first timeout came (and that a rank is stopped), kills every rank and exits
-non-zero. Under torchrun each rank exits non-zero with its line, and torchrun tears down
-the rest (its own contract). On NCCL the flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``,
-``TORCH_NCCL_DUMP_ON_TIMEOUT``) records what each rank was waiting for.
+non-zero. A peer that died (SIGKILL, a segfault) closes its sockets: the ranks waiting on
+it get gloo's "Connection reset by peer" at once, which :func:`stall_guard` turns into one
+:class:`PeerLost` line in the same form, and the launcher reports the dead rank (its signal)
+first, then one line per rank that lost it. Under torchrun each rank exits non-zero with its
+line, and torchrun tears down the rest (its own contract). On NCCL the flight recorder
+(``TORCH_NCCL_TRACE_BUFFER_SIZE``, ``TORCH_NCCL_DUMP_ON_TIMEOUT``) records what each rank was
+waiting for.
 
 An orphan is a rank whose launcher died (SIGKILL, OOM killer, a lost terminal): it would
 go on training unsupervised, writing into the directories the next run uses. Ranks of
@@ -46,14 +50,43 @@ import traceback
 
 import torch.distributed as dist
 
-__all__ = ["CollectiveTimeout", "die_with_parent", "is_timeout", "stall_guard", "watch_launcher"]
+__all__ = ["CollectiveTimeout", "PeerLost", "die_with_parent", "is_peer_lost", "is_timeout", "stall_guard",
+           "watch_launcher"]
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+# what gloo (and NCCL) say when the rank at the other end of a connection is gone
+_PEER_LOST = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Socket closed|"
+                        r"remote process exited")
 _PR_SET_PDEATHSIG = 1
 
 
 class CollectiveTimeout(RuntimeError):
     """A collective or P2P wait ran past the group's timeout; the message is one line."""
+
+
+class PeerLost(RuntimeError):
+    """A collective or P2P transfer failed because a peer's connection closed (the peer died);
+    the message is one line."""
+
+
+def is_peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` (or what caused it) is a distributed call whose peer went away."""
+    while err is not None:
+        if isinstance(err, PeerLost):
+            return True
+        if isinstance(err, RuntimeError) and _PEER_LOST.search(str(err)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _peer_reason(err: BaseException) -> str:
+    """``Connection reset by peer``: the words of the lost connection in ``err``'s chain."""
+    while err is not None:
+        if found := _PEER_LOST.search(str(err)):
+            return found.group(0)
+        err = err.__cause__ or err.__context__
+    return "connection lost"
 
 
 def is_timeout(err: BaseException) -> bool:
@@ -82,14 +115,15 @@ def _collective(err: BaseException) -> tuple[str, str, list[int] | None]:
             group = frame.f_locals.get("group")
             try:
                 ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            except (RuntimeError, ValueError, AttributeError):
+            except (RuntimeError, ValueError, AttributeError, KeyError):  # KeyError: a group destroyed
                 ranks = None
     return name, "over", ranks
 
 
 @contextlib.contextmanager
 def stall_guard(where: str):
-    """Turn a distributed timeout inside the block into one :class:`CollectiveTimeout` line.
+    """Turn a distributed timeout inside the block into one :class:`CollectiveTimeout` line, and a
+    lost peer into one :class:`PeerLost` line.
 
     Args:
         where: what the rank was doing, e.g. ``"step 25"`` or ``"checkpoint of step 24"``.
@@ -98,14 +132,17 @@ def stall_guard(where: str):
     """
     try:
         yield
-    except CollectiveTimeout:
+    except (CollectiveTimeout, PeerLost):
         raise
     except Exception as err:
-        if not is_timeout(err):
+        lost = is_peer_lost(err)  # first: gloo's words for a lost peer may say "timed out or failed" too
+        if not lost and not is_timeout(err):
             raise
         name, how, ranks = _collective(err)
-        me = dist.get_rank() if dist.is_initialized() else None
         group = f" {how} ranks {ranks}" if ranks else ""
+        if lost:
+            raise PeerLost(f"{where}: {name}{group} lost a peer ({_peer_reason(err)})") from err
+        me = dist.get_rank() if dist.is_initialized() else None
         others = [r for r in ranks if r != me] if ranks else None
         waited = f" (waited --timeout for ranks {others})" if others else ""
         raise CollectiveTimeout(f"{where}: {name}{group} timed out{waited}") from err

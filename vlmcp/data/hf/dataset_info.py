@@ -27,7 +27,10 @@ so nothing a line says is dropped. Relative image and video paths start at ``--d
 script sources (``hf_hub_url``, ``ms_hub_url``, ``om_hub_url``, ``script_url``,
 ``cloud_file_name``: vlmcp runs offline), ``ranking: true`` and the ``chosen``,
 ``rejected``, ``kto_tag`` columns (preference data), ``audios``, ``subset``, ``folder``,
-``num_samples``, a ``split`` other than ``train``, and a ``file_name`` that is a directory.
+``num_samples``, a ``split`` other than ``train``, a ``file_name`` that is a directory, and a
+``file_name`` outside ``--dataset-dir`` (absolute, or up through ``..``; LLaMA-Factory allows
+both, vlmcp does not: see :func:`_inside`). Every error about an entry's file names the entry
+(``--dataset NAME``), not ``--data``.
 """
 
 from __future__ import annotations
@@ -167,6 +170,21 @@ def _alpaca(dataset: str, columns: Mapping[str, str | None]):
     return convert
 
 
+def _inside(file_name: Any, directory: Path, what: str) -> Path:
+    """``directory / file_name``, refused when ``file_name`` leaves ``directory`` (absolute, or up
+    through ``..``): a ``dataset_info.json`` from elsewhere (a download, a shared checkout) must not
+    make a run read, and train on, any file the user can read. Checked on the name, so a link
+    inside the directory may still point elsewhere (the directory's owner put it there)."""
+    if not isinstance(file_name, str) or not file_name.strip():
+        raise ValueError(f"{what}: \"file_name\" must name a file (a string), got {file_name!r}")
+    normal = os.path.normpath(file_name)
+    if os.path.isabs(normal) or normal == ".." or normal.startswith(".." + os.sep):
+        raise ValueError(f"{what}: \"file_name\" {file_name!r} lies outside --dataset-dir {directory}; "
+                         "vlmcp reads a dataset's file from inside the directory that holds "
+                         "dataset_info.json (move the file there, or link it from there)")
+    return directory / normal
+
+
 def _source(name: str, entry: Any, info: Path, directory: Path) -> DataSource:
     what = f"--dataset {name} ({info})"
     if not isinstance(entry, Mapping):
@@ -186,7 +204,7 @@ def _source(name: str, entry: Any, info: Path, directory: Path) -> DataSource:
                          f"train)")
     if "file_name" not in entry:
         raise ValueError(f"{what}: no \"file_name\"")
-    path = directory / str(entry["file_name"])
+    path = _inside(entry["file_name"], directory, what)
     if path.is_dir():
         raise ValueError(f"{what}: {path} is a directory; vlmcp reads one .json or .jsonl file per dataset")
     if not path.is_file():

@@ -55,12 +55,22 @@ __all__ = ["IMAGE_PLACEHOLDER", "Conversation", "ConversationSet", "read_convers
 _CONTAINERS = (".jsonl", ".json")
 
 
-def _parse(path: Path) -> list[tuple[int, Any]]:
+def _label(source) -> str:
+    """How a message names a file: ``--data FILE``, or ``--dataset NAME (FILE)`` for a
+    ``dataset_info.json`` entry (its ``file_name``)."""
+    from vlmcp.data.hf.dataset_info import DataSource
+
+    if isinstance(source, DataSource) and source.name:
+        return f"--{source.name} ({source.path})"
+    return f"--data {os.fspath(source)}"
+
+
+def _parse(path: Path, label: str) -> list[tuple[int, Any]]:
     """``(line, object)`` for every object of a ``.jsonl`` or ``.json`` file."""
     try:
         text = path.read_text(encoding="utf-8-sig")  # a BOM is dropped; newlines become "\n"
     except UnicodeDecodeError as err:
-        raise ValueError(f"--data {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ValueError(f"{label}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if path.suffix.lower() == ".jsonl":
         records = []
         for number, line in enumerate(text.split("\n"), start=1):
@@ -79,13 +89,13 @@ def _parse(path: Path) -> list[tuple[int, Any]]:
     except json.JSONDecodeError as err:
         if err.msg == "Extra data" and text.lstrip().startswith("{"):
             # JSON Lines under a .json name: objects would be named [N] though N is a line
-            raise ValueError(f"--data {path}: holds one JSON object per line (JSON Lines), not a JSON "
+            raise ValueError(f"{label}: holds one JSON object per line (JSON Lines), not a JSON "
                              "list; name it .jsonl") from None
         raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
-        raise ValueError(f"--data {path}: a .json file holds a list of objects, got {type(data).__name__}")
+        raise ValueError(f"{label}: a .json file holds a list of objects, got {type(data).__name__}")
     return list(enumerate(data, start=1))
 
 
@@ -99,16 +109,17 @@ def _is_dataset_info(path: Path, records: list) -> bool:
     return bool(entries) and all(isinstance(e, dict) and any(k in e for k in sources) for e in entries)
 
 
-def _read_file(path: Path, media_root: Path, convert=None, max_samples: int | None = None
+def _read_file(path: Path, media_root: Path, convert=None, max_samples: int | None = None, label: str = ""
                ) -> tuple[list[Conversation], list[Skipped]]:
+    label = label or f"--data {path}"
     if not path.is_file():
-        raise ValueError(f"--data {path}: no such file")
+        raise ValueError(f"{label}: no such file")
     if path.suffix.lower() not in _CONTAINERS:
-        raise ValueError(f"--data {path}: vlmcp reads {' and '.join(_CONTAINERS)} files, not "
+        raise ValueError(f"{label}: vlmcp reads {' and '.join(_CONTAINERS)} files, not "
                          f"{path.suffix or 'a file without a suffix'}")
-    records = _parse(path)
+    records = _parse(path, label)
     if not records:
-        raise ValueError(f"--data {path}: the file holds no conversation")
+        raise ValueError(f"{label}: the file holds no conversation")
     if convert is None and _is_dataset_info(path, records):
         raise ValueError(f"--data {path}: this is LLaMA-Factory's dataset_info.json (a table of datasets), "
                          "not conversations; train its datasets with --dataset NAME[,NAME] --dataset-dir "
@@ -167,10 +178,10 @@ def read_conversations(paths: str | os.PathLike | Sequence[str | os.PathLike],
     for source in paths:
         path, convert = Path(source), getattr(source, "convert", None)
         media_root = root if root is not None else getattr(source, "media_root", None) or path.parent
-        conversations, skips = _read_file(path, media_root, convert, max_samples)
+        conversations, skips = _read_file(path, media_root, convert, max_samples, _label(source))
         kept += conversations
         skipped += skips
     if not kept:
-        raise ValueError(f"--data {', '.join(map(str, paths))}: nothing to train, every line was skipped "
+        raise ValueError(f"{', '.join(map(_label, paths))}: nothing to train, every line was skipped "
                          f"({len(skipped)}; the first, {skipped[0].where}: {skipped[0].reason})")
     return ConversationSet(conversations=kept, skipped=skipped)

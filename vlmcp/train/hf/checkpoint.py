@@ -6,19 +6,18 @@ Two kinds, by ``--fsdp``:
   :mod:`vlmcp.train.checkpoint` (Note [vlmcp checkpoints: atomic write, newest good file
   wins]) with the layout-free state of :mod:`vlmcp.train.state`, so it resumes at another
   CP size;
-* with FSDP each rank holds a shard: ``torch.distributed.checkpoint`` writes every rank's
-  shard into ``.step_N.tmp-<pid>-<host>/`` (on a directory all ranks share; rank 0 names it),
-  rank 0 adds ``vlmcp_meta.pt`` (step, data position, config, the SHA-256 of every file
-  and of the meta itself) and renames it to ``step_N/`` only after every rank finished, so a
-  crash never leaves a partial ``step_N``. DCP stores tensors by name with their global
-  shapes, so a run resumes at another CP or DP size.
+* with FSDP each rank holds a shard: a ``torch.distributed.checkpoint`` directory
+  ``step_N/`` with ``vlmcp_meta.pt`` (:mod:`vlmcp.train.hf.dcp_checkpoint`; Note [vlmcp DCP
+  checkpoints: atomic and durable]); it resumes at another CP or DP size.
 
 Both keep the newest ``--save-total-limit`` (default 3; 0 keeps all) and carry the data
 position (rows consumed) for an exact resume. A resume must keep the run's data, model and
 schedule (``--steps``, ``--grad-accum``, ``--lr`` and its scheduler and warm-up): a change is
 refused, naming it (:func:`check_resumable`).
 On resume the newest checkpoint that passes its checksums wins; a damaged one is skipped
-with a warning naming the file (:func:`latest_step`).
+with a warning naming the file (:func:`latest_step`). A DCP checkpoint that would unpickle
+anything but checkpoint data is refused outright, naming the file, before any state is
+loaded, on every rank (Note [vlmcp DCP checkpoints are unpickled through an allow-list]).
 
 The final ``save_pretrained`` directory is a checkpoint too: :mod:`vlmcp.train.hf.final_model`.
 """
@@ -26,10 +25,7 @@ The final ``save_pretrained`` directory is a checkpoint too: :mod:`vlmcp.train.h
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import re
-import shutil
 import warnings
 from pathlib import Path
 
@@ -37,26 +33,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vlmcp.grads import local_part, partition_of
 from vlmcp.train.checkpoint import (
     checkpoint_path,
     list_checkpoints,
     load_checkpoint,
     load_latest_checkpoint,
-    payload_digest,
-    remove_stale_temps,
     save_checkpoint,
 )
+from vlmcp.train.hf.dcp_checkpoint import META, dcp_dirs, dcp_meta, load_dcp, save_dcp
 from vlmcp.train.hf.finetune import check_frozen, frozen_record
 from vlmcp.train.hf.finetune_config import finetune_changes
-from vlmcp.train.lock import writer_tag
 from vlmcp.train.state import full_state, load_full_state
 
 __all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_hf_checkpoint", "save_hf_checkpoint"]
 
-_DIR = re.compile(r"^step_(\d{8,})$")
-_TEMP = re.compile(r"^\.step_\d{8,}\.tmp-(\d+)-(.*)$")
-_META = "vlmcp_meta.pt"
 _RESUME_FIELDS = ("model", "data", "seq_len", "seed", "dtype", "image_root", "video",
                   # what the rows are made of (a checkpoint from before these fields holds their defaults)
                   "dataset", "dataset_dir", "max_samples", "image_max_pixels", "image_min_pixels", "truncate")
@@ -66,47 +56,9 @@ _SCHEDULE_FIELDS = ("steps", "grad_accum", "lr", "lr_scheduler", "warmup_steps",
 _PATH_FIELDS = ("model", "data", "image_root", "dataset_dir")
 
 
-def _dcp_dirs(directory: Path) -> list[tuple[int, Path]]:
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := _DIR.match(p.name)) and (p / _META).is_file()]
-    return sorted(found)
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _dcp_meta(path: Path) -> dict:
-    """The meta of the DCP checkpoint ``path`` after checking every checksum it carries.
-
-    Raises:
-        ValueError: naming the file that cannot be read or does not match.
-    """
-    try:
-        meta = torch.load(path / _META, weights_only=True)
-        body = {k: v for k, v in meta.items() if k != "sha256"}
-        step, config = int(meta["step"]), meta["config"]
-    except Exception as err:
-        raise ValueError(f"cannot read {path / _META}: {type(err).__name__}: {err}") from err
-    if "sha256" in meta and meta["sha256"] != payload_digest(body):
-        raise ValueError(f"{path / _META} is damaged: its contents do not match its checksum")
-    for name, digest in meta.get("files", {}).items():
-        file = path / name
-        if not file.is_file() or _file_sha256(file) != digest:
-            raise ValueError(f"{file} is {'damaged' if file.is_file() else 'missing'}: "
-                             "the checkpoint's checksum does not match")
-    return {**body, "step": step, "config": config}
-
-
 def checkpoint_count(directory: str | os.PathLike, fsdp: bool) -> int:
     """How many checkpoints of the kind ``fsdp`` writes ``directory`` holds, good or not."""
-    return len(_dcp_dirs(Path(directory))) if fsdp else len(list_checkpoints(directory))
+    return len(dcp_dirs(Path(directory))) if fsdp else len(list_checkpoints(directory))
 
 
 def latest_step(directory: str | os.PathLike, fsdp: bool) -> tuple[int, dict] | None:
@@ -114,14 +66,22 @@ def latest_step(directory: str | os.PathLike, fsdp: bool) -> tuple[int, dict] | 
 
     Every checksum is checked (the whole checkpoint is read); a checkpoint that fails is
     skipped with a warning naming the file, and the one before it is tried.
+
+    Raises:
+        UnsafeCheckpoint: a DCP checkpoint would unpickle something a checkpoint never holds:
+            never skipped (a crafted file is no accident, and nothing older can be trusted more).
     """
     directory = Path(directory)
     if not fsdp:
         ckpt = load_latest_checkpoint(directory)
         return None if ckpt is None else (ckpt.step, ckpt.state["config"])
-    for step, path in reversed(_dcp_dirs(directory)):
+    from vlmcp.train.hf.dcp_reader import UnsafeCheckpoint
+
+    for step, path in reversed(dcp_dirs(directory)):
         try:
-            return step, _dcp_meta(path)["config"]
+            return step, dcp_meta(path)["config"]
+        except UnsafeCheckpoint:
+            raise
         except ValueError as err:
             warnings.warn(f"skipping unreadable checkpoint: {err}", stacklevel=2)
     return None
@@ -153,30 +113,6 @@ def check_resumable(saved: dict, cfg, step: int, where: Path) -> None:
         raise ValueError(f"cannot resume from {where}: its step {step} is past --steps {cfg.steps}")
 
 
-def partitioned_params(model: nn.Module) -> dict[str, nn.Parameter]:
-    """``hidden_shard``'s slices by name: kept out of FSDP, different on every CP rank."""
-    return {n: p for n, p in model.named_parameters() if partition_of(p) is not None}
-
-
-def gather_slice(param: nn.Parameter, t: torch.Tensor, cp_group: dist.ProcessGroup) -> torch.Tensor:
-    dim, _, size = partition_of(param)
-    pieces = [torch.empty_like(t) for _ in range(size)]
-    dist.all_gather(pieces, t.detach().contiguous(), group=cp_group)
-    return torch.cat(pieces, dim=dim)
-
-
-def _full_slices(model, model_state: dict, optim_state: dict, cp_group) -> tuple[dict, dict]:
-    """Copies of FSDP state dicts with the slices full size (DCP keeps one copy of a plain
-    tensor, so every CP rank must hold the same one); a collective over the CP group. The
-    inner dicts of ``get_state_dict`` are the optimizer's own: never written to."""
-    model_state, states = dict(model_state), dict(optim_state["state"])
-    for name, p in partitioned_params(model).items():
-        model_state[name] = gather_slice(p, model_state[name], cp_group)
-        states[name] = {k: gather_slice(p, v, cp_group) if torch.is_tensor(v) and v.dim() > 0 else v
-                        for k, v in states.get(name, {}).items()}
-    return model_state, {**optim_state, "state": states}
-
-
 def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: int,
                        world: dist.ProcessGroup, cp_group: dist.ProcessGroup) -> Path:
     """Write the checkpoint of ``step`` (a collective: every rank calls it)."""
@@ -194,32 +130,7 @@ def save_hf_checkpoint(cfg, model: nn.Module, optimizer, step: int, position: in
             save_checkpoint(directory, step, state, keep_last=cfg.save_total_limit or None)
         dist.barrier(group=world)
         return path
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    final = Path(directory) / f"step_{step:08d}"
-    name = [f".step_{step:08d}.tmp-{writer_tag()}"]  # rank 0's name, for every rank
-    dist.broadcast_object_list(name, src=dist.get_global_rank(world, 0), group=world)
-    temp = Path(directory) / name[0]
-    if rank == 0:
-        remove_stale_temps(Path(directory), _TEMP)  # crashed earlier saves of this run or dead ones
-        temp.mkdir(parents=True)
-    dist.barrier(group=world)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    model_state, optim_state = _full_slices(model, model_state, optim_state, cp_group)
-    model_state = {k: v for k, v in model_state.items() if k not in set(meta["frozen"]["names"])}
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=temp, process_group=world)
-    dist.barrier(group=world)
-    if rank == 0:
-        meta["files"] = {p.name: _file_sha256(p) for p in sorted(temp.iterdir()) if p.is_file()}
-        meta["sha256"] = payload_digest(meta)
-        torch.save(meta, temp / _META)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(temp, final)
-        for _, old in (_dcp_dirs(Path(directory))[:-cfg.save_total_limit] if cfg.save_total_limit else []):
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier(group=world)
-    return final
+    return save_dcp(cfg, model, optimizer, step, meta, world, cp_group)
 
 
 def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGroup,
@@ -229,22 +140,41 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
     Ranks must agree on the step (a directory that is not shared would let them
     continue from different states and wait forever for each other).
     """
+    from vlmcp.train.hf.dcp_reader import UnsafeCheckpoint, check_dcp_checkpoint
+
     directory = Path(cfg.checkpoints)
     rank = dist.get_rank(world)
-    found = None
+    found, refused = None, None
     if rank == 0:  # reads and checks the checkpoints once; the others take its choice
         with warnings.catch_warnings():  # the command line reported damaged ones before the ranks started
             warnings.simplefilter("ignore")
-            found = latest_step(directory, cfg.fsdp)
-    step = torch.tensor([-1 if found is None else found[0]], dtype=torch.float64, device=device)
-    dist.all_reduce(step, op=dist.ReduceOp.MAX, group=world)
+            try:
+                found = latest_step(directory, cfg.fsdp)
+            except UnsafeCheckpoint as err:  # every rank stops with it; none waits for rank 0
+                refused = err
+    step = torch.tensor([-2 if refused else -1 if found is None else found[0]], dtype=torch.float64,
+                        device=device)
+    dist.broadcast(step, src=dist.get_global_rank(world, 0), group=world)
     step = int(step)
-    there = checkpoint_path(directory, step) if not cfg.fsdp else directory / f"step_{step:08d}" / _META
-    have = torch.tensor([float(step < 0 or there.is_file())], dtype=torch.float64, device=device)
+    if step == -2:
+        raise refused or UnsafeCheckpoint(f"{directory}: rank 0 refused a checkpoint (its line names the "
+                                          "file); nothing was loaded")
+    there = checkpoint_path(directory, step) if not cfg.fsdp else directory / f"step_{step:08d}" / META
+    refused = None
+    if cfg.fsdp and step >= 0:  # every rank checks what it will unpickle itself, before loading anything
+        try:
+            check_dcp_checkpoint(there.parent)
+        except ValueError as err:
+            refused = err
+    have = torch.tensor([float(step < 0 or there.is_file()), float(refused is None)], dtype=torch.float64,
+                        device=device)
     dist.all_reduce(have, op=dist.ReduceOp.MIN, group=world)
-    if not bool(have):
+    if not bool(have[0]):
         raise RuntimeError(f"rank 0 resumes from step {step} in {directory}, but some rank does not see "
                            "that checkpoint; is the directory shared by every rank?")
+    if not bool(have[1]):
+        raise refused or UnsafeCheckpoint(f"{there.parent}: another rank refused this checkpoint (its line "
+                                          "names the file); nothing was loaded")
     if step < 0:
         return 0, 0
     if not cfg.fsdp:
@@ -256,40 +186,8 @@ def load_hf_checkpoint(cfg, model: nn.Module, optimizer, world: dist.ProcessGrou
                 ckpt.state["model"][name] = params[name].detach()
         load_full_state(model, optimizer, ckpt.state)
         return ckpt.step, int(ckpt.state["data_position"])
-    meta = torch.load(directory / f"step_{step:08d}" / _META, weights_only=True)  # rank 0 checked it
+    meta = torch.load(directory / f"step_{step:08d}" / META, weights_only=True)  # every rank checked it
     check_resumable(meta["config"], cfg, step, directory)
     frozen = set(check_frozen(meta["frozen"], model, world, directory)) if "frozen" in meta else set()
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    path = directory / f"step_{step:08d}"
-    model_state, optim_state = get_state_dict(model, optimizer)
-    slices = partitioned_params(model)
-    full_shape = lambda p, t: [t.shape[d] * partition_of(p)[2] if d == partition_of(p)[0] else t.shape[d]
-                               for d in range(t.dim())]
-    optim_state = {**optim_state, "state": dict(optim_state["state"])}
-    for name, p in slices.items():  # the checkpoint holds them full size (see _full_slices)
-        model_state[name] = model_state[name].new_empty(full_shape(p, model_state[name]))
-        optim_state["state"][name] = {
-            k: v.new_empty(full_shape(p, v)) if torch.is_tensor(v) and v.dim() > 0 else v
-            for k, v in optim_state["state"].get(name, {}).items()}
-    # a parameter that never had a gradient (a ViT layer the model does not use) has no
-    # AdamW state in the checkpoint; the fresh state get_state_dict made for it stays
-    optim = {"optimizer": optim_state}
-    partial = DefaultLoadPlanner(allow_partial_load=True)
-    try:
-        # into model_state's own tensors; a frozen one keeps --model's value (checked above)
-        dcp.load({"model": {k: v for k, v in model_state.items() if k not in frozen}}, checkpoint_id=path,
-                 process_group=world)
-        dcp.load(optim, checkpoint_id=path, process_group=world, planner=partial)
-    except Exception as err:  # the checksums passed on rank 0: a file changed since, or another reader
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ValueError(f"cannot load checkpoint {path}: {type(err).__name__}: {first}") from err
-    for name, p in slices.items():  # this rank's slice, at this run's CP size
-        model_state[name] = local_part(p, model_state[name]).clone()
-        for k, v in optim["optimizer"]["state"].get(name, {}).items():
-            if torch.is_tensor(v) and v.dim() > 0:
-                optim["optimizer"]["state"][name][k] = local_part(p, v).clone()
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim["optimizer"])
+    load_dcp(model, optimizer, directory / f"step_{step:08d}", frozen, world)
     return int(meta["step"]), int(meta["data_position"])

@@ -11,7 +11,11 @@ place, and ``vlmcp_model.json`` (the step and every file's size) is written last
 
 so a run that died while saving (a full disk, a kill) leaves a model that
 :func:`final_model_complete` calls incomplete, and ``--resume`` of a run whose last
-checkpoint is at ``--steps`` writes it again from that checkpoint.
+checkpoint is at ``--steps`` writes it again from that checkpoint. The files are fsynced
+before they are renamed, the directory after; the temporary directory and the marker's
+temporary file are created exclusively (a link planted at their predictable names is never
+written through). A full disk is one ``OSError`` line naming ``--output-dir``, also where
+safetensors' writer (Rust) reports it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from torch import nn
 
 from vlmcp.grads import partition_of
 from vlmcp.train.checkpoint import clean_os_error, remove_stale_temps
-from vlmcp.train.hf.checkpoint import gather_slice, partitioned_params
+from vlmcp.train.durable import fsync_dir, fsync_file, open_exclusive
+from vlmcp.train.hf.dcp_checkpoint import gather_slice, partitioned_params
 from vlmcp.train.hf.finetune import lora_output, save_adapter
 from vlmcp.train.lock import writer_tag
 
@@ -79,6 +84,9 @@ def final_model_complete(output_dir: str | os.PathLike, step: int) -> bool:
 
 def _publish(temp: Path, out: Path, step: int) -> None:
     """Move the files of ``temp`` into ``out`` and write the marker last (see the module docstring)."""
+    for p in sorted(temp.iterdir()):  # on disk before any name says so
+        if p.is_file() and not p.is_symlink():
+            fsync_file(p)
     (out / MODEL_MARKER).unlink(missing_ok=True)  # from here until the end: incomplete
     files = {}
     for p in sorted(temp.iterdir()):
@@ -87,9 +95,14 @@ def _publish(temp: Path, out: Path, step: int) -> None:
         os.replace(p, out / p.name)
         if p.is_file() or (out / p.name).is_file():
             files[p.name] = (out / p.name).stat().st_size
+    fsync_dir(out)
     marker = out / f".{MODEL_MARKER}.tmp-{writer_tag()}"
-    marker.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    with open_exclusive(marker) as f:
+        f.write(json.dumps({"step": step, "files": files}, indent=1).encode())
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(marker, out / MODEL_MARKER)
+    fsync_dir(out)
     temp.rmdir()
 
 
@@ -134,6 +147,7 @@ def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGrou
         remove_stale_temps(out, _MODEL_TEMP)
         temp = out / f".model.tmp-{writer_tag()}"
         try:
+            temp.mkdir()  # ours alone: save_pretrained would write through a link planted at the name
             if adapter is None:
                 clean.save_pretrained(temp)
             else:
@@ -141,7 +155,8 @@ def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGrou
             save_processor(processor, temp)
             _publish(temp, out, cfg.steps if step is None else step)
         except Exception as err:
-            shutil.rmtree(temp, ignore_errors=True)
+            if temp.is_dir() and not temp.is_symlink():
+                shutil.rmtree(temp, ignore_errors=True)
             failure = clean_os_error(err, f"the trained model to {out}")
             if failure is not None:
                 raise failure from None
