@@ -16,8 +16,10 @@ takes chunks r and 2P-1-r. P = 2, text ``t`` chunked ``a b c d``::
 
 A rank's tokens of a sample stay in global order, images included, so its local row
 is itself a packed row (local ``cu_seqlens``) whose own-K/V attention is one causal
-block per sample. Every rank gives a split sample the same number of slots (the most
-any rank holds of it); padding (``-1``) is the segment's suffix. (A sample placed whole
+block per sample. A rank's segment of a split sample is what it holds of it (segments of
+one sample may differ in length from rank to rank: which rank takes which band is dealt
+by tokens held, in :mod:`vlmcp.layout.cuts`); every rank has the same number of slots, the
+busiest rank's, and the padding (``-1``) that evens them out closes the last segment. (A sample placed whole
 on one rank, Note [vlmcp whole-sample placement], is a segment of that rank alone.) Where the cuts fall is
 Note [vlmcp zigzag cut points: equal chunks or equal causal work] in
 :mod:`vlmcp.layout.cuts`: equal chunks (megatron-core's order) for text-only samples
@@ -193,6 +195,9 @@ class CPPlan:
         travelling: ``BoolTensor[L]``, tokens exchanged by CP attention: the sharded
             tokens of split samples.
         cuts: ``LongTensor[S, 2P+1]``, zigzag cut points of each sample's sharded tokens.
+        band_ranks: ``LongTensor[S, P]``, the rank holding band j (chunks j and 2P-1-j) of each
+            sample: j where the sample is cut into equal chunks, else dealt by tokens held (Note
+            [vlmcp zigzag cut points: equal chunks or equal causal work]).
         image_lens: ``LongTensor[S]``, image tokens per sample.
         replicated_lens: ``LongTensor[S]``, tokens of each sample held by every rank.
         rank_lens: ``LongTensor[S, P]``, non-replicated tokens of each sample on each rank.
@@ -211,6 +216,7 @@ class CPPlan:
     whole: torch.Tensor
     travelling: torch.Tensor = field(repr=False)
     cuts: torch.Tensor
+    band_ranks: torch.Tensor
     image_lens: torch.Tensor
     replicated_lens: torch.Tensor
     rank_lens: torch.Tensor
@@ -234,10 +240,10 @@ class CPPlan:
     def segment_lens(self) -> torch.Tensor:
         """``LongTensor[S, P]``: slots of sample s on rank r, before the row's closing padding.
 
-        A split sample has the same segment on every rank (the most any rank holds of it,
-        padded); a whole sample has its length on its rank and nothing elsewhere.
+        A split sample's segment on rank r is its replicated tokens and rank r's band; a whole
+        sample has its length on its rank and nothing elsewhere.
         """
-        split = (self.replicated_lens + self.rank_lens.max(dim=1).values)[:, None].expand_as(self.rank_lens)
+        split = self.replicated_lens[:, None] + self.rank_lens
         return torch.where((self.whole >= 0)[:, None], self.rank_lens, split)
 
     @property
@@ -306,13 +312,15 @@ def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_s
     # equal chunks where the sharded tokens' offsets run 0..Z-1 (nothing replicated) and Z
     # divides by 2P: megatron-core's order; equal causal work elsewhere (Note in vlmcp.layout.cuts)
     balance = (replicated > 0) | (zlens % (2 * P) != 0)
-    cuts = zigzag_cuts(zlens, images.offsets[zpos] + 1, balance, P)
+    cuts, band_ranks = zigzag_cuts(zlens, images.offsets[zpos] + 1, balance, P)
     chunk_lens = cuts[:, 1:] - cuts[:, :-1]
     # sharded tokens are in row order, so their chunk ids are each sample's 0..2P-1 repeated
     chunk = torch.arange(2 * P).repeat(S).repeat_interleave(chunk_lens.flatten(), output_size=zpos.numel())
     owner = torch.where(split[sid], -1, whole[sid])
-    owner[zpos] = torch.where(chunk < P, chunk, 2 * P - 1 - chunk)
-    rank_lens = chunk_lens[:, :P] + chunk_lens[:, P:].flip(1)
+    band = torch.where(chunk < P, chunk, 2 * P - 1 - chunk)
+    owner[zpos] = band_ranks[zsid, band]
+    band_lens = chunk_lens[:, :P] + chunk_lens[:, P:].flip(1)
+    rank_lens = torch.zeros_like(band_lens).scatter_(1, band_ranks, band_lens)
     seqlens = cu[1:] - cu[:-1]
     on_rank = (~split)[:, None] & (whole[:, None] == torch.arange(P)[None])
     rank_lens = torch.where(on_rank, seqlens[:, None], rank_lens)
@@ -320,4 +328,4 @@ def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_s
     travelling[zpos] = True
     return CPPlan(cp_size=P, image_strategy=image_strategy, seq_len=int(cu[-1]), cu_seqlens=cu,
                   images=images, is_image=is_image, owner=owner, whole=whole, travelling=travelling,
-                  cuts=cuts, image_lens=image_lens, replicated_lens=replicated, rank_lens=rank_lens)
+                  cuts=cuts, band_ranks=band_ranks, image_lens=image_lens, replicated_lens=replicated, rank_lens=rank_lens)
