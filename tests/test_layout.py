@@ -33,7 +33,8 @@ def reference_positions(samples, P, rank, strategy, cuts, band_ranks):
             sharded = [i for i, k in enumerate(kinds) if strategy == "shard" or k == "t"]
             c, j = cuts[s], band_ranks[s].index(r)
             mine = set(sharded[c[j]:c[j + 1]] + sharded[c[2 * P - 1 - j]:c[2 * P - j]])
-            out += [start + i for i, k in enumerate(kinds) if i in mine or (strategy == "replicate" and k == "i")]
+            out += [start + i for i, k in enumerate(kinds)
+                    if i in mine or (strategy == "replicate" and k == "i")]
             start += len(kinds)
         return out
 
@@ -236,9 +237,9 @@ def test_bands_go_to_the_ranks_holding_fewest_tokens():
     assert int(held.max() - held.min()) <= spread < int(bands[:, 0].sum() - bands[:, -1].sum()), held
     # padding closes the row only: a rank's segment of a sample is what it holds of it
     assert plan.num_slots == int(plan.replicated_lens.sum() + held.max())
-    assert plan.for_rank(1).cu_seqlens.diff().tolist() == (plan.replicated_lens + plan.rank_lens[:, 1]).tolist()[:-1] + \
-        [int(plan.replicated_lens[-1] + plan.rank_lens[-1, 1] + plan.num_slots - plan.replicated_lens.sum()
-             - held[1])]
+    own = (plan.replicated_lens + plan.rank_lens[:, 1]).tolist()
+    own[-1] += plan.num_slots - sum(own)  # rank 1's closing padding
+    assert plan.for_rank(1).cu_seqlens.diff().tolist() == own
 
 
 def test_shard_selects_and_fills():

@@ -328,4 +328,5 @@ def build_plan(cu: torch.Tensor, is_image: torch.Tensor, images: RowImages, cp_s
     travelling[zpos] = True
     return CPPlan(cp_size=P, image_strategy=image_strategy, seq_len=int(cu[-1]), cu_seqlens=cu,
                   images=images, is_image=is_image, owner=owner, whole=whole, travelling=travelling,
-                  cuts=cuts, band_ranks=band_ranks, image_lens=image_lens, replicated_lens=replicated, rank_lens=rank_lens)
+                  cuts=cuts, band_ranks=band_ranks, image_lens=image_lens, replicated_lens=replicated,
+                  rank_lens=rank_lens)
