@@ -57,7 +57,8 @@ def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
     start = time.monotonic()
     assert main([*run, "--_fault", "1", "5"]) == 1  # rank 1 is SIGKILLed at step 5 (0-based)
     assert time.monotonic() - start < 60  # the survivor did not wait for the whole run
-    assert "rank 1 died" in capsys.readouterr().err
+    err = capsys.readouterr().err  # one line for the killed rank, one for the peer that lost it
+    assert "rank 1 was killed by SIGKILL" in err and len(err.strip().splitlines()) == 2, err
     saved = list_checkpoints(ckpt)
     assert [load_checkpoint(p).step for p in saved] == [3]  # the last good checkpoint is intact
     assert main([*run, "--resume"]) == 0
