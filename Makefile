@@ -57,9 +57,15 @@ bench: $(STAMP)
 # benchmark on CUDA, then a short report. Runs GPU_PYTHON, an environment with a CUDA build
 # of torch and `pip install -e '.[test]'` (not .venv, which holds the CPU wheel).
 GPU_PYTHON ?= python3
-.PHONY: gpu-check
+.PHONY: gpu-check gpu-bench
 gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py
+
+# On one GPU (at most about 8 minutes): kernel parity against the CPU path, tokens/s and MFU of a
+# whole HF step on a Qwen2.5-VL-3B-shaped random model at 8k/32k/64k tokens, and the step's
+# max_memory_allocated against vlmcp plan --model (docs/gpu.md). Exits 2 without CUDA.
+gpu-bench:
+	$(GPU_PYTHON) scripts/gpu_bench.py
 
 clean:
 	rm -rf $(VENV) .venv-compat-newest .venv-compat-lowest build *.egg-info
