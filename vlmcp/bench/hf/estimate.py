@@ -21,8 +21,8 @@ import copy
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import needs_transformers
-from vlmcp.launch import spawn_ranks
 
 NAME = "hf-estimate"
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "internvl", "gemma3",
@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _table(P: int, args: argparse.Namespace, dtype: str) -> None:
     rows = (measure(None, args.archs, CONFIGS, args.text_tokens, dtype) if P == 1 else
-            spawn_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, dtype, timeout=1800)[0])
+            bench_ranks("hf-estimate", measure, P, args.archs, CONFIGS, args.text_tokens, dtype,
+                        timeout=1800))
     for row in rows:
         est = predicted(row, P)
         print(f"| {row['arch']} | {dtype} | {P} | {'yes' if row['ckpt'] else 'no'} | {row['vision_mode']} | "

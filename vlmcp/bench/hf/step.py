@@ -43,9 +43,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import bench_model, needs_transformers
 from vlmcp.estimate.memory import VISION_MODES
-from vlmcp.launch import spawn_ranks
 
 NAME = "hf-step"
 STRATEGIES = ("replicate", "shard", "auto")
@@ -234,8 +234,8 @@ def run(args: argparse.Namespace) -> int:
     samples = row_samples(args.tokens, args.images, args.image_side)
     sizes = dict(hidden=args.hidden, layers=args.layers, vit_width=args.vit_width, vit_depth=args.vit_depth,
                  vocab=args.vocab)
-    res = spawn_ranks(_rank, args.cp, samples, sizes, args.strategies, args.losses, args.chunk_size,
-                      args.vision_mode, args.repeats, timeout=3600)[0]
+    res = bench_ranks("hf-step", _rank, args.cp, samples, sizes, args.strategies, args.losses,
+                      args.chunk_size, args.vision_mode, args.repeats, timeout=3600)
     print(f"Qwen2-VL LLM {args.hidden} x {args.layers} layers, vocabulary {args.vocab:,}, ViT "
           f"{args.vit_width} x {args.vit_depth}; one row of {res['tokens']:,} tokens "
           f"({res['visual']:,} image tokens in {args.images} samples); P={args.cp}, vision_mode "
