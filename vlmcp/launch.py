@@ -43,6 +43,14 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.rendezvous import join_rendezvous, make_rendezvous, remove_rendezvous
+from vlmcp.train.faults import (
+    CollectiveTimeout,
+    PeerLost,
+    is_peer_lost,
+    is_timeout,
+    stall_guard,
+    watch_launcher,
+)
 
 __all__ = ["RankFailure", "spawn_ranks"]
 
@@ -69,8 +77,6 @@ class RankFailure(RuntimeError):
 def _one_line(err: BaseException) -> tuple[str, str] | None:
     """The one-line report of an error that needs no traceback and its kind (``"timeout"``,
     ``"peer lost"``, ``"os"``), else None."""
-    from vlmcp.train.faults import CollectiveTimeout, PeerLost, is_peer_lost, is_timeout, stall_guard
-
     if not isinstance(err, (CollectiveTimeout, PeerLost)) and (is_timeout(err) or is_peer_lost(err)):
         try:  # raised outside any stall_guard: name the collective, not the step
             with stall_guard("outside the step loop"):
@@ -97,8 +103,6 @@ def _proc_state(pid: int | None) -> str:
 
 
 def _rank_main(fn, args, rank, world_size, rendezvous, results, threads, collective_timeout, launcher):
-    from vlmcp.train.faults import watch_launcher
-
     watch_launcher(launcher)  # Note [vlmcp stalled peers and orphaned ranks]
     try:
         torch.set_num_threads(threads)

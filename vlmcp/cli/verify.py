@@ -14,6 +14,7 @@ import math
 from typing import get_args
 
 from vlmcp.cli import command_help
+from vlmcp.cli.model_check import check_model_dir
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.ranks import run_command
 from vlmcp.train.options import AttentionBackend, DType, ImageAttention, VisionMode
@@ -129,8 +130,6 @@ def _run_hf(args: argparse.Namespace) -> int:
 
         if not os.path.isdir(args.model):
             raise ValueError(f"--model {args.model!r} is neither hf:ARCH nor a local model directory")
-        from vlmcp.cli.model_check import check_model_dir
-
         config = check_model_dir(args.model, cp=args.cp, attention=args.attention,
                                  vision_mode=args.vision_mode)
     heads = getattr(getattr(config, "text_config", None), "num_attention_heads", None)

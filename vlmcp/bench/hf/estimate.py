@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import needs_transformers
+from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.estimate import EstimateSetup, estimate_memory
 
 NAME = "hf-estimate"
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "internvl", "gemma3",
@@ -60,7 +62,6 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
     """Every rank: per (arch, config), this rank's saved bytes and the estimate's inputs (``dtype``: the
     parameters' and pixels')."""
     import vlmcp.hf
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
     from vlmcp.hf.debug.synthetic import synthetic_row
     from vlmcp.hf.debug.tiny import tiny_config, tiny_model
 
@@ -95,8 +96,6 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
 def predicted(row: dict, cp: int) -> int:
     """The estimate's saved bytes for a row of :func:`measure`."""
     from transformers import AutoConfig
-
-    from vlmcp.estimate import EstimateSetup, estimate_memory
 
     cfg = dict(row["config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)

@@ -54,7 +54,6 @@ def _samples(args) -> tuple:
 
 
 def _saved(model, inputs, labels, cu, group, strategy) -> tuple[int, str]:
-    import vlmcp
     import vlmcp.hf
 
     with SavedTensorMeter(model.parameters()) as meter:

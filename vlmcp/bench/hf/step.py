@@ -45,6 +45,8 @@ import torch.distributed as dist
 
 from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.bench.hf.loss import _head_alone
+from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.estimate.memory import VISION_MODES
 
 NAME = "hf-step"
@@ -89,9 +91,7 @@ def state_bytes(model) -> dict[str, int]:
 
 def _step(model, inputs, labels, cu, group, strategy, chunk, meter: bool):
     """One step; ``(saved bytes or None, batch, chosen strategy)``."""
-    import vlmcp
     import vlmcp.hf
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
 
     model.zero_grad(set_to_none=True)
     m = SavedTensorMeter(model.parameters()) if meter else None
@@ -132,7 +132,6 @@ def _max_rel_error(got: dict, ref: dict) -> float:
 
 def _memory(model, batch, saved: int, chunk) -> dict:
     """This rank's memory terms (see the module docstring)."""
-    from vlmcp.bench.hf.loss import _head_alone
     from vlmcp.hf.adapters import submodule
     from vlmcp.hf.parallel import parallel_state
 
