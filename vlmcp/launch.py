@@ -1,7 +1,8 @@
 """Run a function on P gloo ranks on this machine, failing fast.
 
-``vlmcp train`` without a launcher, ``vlmcp verify``, and every distributed test
-(through :func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
+Every command that runs ranks without a launcher (``vlmcp train``, ``verify``, ``compare``,
+``bench``, through :func:`vlmcp.ranks.run_command`) and every distributed test (through
+:func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
 ranks from a fork server that has already imported torch (so a spawn costs
 milliseconds, not an import), rendezvouses them through a ``FileStore`` in a private
 directory with no port open to the network (:mod:`vlmcp.rendezvous`, Note [vlmcp spawned
