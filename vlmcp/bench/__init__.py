@@ -36,14 +36,13 @@ BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision",
               "hf-estimate")
 
 
-def bench_ranks(name: str, fn: Callable[..., Any], world: int, *args: Any, timeout: float,
-                every_rank: bool = False) -> Any:
-    """``fn(group, *args)`` on ``world`` gloo ranks for ``vlmcp bench NAME``: rank 0's result, or
-    every rank's with ``every_rank``.
+def bench_ranks(fn: Callable[..., Any], world: int, *args: Any, name: str, timeout: float) -> list[Any]:
+    """``fn(group, *args)`` on ``world`` gloo ranks for ``vlmcp bench NAME``; every rank's result, in
+    rank order (as :func:`vlmcp.launch.spawn_ranks` returns them).
 
     :func:`vlmcp.ranks.run_command` with one torch thread per rank (ranks that shared the cores
     would stretch each other's times) and always spawned, never torchrun's group; a failed rank
     is one line per rank, ``vlmcp bench NAME: failed: ...``, and the command exits 1.
     """
     return run_command(f"vlmcp bench {name}", fn, world, *args, timeout=timeout, torchrun=False,
-                       threads_per_rank=1, every_rank=every_rank)
+                       threads_per_rank=1, every_rank=True)

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
           "of the slots", flush=True)
     backends = ["ring", "ulysses"] if args.backend == "both" else [args.backend]
     for backend in backends:
-        res = bench_ranks("attention", _bench, args.cp, args, backend, timeout=3600, every_rank=True)
+        res = bench_ranks(_bench, args.cp, args, backend, name="attention", timeout=3600)
         single = statistics.median(res[0][1])
         cp = [statistics.median(r[0]) for r in res]
         # efficiency per repeat (slowest rank of that repeat), then the median

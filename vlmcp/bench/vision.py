@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     config = {**CONFIG, "depth": args.depth}
     rows = []
     for P in args.cp:
-        results = bench_ranks("vision", _rank, P, args.repeats, sizes, config, timeout=600, every_rank=True)
+        results = bench_ranks(_rank, P, args.repeats, sizes, config, name="vision", timeout=600)
         owner = results[0][1]
         loads = [_load(vit_cost, sizes, owner, r) for r in range(P)]
         tokens = [_load(int, sizes, owner, r) for r in range(P)]

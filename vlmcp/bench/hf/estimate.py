@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _table(P: int, args: argparse.Namespace, dtype: str) -> None:
     rows = (measure(None, args.archs, CONFIGS, args.text_tokens, dtype) if P == 1 else
-            bench_ranks("hf-estimate", measure, P, args.archs, CONFIGS, args.text_tokens, dtype,
-                        timeout=1800))
+            bench_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, dtype, name="hf-estimate",
+                        timeout=1800)[0])
     for row in rows:
         est = predicted(row, P)
         print(f"| {row['arch']} | {dtype} | {P} | {'yes' if row['ckpt'] else 'no'} | {row['vision_mode']} | "

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=int, default=4096, help="target tokens per chunk (default 4096)")
 
 
-def _head_alone(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int | None):
+def head_alone(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int | None):
     """``(saved, transient)`` bytes of the head and loss alone on ``hidden``."""
     h = hidden.detach().clone().requires_grad_()
     w = weight.detach().clone().requires_grad_()
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|")
     for name, step, chunk in (("full logits", full_step, None), (f"chunked ({args.chunk_size})", chunked_step,
                                                                   args.chunk_size)):
-        saved, transient = _head_alone(hidden, weight, batch.labels, chunk)
+        saved, transient = head_alone(hidden, weight, batch.labels, chunk)
         print(f"| {name} | {step / 2**20:,.1f} MiB | {saved / 2**20:,.2f} MiB | {saved / step:.1%} | "
               f"{transient / 2**20:,.1f} MiB |", flush=True)
     c = min(args.chunk_size, int((batch.labels != -100).sum()))

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
           "ideal replicated |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for P in args.cp:
-        res = bench_ranks("hf-memory", _rank, P, samples, pairs, sizes, timeout=1800)
+        res = bench_ranks(_rank, P, samples, pairs, sizes, name="hf-memory", timeout=1800)[0]
         single, L, I = res["single"], res["tokens"], res["visual"]  # noqa: E741 - I as in docs/benchmarks.md
         for strategy, mode in pairs:
             saved, chosen = res[(strategy, mode)]

@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = dict(hidden=64, layers=1, vit_width=args.vit_width, vit_depth=args.vit_depth, arch=args.arch)
     rows = []
     for P in args.cp:
-        results = bench_ranks("hf-vision", _rank, P, args.frame_groups, args.side, args.repeats, sizes,
-                              timeout=1800, every_rank=True)
+        results = bench_ranks(_rank, P, args.frame_groups, args.side, args.repeats, sizes, name="hf-vision",
+                              timeout=1800)
         rep = [max(t["replicate"][i] for t, _ in results) for i in range(args.repeats)]
         sca = [max(t["scatter"][i] for t, _ in results) for i in range(args.repeats)]
         med = lambda xs: round(statistics.median(xs) * 1e3, 1)  # noqa: E731
