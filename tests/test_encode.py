@@ -17,8 +17,9 @@ from vlmcp.data.hf.encode import (  # noqa: E402
     encode_conversation,
     sample_length,
 )
+from vlmcp.data.hf.planned import DataIndex  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
-from vlmcp.data.hf.rows import DataIndex, HFRow, build_index, build_row  # noqa: E402
+from vlmcp.data.hf.rows import HFRow, build_index, build_row  # noqa: E402
 from vlmcp.data.hf.schema import Conversation, Media, Message  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 

@@ -68,7 +68,7 @@ def test_head_and_loss_counters(ranks):
 
 
 def test_the_table(ranks, monkeypatch, capsys):
-    monkeypatch.setattr(step, "spawn_ranks", lambda *a, **k: ranks)
+    monkeypatch.setattr(step, "bench_ranks", lambda *a, **k: ranks)
     parser = argparse.ArgumentParser()
     step.add_arguments(parser)
     args = parser.parse_args(["--tokens", str(TOKENS), "--image-side", str(SIDE), "--strategies", "replicate",
@@ -88,7 +88,7 @@ def test_flags_from_a_config_file(ranks, monkeypatch, capsys, tmp_path):
         seen.update(P=P, sizes=sizes, strategies=strategies, chunk=chunk)
         return ranks
 
-    monkeypatch.setattr(step, "spawn_ranks", spawn)
+    monkeypatch.setattr(step, "bench_ranks", spawn)
     cfg = tmp_path / "step.yaml"
     cfg.write_text(f"tokens: {TOKENS}\nimage_side: {SIDE}\nstrategies: [replicate, shard]\nrepeats: 1\n"
                    f"vocab: {SIZES['vocab']}\nchunk-size: 64\n")

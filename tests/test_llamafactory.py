@@ -12,7 +12,8 @@ import pytest
 
 from vlmcp.cli import _Parser, main
 from vlmcp.cli import train as train_cmd
-from vlmcp.cli.config_file import add_config_arguments, config_actions, resolved_config
+from vlmcp.cli.config_file import add_config_arguments, resolved_config
+from vlmcp.cli.config_flags import config_actions
 from vlmcp.cli.llamafactory import KEYS, Maps, NoEffect, Refused, mapped_dests
 
 pytest.importorskip("yaml")

@@ -322,7 +322,7 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
 
 def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
     from vlmcp.cli.train_hf import _report
-    from vlmcp.data.hf.rows import DataIndex
+    from vlmcp.data.hf.planned import DataIndex
     from vlmcp.data.hf.schema import Skipped
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
@@ -353,7 +353,7 @@ def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, ca
 def _plan_check(group):
     import torch.distributed as dist
 
-    from vlmcp.data.hf.rows import DataIndex
+    from vlmcp.data.hf.planned import DataIndex
     from vlmcp.train.hf.loop import _check_same_plan
 
     index = DataIndex(conversations=[], lengths=[10 + dist.get_rank(group)], rows=[[0]], seq_len=16)

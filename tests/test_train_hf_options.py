@@ -300,7 +300,7 @@ def test_a_second_ctrl_c_stops_at_once(capsys):
     A rank: the first SIGINT asks for a stop after the step; the second exits 130 at once."""
     import signal
 
-    from vlmcp.cli.ranks import _Interrupt
+    from vlmcp.ranks import _Interrupt
 
     handler = _Interrupt("vlmcp train")
     handler(signal.SIGINT, None)  # no rank to forward to here

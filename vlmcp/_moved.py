@@ -44,6 +44,7 @@ MOVED = {
     "vlmcp.data.hf.conversation": "vlmcp.data.hf.schema",
     "vlmcp.train.reference.checkpoint": "vlmcp.train.checkpoint",
     "vlmcp.train.reference.state": "vlmcp.train.state",
+    "vlmcp.cli.ranks": "vlmcp.ranks",
 }
 """Old module path -> new module path."""
 

@@ -1,7 +1,8 @@
 """Run a function on P gloo ranks on this machine, failing fast.
 
-``vlmcp train`` without a launcher, ``vlmcp verify``, and every distributed test
-(through :func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
+Every command that runs ranks without a launcher (``vlmcp train``, ``verify``, ``compare``,
+``bench``, through :func:`vlmcp.ranks.run_command`) and every distributed test (through
+:func:`vlmcp.testing.run_on_ranks`) go through :func:`spawn_ranks`. It spawns the
 ranks from a fork server that has already imported torch (so a spawn costs
 milliseconds, not an import), rendezvouses them through a ``FileStore`` in a private
 directory with no port open to the network (:mod:`vlmcp.rendezvous`, Note [vlmcp spawned
@@ -43,6 +44,14 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.rendezvous import join_rendezvous, make_rendezvous, remove_rendezvous
+from vlmcp.train.faults import (
+    CollectiveTimeout,
+    PeerLost,
+    is_peer_lost,
+    is_timeout,
+    stall_guard,
+    watch_launcher,
+)
 
 __all__ = ["RankFailure", "spawn_ranks"]
 
@@ -69,8 +78,6 @@ class RankFailure(RuntimeError):
 def _one_line(err: BaseException) -> tuple[str, str] | None:
     """The one-line report of an error that needs no traceback and its kind (``"timeout"``,
     ``"peer lost"``, ``"os"``), else None."""
-    from vlmcp.train.faults import CollectiveTimeout, PeerLost, is_peer_lost, is_timeout, stall_guard
-
     if not isinstance(err, (CollectiveTimeout, PeerLost)) and (is_timeout(err) or is_peer_lost(err)):
         try:  # raised outside any stall_guard: name the collective, not the step
             with stall_guard("outside the step loop"):
@@ -97,8 +104,6 @@ def _proc_state(pid: int | None) -> str:
 
 
 def _rank_main(fn, args, rank, world_size, rendezvous, results, threads, collective_timeout, launcher):
-    from vlmcp.train.faults import watch_launcher
-
     watch_launcher(launcher)  # Note [vlmcp stalled peers and orphaned ranks]
     try:
         torch.set_num_threads(threads)

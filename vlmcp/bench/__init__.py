@@ -18,11 +18,31 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
   estimate against the exact counter on tiny models (``vlmcp bench hf-estimate``); skipped without
   transformers.
 
-``vlmcp bench all`` runs them all on their defaults (minutes; ``make bench``).
+``vlmcp bench all`` runs them all on their defaults (minutes; ``make bench``). Each starts its
+ranks with :func:`bench_ranks`, through the launcher every command uses.
 """
 
-__all__ = ["BENCHMARKS"]
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vlmcp.ranks import run_command
+
+__all__ = ["BENCHMARKS", "bench_ranks"]
 
 # The names ``vlmcp bench`` accepts, in the order ``vlmcp bench all`` runs them.
 BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision", "hf-loss", "hf-step",
               "hf-estimate")
+
+
+def bench_ranks(fn: Callable[..., Any], world: int, *args: Any, name: str, timeout: float) -> list[Any]:
+    """``fn(group, *args)`` on ``world`` gloo ranks for ``vlmcp bench NAME``; every rank's result, in
+    rank order (as :func:`vlmcp.launch.spawn_ranks` returns them).
+
+    :func:`vlmcp.ranks.run_command` with one torch thread per rank (ranks that shared the cores
+    would stretch each other's times) and always spawned, never torchrun's group; a failed rank
+    is one line per rank, ``vlmcp bench NAME: failed: ...``, and the command exits 1.
+    """
+    return run_command(f"vlmcp bench {name}", fn, world, *args, timeout=timeout, torchrun=False,
+                       threads_per_rank=1, every_rank=True)

@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 import vlmcp
 from vlmcp.attention import cp_attention, varlen_attention
+from vlmcp.bench import bench_ranks
 from vlmcp.checks.saved_tensors import SavedTensorMeter
-from vlmcp.testing import run_on_ranks
 
 
 def _row(args):
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
           "of the slots", flush=True)
     backends = ["ring", "ulysses"] if args.backend == "both" else [args.backend]
     for backend in backends:
-        res = run_on_ranks(_bench, args.cp, args, backend, timeout=3600)
+        res = bench_ranks(_bench, args.cp, args, backend, name="attention", timeout=3600)
         single = statistics.median(res[0][1])
         cp = [statistics.median(r[0]) for r in res]
         # efficiency per repeat (slowest rank of that repeat), then the median

@@ -21,9 +21,9 @@ import math
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.data import PackedRow, random_row
-from vlmcp.launch import spawn_ranks
 from vlmcp.models import VLM
 from vlmcp.train.reference.config import TrainConfig
 from vlmcp.train.reference.loop import model_config
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     print("| P | mode | largest rank | single process | ratio | ideal (I + T/P)/(I + T) |")
     print("|---|---|---|---|---|---|", flush=True)
     for P in args.cp:
-        res = spawn_ranks(_rank, P, row, args.modes, timeout=1200)[0]
+        res = bench_ranks(_rank, P, row, args.modes, name="memory", timeout=1200)[0]
         for mode in args.modes:
             print(f"| {P} | {mode} | {res[mode] / 2**20:.1f} MiB | {res['single'] / 2**20:.1f} MiB | "
                   f"{res[mode] / res['single']:.3f} | {(I + T / P) / (I + T):.3f} |", flush=True)

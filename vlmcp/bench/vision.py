@@ -25,8 +25,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.turns import time_in_turns
-from vlmcp.launch import spawn_ranks
 from vlmcp.vision import VisionConfig, VisionEncoder, assign_images, vit_cost
 
 PATCH = 4
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     config = {**CONFIG, "depth": args.depth}
     rows = []
     for P in args.cp:
-        results = spawn_ranks(_rank, P, args.repeats, sizes, config, timeout=600)
+        results = bench_ranks(_rank, P, args.repeats, sizes, config, name="vision", timeout=600)
         owner = results[0][1]
         loads = [_load(vit_cost, sizes, owner, r) for r in range(P)]
         tokens = [_load(int, sizes, owner, r) for r in range(P)]

@@ -11,6 +11,10 @@ import argparse
 import importlib
 import sys
 
+from vlmcp import __version__
+from vlmcp.deps import UntestedVersion, check_versions
+from vlmcp.ranks import RanksFailed
+
 __all__ = ["main"]
 
 _HF_EXTRA = ("transformers", "tokenizers", "safetensors", "huggingface_hub", "PIL", "av")
@@ -63,8 +67,6 @@ def _chosen(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vlmcp import __version__
-
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _Parser(prog="vlmcp", description="Context parallelism for vision-language models.",
                      epilog="environment: VLMCP_ALLOW_UNTESTED_VERSIONS=1 runs with a transformers, peft, "
@@ -82,9 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    from vlmcp.cli.ranks import RanksFailed
-    from vlmcp.deps import UntestedVersion, check_versions
-
     try:
         if _uses_transformers(args):
             check_versions("transformers")  # before a model is built, a file written or a rank started

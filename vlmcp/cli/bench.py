@@ -15,7 +15,7 @@ import time
 from vlmcp.bench import BENCHMARKS
 from vlmcp.cli import command_help
 from vlmcp.cli.config_file import add_config_arguments, set_config_help
-from vlmcp.launch import RankFailure
+from vlmcp.ranks import failures_reported
 
 # "hf-memory" is vlmcp.bench.hf.memory
 _MODULES = {name: importlib.import_module(f"vlmcp.bench.{name.replace('-', '.')}") for name in BENCHMARKS}
@@ -78,13 +78,8 @@ def _run_one(name: str, args: argparse.Namespace, index: int, total: int) -> int
     sys.stdout.flush()  # keep the progress lines in order with the figures when both are piped
     print(f"vlmcp bench {name}{part}: {_HELP[name]}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    try:
+    with failures_reported(f"vlmcp bench {name}"):  # a rank's failure: one line per rank, exit 1
         rc = int(_MODULES[name].run(args) or 0)
-    except RankFailure as err:
-        sys.stdout.flush()
-        for line in err.lines:  # one per failed rank, or one message (a traceback)
-            print(f"vlmcp bench {name}: failed: {line}", file=sys.stderr)
-        return 1
     sys.stdout.flush()
     print(f"vlmcp bench {name}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return rc

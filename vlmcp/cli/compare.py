@@ -9,10 +9,10 @@ error, saved activations per rank. Prints the table and writes it as markdown.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from vlmcp.cli import command_help
 from vlmcp.cli.paths import check_writable_file
+from vlmcp.ranks import run_command
 
 
 def add_parser(sub) -> None:
@@ -28,7 +28,6 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from vlmcp.checks.seed_table import compare_rank, markdown_table
     from vlmcp.data import ShapesDataset, pack_row
-    from vlmcp.launch import RankFailure, spawn_ranks
     from vlmcp.train.reference.config import TrainConfig
     from vlmcp.train.reference.loop import dataset_config, model_config
 
@@ -38,12 +37,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"vlmcp compare: one training step at P={cfg.cp}, {args.dtype}, on a packed row of "
           f"{row.seq_len} tokens ({row.num_samples} samples, {len(row.images)} images, "
           f"{int(row.is_image.sum())} image tokens)", flush=True)
-    try:
-        rows = spawn_ranks(compare_rank, cfg.cp, model_config(cfg), row, args.dtype, timeout=600)[0]
-    except RankFailure as err:
-        for line in err.lines:  # one per failed rank, or one message (a traceback)
-            print(f"vlmcp compare: failed: {line}", file=sys.stderr)
-        return 1
+    rows = run_command("vlmcp compare", compare_rank, cfg.cp, model_config(cfg), row, args.dtype, timeout=600,
+                       torchrun=False, threads_per_rank=1)
     table = markdown_table(rows)
     print(table)
     out.write_text(table + "\n")

@@ -22,6 +22,7 @@ import json
 import os
 
 from vlmcp.cli import command_help
+from vlmcp.cli.paths import check_writable_dir
 from vlmcp.cli.video import add_video_arguments, video_sampling
 
 
@@ -82,7 +83,6 @@ def _show(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.dataset == "show":
         return _show(args)
-    from vlmcp.cli.paths import check_writable_dir
     from vlmcp.data.hf.export import export_shapes
 
     if args.videos < 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from vlmcp.cli import command_help
+from vlmcp.cli.paths import check_writable_dir
 
 
 def add_parser(sub) -> None:
@@ -31,7 +32,6 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub
     from pathlib import Path
 
-    from vlmcp.cli.paths import check_writable_dir
     from vlmcp.hf.debug.init_model import init_model
 
     out = Path(args.out)

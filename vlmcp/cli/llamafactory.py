@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmcp.cli.config_file import convert_value
+from vlmcp.cli.config_flags import convert_value, key_to_dest
+from vlmcp.ranks import say
 
 __all__ = ["KEYS", "LLAMAFACTORY_DEFAULTS", "TEMPLATES", "Maps", "NoEffect", "Refused", "is_llamafactory",
            "mapped_dests", "translate"]
@@ -442,9 +443,6 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
         ValueError: naming the file and the key, for a key vlmcp cannot honour, a value it
             cannot take, an unknown key, or a key whose flag this vlmcp does not have.
     """
-    from vlmcp.cli.config_file import _key_to_dest
-    from vlmcp.cli.ranks import say
-
     ctx = _Context(file=file, raw=raw, actions=actions, given=given)
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -454,7 +452,7 @@ def translate(raw: Mapping[str, Any], file: Path, actions: Mapping[str, argparse
         if key in filled and isinstance(entry, Maps) and set(entry.dests) & set(values):
             continue  # the file set that flag by another key (image_resolution, a vlmcp key)
         if entry is None:
-            dest = _key_to_dest(key, actions)
+            dest = key_to_dest(key, actions)
             if dest is None:
                 raise ValueError(f"--config {file}: unknown key {key!r}: neither a LLaMA-Factory training "
                                  "key "

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vlmcp.deps import check_versions
+
 __all__ = ["check_model_config", "check_model_dir"]
 
 
@@ -15,8 +17,6 @@ def check_model_dir(model: str, *, cp: int, attention: str, vision_mode: str | N
     if not (Path(model) / "config.json").is_file():
         raise ValueError(f"--model {model}: not a model directory (no config.json)")
     from transformers import AutoConfig
-
-    from vlmcp.deps import check_versions
 
     check_versions("transformers")
     try:

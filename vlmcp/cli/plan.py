@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from vlmcp.attention.exchange import ring_bytes_sent
 from vlmcp.cli import command_help, plan_model
 from vlmcp.cli.config_file import add_config_arguments, set_config_help
 from vlmcp.cli.paths import check_writable_file
@@ -151,8 +152,6 @@ def _bytes(n: int) -> str:
 def work_table(plan: CPPlan, work: WorkReport, kv_heads: int = 8, head_dim: int = 128,
                itemsize: int = 2) -> str:
     """Per-rank tokens, attended pairs, and ring bytes sent per attention layer."""
-    from vlmcp.attention.exchange import ring_bytes_sent
-
     head = ("rank", "slots", "image", "text", "pad", "text pairs", "image pairs", "total pairs",
             "ring bytes sent/layer fwd", "bwd")
     rows = []

@@ -13,7 +13,10 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from vlmcp.estimate.memory import VISION_MODES
+from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states
+from vlmcp.estimate.memory import DTYPE_BYTES, VISION_MODES
+from vlmcp.estimate.text import text_blocks
+from vlmcp.estimate.towers import tower_for
 
 # The layout view's flags (vlmcp plan without --model); given with --model they are refused.
 LAYOUT_ONLY = ("prompt_tokens", "image_tokens", "text_tokens", "image_attention", "sample_placement", "width",
@@ -85,11 +88,6 @@ def load_config(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states
-    from vlmcp.estimate.memory import DTYPE_BYTES
-    from vlmcp.estimate.text import text_blocks
-    from vlmcp.estimate.towers import tower_for
-
     config = load_config(args.model)
     setup = EstimateSetup(seq_len=args.seq_len, cp=args.cp, dp=args.dp, visual_tokens=args.visual_tokens,
                           images=args.images, fsdp=args.fsdp,

@@ -30,9 +30,9 @@ from vlmcp.cli import command_help
 from vlmcp.cli.config_file import add_config_arguments
 from vlmcp.cli.finetune import HF_DEFAULTS, add_loop_arguments, check_no_loop_flags
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
-from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
 from vlmcp.cli.train_hf import config_from_args as hf_config_from_args
+from vlmcp.ranks import is_rank_zero, run_command, say, under_torchrun
 from vlmcp.train import options
 from vlmcp.train.reference.config import TrainConfig
 
@@ -243,9 +243,9 @@ def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
         print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}, "
               f"{max(1, (os.cpu_count() or 1) // cfg.world_size)} thread(s) each), {cfg.steps} steps of "
               f"{cfg.seq_len} tokens, vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
-    summary = run_on_ranks("vlmcp train", train_rank, cfg.world_size, cfg, on_step, timeout=None,
-                           collective_timeout=cfg.timeout, interrupt=True,
-                           world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
+    summary = run_command("vlmcp train", train_rank, cfg.world_size, cfg, on_step, timeout=None,
+                          collective_timeout=cfg.timeout, interrupt=True,
+                          world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
     if is_rank_zero():
         losses = summary["losses"]
         if summary["stopped"]:

@@ -27,10 +27,10 @@ from vlmcp.cli.data_options import check_reference as check_reference_data
 from vlmcp.cli.finetune import hf_shared_values, loop_options
 from vlmcp.cli.model_check import check_model_dir
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
-from vlmcp.cli.ranks import is_rank_zero, run_on_ranks, say, under_torchrun
 from vlmcp.cli.train_lora_args import add_lora_arguments, check_no_lora, lora_fields
 from vlmcp.cli.video import add_video_arguments, video_sampling
 from vlmcp.data.hf.video import VideoSampling
+from vlmcp.ranks import is_rank_zero, run_command, say, under_torchrun
 from vlmcp.train.hf.config import HFTrainConfig
 from vlmcp.train.reference.config import TrainConfig
 
@@ -399,7 +399,7 @@ def run_hf(args: argparse.Namespace) -> int:
         print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}"
               f"{', fsdp' if cfg.fsdp else ''}), {cfg.steps} steps", flush=True)
         preload_model_code(cfg.model)
-    summary = run_on_ranks("vlmcp train", train_hf_rank, cfg.world_size, cfg, index, None, eval_index,
-                           timeout=None, collective_timeout=cfg.timeout, interrupt=True,
-                           world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
+    summary = run_command("vlmcp train", train_hf_rank, cfg.world_size, cfg, index, None, eval_index,
+                          timeout=None, collective_timeout=cfg.timeout, interrupt=True,
+                          world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
     return _report(cfg, index, summary) if is_rank_zero() else 0

@@ -14,8 +14,9 @@ import math
 from typing import get_args
 
 from vlmcp.cli import command_help
-from vlmcp.cli.ranks import run_on_ranks
+from vlmcp.cli.model_check import check_model_dir
 from vlmcp.layout.plan import ImageStrategy
+from vlmcp.ranks import run_command
 from vlmcp.train.options import AttentionBackend, DType, ImageAttention, VisionMode
 
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                       image_strategy=args.image_strategy, image_attention=args.image_attention,
                       sample_placement=args.sample_placement,
                       seed=args.seed, ulysses_size=ulysses_size)
-    result = run_on_ranks("vlmcp verify", parity_case, args.cp, case, timeout=args.timeout, torchrun=False)
+    result = run_command("vlmcp verify", parity_case, args.cp, case, timeout=args.timeout, torchrun=False)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -129,8 +130,6 @@ def _run_hf(args: argparse.Namespace) -> int:
 
         if not os.path.isdir(args.model):
             raise ValueError(f"--model {args.model!r} is neither hf:ARCH nor a local model directory")
-        from vlmcp.cli.model_check import check_model_dir
-
         config = check_model_dir(args.model, cp=args.cp, attention=args.attention,
                                  vision_mode=args.vision_mode)
     heads = getattr(getattr(config, "text_config", None), "num_attention_heads", None)
@@ -153,7 +152,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     case = HFParityCase(model=args.model, attention=args.attention, vision_mode=args.vision_mode,
                         dtype=args.dtype, seed=args.seed, sample_placement=args.sample_placement,
                         image_strategy=args.image_strategy, samples=samples)
-    result = run_on_ranks("vlmcp verify", hf_parity, args.cp, case, timeout=args.timeout, torchrun=False)
+    result = run_command("vlmcp verify", hf_parity, args.cp, case, timeout=args.timeout, torchrun=False)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

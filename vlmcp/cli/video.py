@@ -14,37 +14,34 @@ from vlmcp.data.hf.video import VideoSampling
 
 __all__ = ["add_video_arguments", "video_sampling"]
 
-_NAMES = ("fps", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels")
+_FLAGS = (
+    ("fps", float, "FPS", "frames taken per second of video (default: the model's: 2.0 for Qwen2-VL, "
+     "qwen-vl-utils' FPS; the video processor's fps for Qwen3-VL, Qwen3.5, GLM-4.1V; not for "
+     "LLaVA-OneVision, which takes a fixed count)"),
+    ("min_frames", int, "N", "fewest frames taken from a video file that has them (default: 4, "
+     "FPS_MIN_FRAMES, or the video processor's min_frames)"),
+    ("max_frames", int, "N", "most frames taken from a video (default: 768, FPS_MAX_FRAMES, or the video "
+     "processor's max_frames; LLaVA-OneVision: the frames it takes, 32)"),
+    ("min_pixels", int, "PX", "least pixels of a frame (default: 128*F^2, F = patch_size*merge_size: 100352 "
+     "for Qwen2-VL, qwen-vl-utils' VIDEO_MIN_PIXELS, bounded by the model's min_pixels and max_pixels; "
+     "Qwen3-VL, GLM-4.1V: the video processor's size bounds)"),
+    ("max_pixels", int, "PX", "most pixels of a frame (default: 768*F^2: 602112 for Qwen2-VL, "
+     "VIDEO_MAX_PIXELS, bounded by the model's max_pixels; Qwen3-VL, GLM-4.1V: no per-frame bound)"),
+    ("total_pixels", int, "PX", "pixel budget of a whole video, shared by its frames (default: "
+     "0.9*128000*F^2: 90316800 for Qwen2-VL, qwen-vl-utils' total_pixels; Qwen3-VL, GLM-4.1V: the video "
+     "processor's size['longest_edge']; LLaVA-OneVision: caps its frame count)"),
+)
+"""Each ``--video-NAME`` flag: its :class:`VideoSampling` field, type, metavar and help."""
 
 
 def add_video_arguments(group) -> None:
     """Add the ``--video-*`` flags to ``group`` (a parser or an argument group)."""
-    # SUPPRESS: the defaults depend on the model, so the help names them instead of "None"
-    group.add_argument("--video-fps", type=float, default=argparse.SUPPRESS, metavar="FPS",
-                       help="frames taken per second of video (default: the model's: 2.0 for Qwen2-VL, "
-                            "qwen-vl-utils' FPS; the video processor's fps for Qwen3-VL, Qwen3.5, GLM-4.1V; "
-                            "not for LLaVA-OneVision, which takes a fixed count)")
-    group.add_argument("--video-min-frames", type=int, default=argparse.SUPPRESS, metavar="N",
-                       help="fewest frames taken from a video file that has them (default: 4, "
-                            "FPS_MIN_FRAMES, or the video processor's min_frames)")
-    group.add_argument("--video-max-frames", type=int, default=argparse.SUPPRESS, metavar="N",
-                       help="most frames taken from a video (default: 768, FPS_MAX_FRAMES, or the video "
-                            "processor's max_frames; LLaVA-OneVision: the frames it takes, 32)")
-    group.add_argument("--video-min-pixels", type=int, default=argparse.SUPPRESS, metavar="PX",
-                       help="least pixels of a frame (default: 128*F^2, F = patch_size*merge_size: 100352 "
-                            "for Qwen2-VL, qwen-vl-utils' VIDEO_MIN_PIXELS, bounded by the model's "
-                            "min_pixels and max_pixels; Qwen3-VL, GLM-4.1V: the video processor's size "
-                            "bounds)")
-    group.add_argument("--video-max-pixels", type=int, default=argparse.SUPPRESS, metavar="PX",
-                       help="most pixels of a frame (default: 768*F^2: 602112 for Qwen2-VL, "
-                            "VIDEO_MAX_PIXELS, bounded by the model's max_pixels; Qwen3-VL, GLM-4.1V: no "
-                            "per-frame bound)")
-    group.add_argument("--video-total-pixels", type=int, default=argparse.SUPPRESS, metavar="PX",
-                       help="pixel budget of a whole video, shared by its frames (default: 0.9*128000*F^2: "
-                            "90316800 for Qwen2-VL, qwen-vl-utils' total_pixels; Qwen3-VL, GLM-4.1V: the "
-                            "video processor's size['longest_edge']; LLaVA-OneVision: caps its frame count)")
+    for name, kind, metavar, help in _FLAGS:
+        # SUPPRESS: the defaults depend on the model, so the help names them instead of "None"
+        group.add_argument(f"--video-{name.replace('_', '-')}", type=kind, default=argparse.SUPPRESS,
+                           metavar=metavar, help=help)
 
 
 def video_sampling(args: argparse.Namespace) -> VideoSampling:
     """The :class:`VideoSampling` the flags say (``ValueError`` naming a bad flag)."""
-    return VideoSampling(**{name: getattr(args, f"video_{name}", None) for name in _NAMES})
+    return VideoSampling(**{name: getattr(args, f"video_{name}", None) for name, *_ in _FLAGS})

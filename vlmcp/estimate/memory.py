@@ -46,6 +46,7 @@ from typing import Any, Literal
 from vlmcp.estimate.ops import ACC
 from vlmcp.estimate.text import text_blocks
 from vlmcp.estimate.towers import Tower, tower_for
+from vlmcp.loss import chunk_transient_bytes
 
 __all__ = ["EstimateSetup", "MemoryEstimate", "ModelStates", "estimate_memory", "max_seq_len", "model_states"]
 
@@ -193,8 +194,6 @@ def estimate_memory(config: Any, setup: EstimateSetup, states: ModelStates | Non
         NotImplementedError: an architecture, block or activation the estimate does not know (named).
         ValueError: a row the model cannot hold (visual tokens that are not whole images).
     """
-    from vlmcp.loss import chunk_transient_bytes
-
     b = DTYPE_BYTES[setup.dtype]
     tower = tower_for(config, b)  # first: it names a refused architecture
     text = text_blocks(config, b)

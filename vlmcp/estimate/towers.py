@@ -53,11 +53,15 @@ class Tower:
     checkpointed or not (Pixtral's block-diagonal mask: quadratic in the patches); 0: none."""
 
 
-def _qwen_common(v: Any, b: int) -> tuple[int, int, int]:
-    """Qwen ViTs: ``(patches per LLM token, pixel bytes per patch, heads)``."""
+def _qwen_tower(v: Any, b: int, e: int, *, block: int, head: int, once: int = 0, head_llm: int = 0) -> Tower:
+    """A Qwen-VL-style ViT (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V) of width ``e``: ``v.depth``
+    blocks of ``block`` bytes per patch (its input when checkpointed); saved once per patch, its
+    pixels and the rotary table beside ``once``; ``spatial_merge_size**2`` patches per LLM token."""
     merge = v.spatial_merge_size ** 2
     pixels = b * v.in_channels * v.temporal_patch_size * v.patch_size ** 2
-    return merge, pixels, v.num_heads
+    rotary = 2 * b * (e // v.num_heads)
+    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e, once=pixels + rotary + once,
+                 rotary=rotary, head=head, head_llm=head_llm, vit_per_llm_token=merge)
 
 
 def _qwen2_vl(config: Any, b: int) -> Tower:
@@ -65,26 +69,20 @@ def _qwen2_vl(config: Any, b: int) -> Tower:
     if v.hidden_act != "quick_gelu":
         raise NotImplementedError(f"qwen2_vl: vision hidden_act {v.hidden_act!r} (the estimate knows "
                                   "quick_gelu)")
-    e, m = v.embed_dim, int(v.embed_dim * v.mlp_ratio)
-    merge, pixels, heads = _qwen_common(v, b)
+    e, m, heads = v.embed_dim, int(v.embed_dim * v.mlp_ratio), v.num_heads
     block = 2 * layer_norm(e, b) + 7 * b * e + ACC * heads + 3 * b * m  # q, k rotated, qkv, out, proj input
-    rotary = 2 * b * (e // heads)
-    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e, once=pixels + rotary, rotary=rotary,
-                 head=4 * b * e + 8, vit_per_llm_token=merge)
+    return _qwen_tower(v, b, e, block=block, head=4 * b * e + 8)
 
 
 def _qwen2_5_vl(config: Any, b: int) -> Tower:
     v = config.vision_config
     if v.hidden_act != "silu":
         raise NotImplementedError(f"qwen2_5_vl: vision hidden_act {v.hidden_act!r} (the estimate knows silu)")
-    e, m = v.hidden_size, v.intermediate_size
-    merge, pixels, heads = _qwen_common(v, b)
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_heads
     block = 2 * rms(e, b) + 7 * b * e + ACC * heads + 4 * b * m
-    window_order = 2 * 8 // merge  # the window permutation and its inverse, int64 per LLM token
-    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
-                 once=pixels + 2 * b * (e // heads) + window_order, rotary=2 * b * (e // heads),
-                 head=ACC * e + ACC + 4 * b * e,
-                 vit_per_llm_token=merge)
+    # the window permutation and its inverse, int64 per LLM token
+    window_order = 2 * 8 // v.spatial_merge_size ** 2
+    return _qwen_tower(v, b, e, block=block, once=window_order, head=ACC * e + ACC + 4 * b * e)
 
 
 def _qwen3_vl(config: Any, b: int) -> Tower:
@@ -92,15 +90,25 @@ def _qwen3_vl(config: Any, b: int) -> Tower:
     if v.hidden_act != "gelu_pytorch_tanh":
         raise NotImplementedError(f"qwen3_vl: vision hidden_act {v.hidden_act!r} (the estimate knows "
                                   "gelu_pytorch_tanh)")
-    e, m = v.hidden_size, v.intermediate_size
-    merge, pixels, heads = _qwen_common(v, b)
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_heads
     block = 2 * layer_norm(e, b) + 7 * b * e + ACC * heads + 2 * b * m
     interpolation = 4 * 8 + 4 * b  # bilinear position embedding: 4 int64 indices and 4 weights per patch
-    deepstack = len(getattr(v, "deepstack_visual_indexes", None) or ()) * (3 * b * e + 8 // merge)
-    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
-                 once=pixels + 2 * b * (e // heads) + interpolation, rotary=2 * b * (e // heads),
-                 head=4 * b * e + 8 + deepstack,
-                 vit_per_llm_token=merge)
+    levels = len(getattr(v, "deepstack_visual_indexes", None) or ())
+    deepstack = levels * (3 * b * e + 8 // v.spatial_merge_size ** 2)
+    return _qwen_tower(v, b, e, block=block, once=interpolation, head=4 * b * e + 8 + deepstack)
+
+
+def _clip_block(config: Any, b: int, arch: str) -> int:
+    """Bytes one CLIP ViT block saves per ViT token (LLaVA's and LLaVA-NeXT's towers), its MLP's
+    activation and the projector's checked."""
+    v = config.vision_config
+    mlp = {"quick_gelu": 3, "gelu": 2}.get(v.hidden_act)
+    if mlp is None or config.projector_hidden_act != "gelu":
+        raise NotImplementedError(f"{arch}: vision hidden_act {v.hidden_act!r}, projector "
+                                  f"{config.projector_hidden_act!r} (the estimate knows quick_gelu or gelu, "
+                                  "and gelu)")
+    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
+    return 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m  # q, k, v, out
 
 
 def _llava(config: Any, b: int) -> Tower:
@@ -111,15 +119,8 @@ def _llava(config: Any, b: int) -> Tower:
     if getattr(config, "vision_feature_select_strategy", "default") != "default":
         raise NotImplementedError(f"llava: vision_feature_select_strategy "
                                   f"{config.vision_feature_select_strategy!r} (the estimate knows 'default')")
-    mlp = {"quick_gelu": 3, "gelu": 2}.get(v.hidden_act)
-    if mlp is None or config.projector_hidden_act != "gelu":
-        raise NotImplementedError(f"llava: vision hidden_act {v.hidden_act!r}, projector "
-                                  f"{config.projector_hidden_act!r} (the estimate knows quick_gelu or gelu, "
-                                  "and gelu)")
-    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
-    grid = (v.image_size // v.patch_size) ** 2
-    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m  # q, k, v, out
-    h = config.text_config.hidden_size
+    block = _clip_block(config, b, "llava")
+    e, grid, h = v.hidden_size, (v.image_size // v.patch_size) ** 2, config.text_config.hidden_size
     # per ViT token: the pre-layernorm's input and statistics, the position id, the last block's output
     # (the post-layernorm reads its CLS row, a view); per LLM token: the projector's two activations
     # (b*h each), written per ViT token as there is one per LLM token; per image: pixels, the statistics
@@ -222,18 +223,13 @@ def _glm4v(config: Any, b: int) -> Tower:
     if v.hidden_act != "silu":
         raise NotImplementedError(f"glm4v: vision hidden_act {v.hidden_act!r} (the estimate knows silu)")
     e, heads, out, ctx = v.hidden_size, v.num_heads, v.out_hidden_size, v.intermediate_size
-    merge = v.spatial_merge_size ** 2
-    pixels = b * v.in_channels * v.temporal_patch_size * v.patch_size ** 2
     block = 2 * rms(e, b) + 7 * b * e + ACC * heads + 4 * b * out  # the block MLP is out_hidden_size wide
-    rotary = 2 * b * (e // heads)
     # per patch: pixels, post_conv_layernorm (RMSNorm into the position add), the position
     # interpolation's (x, y) grid, the rotary table; post_layernorm and the downsample conv's
     # permuted input. Per LLM token: the conv's output, the projection's, its LayerNorm and GELU,
     # the merger's SwiGLU (intermediate_size wide)
-    return Tower(blocks=v.depth, per_block=block, checkpointed=b * e,
-                 once=pixels + ACC * e + ACC + b * e + 2 * b + rotary, rotary=rotary,
-                 head=ACC * e + ACC + 2 * b * e, head_llm=4 * b * out + 8 + 4 * b * ctx,
-                 vit_per_llm_token=merge)
+    return _qwen_tower(v, b, e, block=block, once=ACC * e + ACC + b * e + 2 * b,
+                       head=ACC * e + ACC + 2 * b * e, head_llm=4 * b * out + 8 + 4 * b * ctx)
 
 
 def _llava_next(config: Any, b: int) -> Tower:
@@ -242,15 +238,8 @@ def _llava_next(config: Any, b: int) -> Tower:
         raise NotImplementedError(f"llava_next: vision tower {v.model_type!r} with feature strategy "
                                   f"{config.vision_feature_select_strategy!r} (the estimate knows "
                                   "clip_vision_model, default)")
-    mlp = {"quick_gelu": 3, "gelu": 2}.get(v.hidden_act)
-    if mlp is None or config.projector_hidden_act != "gelu":
-        raise NotImplementedError(f"llava_next: vision hidden_act {v.hidden_act!r}, projector "
-                                  f"{config.projector_hidden_act!r} (the estimate knows quick_gelu or gelu, "
-                                  "and gelu)")
-    e, m, heads = v.hidden_size, v.intermediate_size, v.num_attention_heads
-    grid = (v.image_size // v.patch_size) ** 2
-    block = 2 * layer_norm(e, b) + 4 * b * e + ACC * heads + mlp * b * m
-    h = config.text_config.hidden_size
+    block = _clip_block(config, b, "llava_next")
+    e, grid, h = v.hidden_size, (v.image_size // v.patch_size) ** 2, config.text_config.hidden_size
     # per ViT token: the pre-layernorm's input and statistics, the last block's output; per tile
     # patch: the projector's input (a copy of the selected features) and its two activations; per
     # tile: pixels, the post-layernorm's statistics; once: the position ids of one tile

@@ -2,8 +2,9 @@
 
 The parts come from the architecture's adapter, never from parameter-name guesses:
 
-* ``projector``: the module that holds the projector's last layer (``adapter.projector_last``)
-  where the adapter lists it as a vision module of its own (LLaVA's ``multi_modal_projector``,
+* ``projector`` (:meth:`HFAdapter.projector_paths <vlmcp.hf.adapters.HFAdapter.projector_paths>`):
+  the module that holds the projector's last layer (``adapter.projector_last``) where the
+  adapter lists it as a vision module of its own (LLaVA's ``multi_modal_projector``,
   Idefics3's ``connector``), else the child of the vision module on the path to it (Qwen-VL's
   ``visual.merger``); the deepstack mergers (Qwen3-VL's ``visual.deepstack_merger_list``) and
   the adapter's loose vision parameters (LLaVA-NeXT's ``image_newline``, applied after the
@@ -27,25 +28,9 @@ from torch import nn
 from vlmcp.hf.adapters import adapter_for, submodule
 from vlmcp.hf.peft import unwrap_peft
 
-__all__ = ["PARTS", "freeze", "part_by_name", "part_names", "projector_paths"]
+__all__ = ["PARTS", "freeze", "part_by_name", "part_names"]
 
 PARTS = ("vision", "projector", "llm")
-
-
-def projector_paths(model: nn.Module, adapter) -> list[str]:
-    """The projector's module paths (see the module docstring)."""
-    paths = adapter.vision_module_paths(model)
-    out = []
-    for last in (adapter.projector_last, *adapter.deepstack_projectors(model)):
-        owner = next((p for p in paths if last.startswith(p + ".")), None)
-        if owner is None:
-            raise ValueError(f"the projector last layer {last!r} lies in none of the vision modules {paths} "
-                             f"(vlmcp adapter {adapter.name!r})")
-        if len(paths) > 1 and owner != paths[0]:
-            out.append(owner)
-        else:  # one vision module holds ViT and projector: its child on the way to the last layer
-            out.append(owner + "." + last[len(owner) + 1:].split(".")[0])
-    return list(dict.fromkeys(out))
 
 
 def part_names(model: nn.Module) -> dict[str, list[str]]:
@@ -63,7 +48,7 @@ def part_names(model: nn.Module) -> dict[str, list[str]]:
                          "vlmcp cannot tell its vision tower and projector from its language model")
     owner_of: dict[int, str] = {}
     if adapter.projector_last is not None:
-        for path in projector_paths(inner, adapter):
+        for path in adapter.projector_paths(inner):
             for p in submodule(inner, path).parameters():
                 owner_of[id(p)] = "projector"
     for path in adapter.vision_params:

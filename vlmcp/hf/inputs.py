@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vlmcp.grads import GradRule, grad_rule, restore_grad_tags
 from vlmcp.hf import row_guard
 from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
@@ -146,8 +147,6 @@ def _is_fsdp(model: nn.Module) -> bool:
 
 def _sharded_partitions(model: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
-
-    from vlmcp.grads import GradRule, grad_rule, restore_grad_tags
 
     restore_grad_tags(model)
     return any(isinstance(p, DTensor) for p in model.parameters() if grad_rule(p) is GradRule.PARTITIONED)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from vlmcp.layout import RankShard
 
-__all__ = ["load_balancing_share", "token_weights"]
+__all__ = ["load_balancing_share", "router_aux_loss", "token_weights"]
 
 
 def token_weights(shard: RankShard, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -77,3 +77,31 @@ def load_balancing_share(router_logits: Sequence[torch.Tensor], num_experts: int
     rows = counts[num_experts].clamp(min=1)
     f = (counts[:num_experts] / rows).to(acc)
     return num_experts * (f * prob).sum() / rows.to(acc)
+
+
+def router_aux_loss(model, output, weights: torch.Tensor, group: dist.ProcessGroup | None,
+                    experts: Sequence[str]) -> torch.Tensor | None:
+    """This rank's share of the auxiliary loss a MoE VLM's forward adds to its loss,
+    ``router_aux_loss_coef * aux`` (an adapter's ``auxiliary_loss``); None when the forward
+    returned no ``aux_loss``.
+
+    Args:
+        model: the HF model (its ``config.text_config`` holds the coefficient and the router's sizes).
+        output: the forward's output (``aux_loss``, ``router_logits``).
+        weights, group: as in :func:`load_balancing_share`.
+        experts: the text config's fields that may hold the expert count, the first present wins
+            (``num_experts``; GLM-4.5V: ``num_local_experts`` or ``n_routed_experts``).
+
+    Raises:
+        NotImplementedError: the text config has none of ``experts``.
+    """
+    if getattr(output, "aux_loss", None) is None:
+        return None
+    text = model.config.text_config
+    count = next((n for n in (getattr(text, f, None) for f in experts) if n), None)
+    if count is None:
+        raise NotImplementedError(f"{type(model).__name__} returns aux_loss but its text config names no "
+                                  f"expert count ({' / '.join(experts)})")
+    share = load_balancing_share(output.router_logits, int(count), int(text.num_experts_per_tok), weights,
+                                 group)
+    return float(text.router_aux_loss_coef) * share

@@ -29,7 +29,9 @@ import re
 
 from torch import nn
 
+from vlmcp.deps import check_versions
 from vlmcp.hf.adapters import adapter_for, submodule
+from vlmcp.vision.modes import column_slice
 
 __all__ = ["apply_lora", "check_hidden_shard_layers", "is_peft_model", "lora_targets", "slice_columns",
            "unwrap_peft"]
@@ -55,12 +57,10 @@ def _under(name: str, paths) -> bool:
 
 def _part_modules(model: nn.Module, part: str) -> dict[str, nn.Linear]:
     """The ``nn.Linear`` layers of one part (``llm``, ``vision``, ``projector``), by full name."""
-    from vlmcp.hf.freeze import projector_paths
-
     adapter = adapter_for(model)
     lm_head = adapter.lm_head
     vision = adapter.vision_module_paths(model)
-    projector = projector_paths(model, adapter) if adapter.projector_last is not None else []
+    projector = adapter.projector_paths(model) if adapter.projector_last is not None else []
     out = {}
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear) or name == lm_head:
@@ -142,8 +142,6 @@ def apply_lora(model: nn.Module, *, rank: int = 8, alpha: float = 16.0, dropout:
     """
     from peft import LoraConfig, get_peft_model
 
-    from vlmcp.deps import check_versions
-
     check_versions("peft")
 
     if getattr(model, "_vlmcp_hf", None) is not None:
@@ -177,8 +175,6 @@ def slice_columns(layer: nn.Module, rank: int, world: int) -> nn.Module:
     the whole). ``y[:, cols_r] = W[cols_r] x + s * B[cols_r] (A x)``: the slice's output is
     exactly the columns of the whole layer's.
     """
-    from vlmcp.vision.modes import column_slice
-
     if type(layer) is nn.Linear:
         return column_slice(layer, rank, world)
     layer.base_layer = column_slice(layer.base_layer, rank, world)

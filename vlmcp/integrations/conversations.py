@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from vlmcp.data.hf.encode import EncodedSample, encode_conversation
+from vlmcp.data.hf.planned import DataIndex
 from vlmcp.data.hf.reader import read_conversations
-from vlmcp.data.hf.rows import DataIndex, build_index, cat_padded, pack_samples
+from vlmcp.data.hf.rows import build_index, cat_padded, pack_samples
 from vlmcp.data.hf.schema import Conversation
 from vlmcp.data.hf.video import VideoSampling
 from vlmcp.layout.labels import IGNORE_INDEX

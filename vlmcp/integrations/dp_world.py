@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from vlmcp.train.groups import dp_cp_groups
+
 __all__ = ["Mesh", "build_mesh", "prepare_data_loader_over_dp", "prepare_model_without_ddp"]
 
 
@@ -31,8 +33,6 @@ class Mesh:
 
 
 def build_mesh(cp_size: int) -> Mesh:
-    from vlmcp.train.groups import dp_cp_groups
-
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world % cp_size:
         raise ValueError(f"cp_size={cp_size} does not divide the {world} processes of the run")

@@ -48,8 +48,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import vlmcp.hf
 from vlmcp.deps import check_versions
-from vlmcp.grads import finish_ddp_gradients, grad_norms, reduce_gradients
+from vlmcp.grads import (
+    GradRule,
+    finish_ddp_gradients,
+    grad_norms,
+    grad_rule,
+    reduce_gradients,
+    restore_grad_tags,
+)
 from vlmcp.integrations.dp_world import (
     Mesh,
     build_mesh,
@@ -189,8 +197,6 @@ class CPTrainerMixin:
             raise ValueError(f"{type(self).__name__}: {why}")
 
     def _vlmcp_parallelize(self) -> None:
-        import vlmcp.hf
-
         o = self.cp_options
         vlmcp.hf.parallelize(self.accelerator.unwrap_model(self.model), self._vlmcp_mesh.cp_group,
                              attention=o.attention, vision_mode=o.vision_mode,
@@ -202,8 +208,6 @@ class CPTrainerMixin:
         mesh = self._vlmcp_mesh
         if mesh.dp_group is None:  # one process
             return
-        from vlmcp.grads import GradRule, grad_rule, restore_grad_tags
-
         model = self.accelerator.unwrap_model(self.model)
         restore_grad_tags(model)
         first_replica = dist.get_global_rank(mesh.dp_group, 0)
@@ -220,14 +224,10 @@ class CPTrainerMixin:
 
     def _vlmcp_row_loss(self, model: nn.Module, batch):
         """This rank's loss share of the row (:class:`vlmcp.CPLoss`): the one place the loss is chosen."""
-        import vlmcp.hf
-
         return vlmcp.hf.causal_lm_loss(model, batch, self._vlmcp_mesh.cp_group,
                                        chunk_size=self.cp_options.loss_chunk_size)
 
     def _vlmcp_batch(self, model: nn.Module, inputs: dict):
-        import vlmcp.hf
-
         inputs = dict(inputs)
         labels, cu = inputs.pop("labels", None), inputs.pop("cu_seqlens", None)
         if labels is None:

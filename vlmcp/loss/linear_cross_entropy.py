@@ -41,6 +41,8 @@ Peak transient memory of one chunk: :func:`chunk_transient_bytes`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -70,6 +72,35 @@ def _chunk_logits(hidden, weight, bias, rows, softcap, keep_tanh=False):
     return t.mul_(softcap), None
 
 
+def check_head_options(hidden, weight, bias, chunk_size, softcap) -> None:
+    """The checks both chunked heads (this loss and :func:`vlmcp.cp_token_logprobs`) run on the head's
+    dtypes and their options.
+
+    Raises:
+        TypeError: ``hidden``, ``weight`` and ``bias`` not of one float dtype.
+        ValueError: a ``chunk_size`` that is not a positive int, a ``softcap`` not > 0.
+    """
+    dtypes = {hidden.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
+    if len(dtypes) != 1 or hidden.dtype not in _FLOATS:
+        raise TypeError(f"hidden, weight and bias must share one float dtype, got {sorted(map(str, dtypes))}")
+    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap must be > 0 or None, got {softcap!r}")
+
+
+def backward_in_forward_dtypes(backward):
+    """An autograd ``backward(ctx, grad)`` run with autocast off, so that it computes in the dtypes its
+    forward saved, even when called inside an autocast region (both chunked heads' backwards)."""
+
+    @functools.wraps(backward)
+    def run(ctx, grad):
+        with torch.autocast(grad.device.type, enabled=False):
+            return backward(ctx, grad)
+
+    return staticmethod(run)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Sum over target rows of ``logsumexp(z) - z[target]``, ``z = cap(hidden @ weight.T + bias)``."""
 
@@ -92,13 +123,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.chunk_size, ctx.softcap = chunk_size, softcap
         return total
 
-    @staticmethod
+    @backward_in_forward_dtypes
     def backward(ctx, grad):
-        with torch.autocast(grad.device.type, enabled=False):  # the forward's dtypes, even inside autocast
-            return _LinearCrossEntropy._backward(ctx, grad)
-
-    @staticmethod
-    def _backward(ctx, grad):
         hidden, weight, bias, rows, targets, lse = ctx.saved_tensors
         row_grad = grad.to(lse.dtype).expand(rows.numel())  # d loss / d CE_i = g for every target row
         grads = chunked_head_backward(hidden, weight, bias, rows, targets, lse, row_grad,
@@ -206,13 +232,7 @@ def cp_linear_cross_entropy(
         low = torch.get_autocast_dtype(device)
         hidden, weight = hidden.to(low), weight.to(low)
         bias = None if bias is None else bias.to(low)
-    dtypes = {hidden.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
-    if len(dtypes) != 1 or hidden.dtype not in _FLOATS:
-        raise TypeError(f"hidden, weight and bias must share one float dtype, got {sorted(map(str, dtypes))}")
-    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if softcap is not None and not float(softcap) > 0:
-        raise ValueError(f"softcap must be > 0 or None, got {softcap!r}")
+    check_head_options(hidden, weight, bias, chunk_size, softcap)
     rows = torch.nonzero(labels != ignore_index).squeeze(1)
     targets = labels.index_select(0, rows)
     if rows.numel() and bool(((targets < 0) | (targets >= weight.shape[0])).any()):

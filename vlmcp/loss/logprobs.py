@@ -38,7 +38,13 @@ import torch.distributed as dist
 
 from vlmcp.comm import all_reduce_sum
 from vlmcp.layout import RankShard
-from vlmcp.loss.linear_cross_entropy import _FLOATS, _accumulation_dtype, _chunk_logits, chunked_head_backward
+from vlmcp.loss.linear_cross_entropy import (
+    _accumulation_dtype,
+    _chunk_logits,
+    backward_in_forward_dtypes,
+    check_head_options,
+    chunked_head_backward,
+)
 
 __all__ = ["cp_token_logprobs", "per_sample_sum"]
 
@@ -61,13 +67,8 @@ class _LinearLogProbs(torch.autograd.Function):
         ctx.chunk_size, ctx.temperature, ctx.softcap = chunk_size, temperature, softcap
         return out
 
-    @staticmethod
+    @backward_in_forward_dtypes
     def backward(ctx, grad):
-        with torch.autocast(grad.device.type, enabled=False):  # the forward's dtypes, even inside autocast
-            return _LinearLogProbs._backward(ctx, grad)
-
-    @staticmethod
-    def _backward(ctx, grad):
         hidden, weight, bias, rows, targets, lse = ctx.saved_tensors
         row_grad = -grad.to(lse.dtype).index_select(0, rows)  # log p_i = -CE_i
         grads = chunked_head_backward(hidden, weight, bias, rows, targets, lse, row_grad,
@@ -142,13 +143,7 @@ def cp_token_logprobs(
     if weight.dim() != 2 or weight.shape[1] != x.shape[1] or bad_bias:
         raise ValueError(f"weight must be (vocab, H) with H = {x.shape[1]} and bias (vocab,), got "
                          f"{tuple(weight.shape)} and {None if bias is None else tuple(bias.shape)}")
-    dtypes = {x.dtype, weight.dtype} | ({bias.dtype} if bias is not None else set())
-    if len(dtypes) != 1 or x.dtype not in _FLOATS:
-        raise TypeError(f"hidden, weight and bias must share one float dtype, got {sorted(map(str, dtypes))}")
-    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if softcap is not None and not float(softcap) > 0:
-        raise ValueError(f"softcap must be > 0 or None, got {softcap!r}")
+    check_head_options(x, weight, bias, chunk_size, softcap)
     with torch.autocast(x.device.type, enabled=False):
         return _LinearLogProbs.apply(x, weight, bias, labels, rows, chunk_size, float(temperature),
                                      None if softcap is None else float(softcap))

@@ -4,7 +4,7 @@ SIGTERM (a preemption, the launcher forwarding its own) and a first SIGINT (Ctrl
 sends it to every process of the job) only set a flag; the loop reads it into the step's
 all-reduce, so every rank finishes the same step, saves a checkpoint and stops. A second SIGINT
 exits the rank at once with status 130, as a second Ctrl-C should; the launcher kills the
-others (:func:`vlmcp.cli.ranks.run_on_ranks` with ``interrupt=True``).
+others (:func:`vlmcp.ranks.run_command` with ``interrupt=True``).
 """
 
 from __future__ import annotations

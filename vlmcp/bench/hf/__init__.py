@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from vlmcp.deps import check_versions
+
 __all__ = ["ARCHS", "bench_model", "needs_transformers"]
 
 ARCHS = ("qwen2_vl", "qwen3_vl", "qwen3_5")
@@ -26,8 +28,6 @@ ARCHS = ("qwen2_vl", "qwen3_vl", "qwen3_5")
 def needs_transformers(name: str) -> bool:
     """True when transformers is missing (the caller skips, saying so on stderr)."""
     if importlib.util.find_spec("transformers") is not None:
-        from vlmcp.deps import check_versions
-
         check_versions("transformers")
         return False
     import sys

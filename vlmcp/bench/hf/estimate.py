@@ -21,8 +21,10 @@ import copy
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import needs_transformers
-from vlmcp.launch import spawn_ranks
+from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.estimate import EstimateSetup, estimate_memory
 
 NAME = "hf-estimate"
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava", "llava_next", "internvl", "gemma3",
@@ -60,7 +62,6 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
     """Every rank: per (arch, config), this rank's saved bytes and the estimate's inputs (``dtype``: the
     parameters' and pixels')."""
     import vlmcp.hf
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
     from vlmcp.hf.debug.synthetic import synthetic_row
     from vlmcp.hf.debug.tiny import tiny_config, tiny_model
 
@@ -96,8 +97,6 @@ def predicted(row: dict, cp: int) -> int:
     """The estimate's saved bytes for a row of :func:`measure`."""
     from transformers import AutoConfig
 
-    from vlmcp.estimate import EstimateSetup, estimate_memory
-
     cfg = dict(row["config"])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     setup = EstimateSetup(seq_len=row["seq_len"], cp=cp, visual_tokens=row["visual"], images=row["images"],
@@ -130,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _table(P: int, args: argparse.Namespace, dtype: str) -> None:
     rows = (measure(None, args.archs, CONFIGS, args.text_tokens, dtype) if P == 1 else
-            spawn_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, dtype, timeout=1800)[0])
+            bench_ranks(measure, P, args.archs, CONFIGS, args.text_tokens, dtype, name="hf-estimate",
+                        timeout=1800)[0])
     for row in rows:
         est = predicted(row, P)
         print(f"| {row['arch']} | {dtype} | {P} | {'yes' if row['ckpt'] else 'no'} | {row['vision_mode']} | "

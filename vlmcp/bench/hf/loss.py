@@ -23,7 +23,11 @@ import argparse
 import torch
 from torch.nn import functional as F
 
+import vlmcp
 from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.checks.allocations import AllocationMeter
+from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.loss import chunk_transient_bytes
 
 NAME = "hf-loss"
 
@@ -36,12 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=int, default=4096, help="target tokens per chunk (default 4096)")
 
 
-def _head_alone(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int | None):
+def head_alone(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int | None):
     """``(saved, transient)`` bytes of the head and loss alone on ``hidden``."""
-    import vlmcp
-    from vlmcp.checks.allocations import AllocationMeter
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
-
     h = hidden.detach().clone().requires_grad_()
     w = weight.detach().clone().requires_grad_()
     with AllocationMeter() as alloc:
@@ -57,7 +57,6 @@ def _step(model, batch, chunk: int | None) -> tuple[int, torch.Tensor | None]:
     """Saved bytes of one whole step; for the full-logits step also the head's input (the last
     hidden states; ``causal_lm_loss`` refuses a hooked head on the chunked path)."""
     import vlmcp.hf
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
 
     seen = {}
 
@@ -81,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import vlmcp.hf
     from vlmcp.hf.debug.synthetic import synthetic_row
-    from vlmcp.loss import chunk_transient_bytes
 
     if args.tokens < 200:
         raise ValueError(f"--tokens must be >= 200 (an image of 64 tokens and text), got {args.tokens}")
@@ -100,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---|---|---|---|")
     for name, step, chunk in (("full logits", full_step, None), (f"chunked ({args.chunk_size})", chunked_step,
                                                                   args.chunk_size)):
-        saved, transient = _head_alone(hidden, weight, batch.labels, chunk)
+        saved, transient = head_alone(hidden, weight, batch.labels, chunk)
         print(f"| {name} | {step / 2**20:,.1f} MiB | {saved / 2**20:,.2f} MiB | {saved / step:.1%} | "
               f"{transient / 2**20:,.1f} MiB |", flush=True)
     c = min(args.chunk_size, int((batch.labels != -100).sum()))

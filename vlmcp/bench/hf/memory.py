@@ -31,9 +31,9 @@ import copy
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import ARCHS, bench_model, needs_transformers
 from vlmcp.checks.saved_tensors import SavedTensorMeter
-from vlmcp.launch import spawn_ranks
 
 NAME = "hf-memory"
 
@@ -54,7 +54,6 @@ def _samples(args) -> tuple:
 
 
 def _saved(model, inputs, labels, cu, group, strategy) -> tuple[int, str]:
-    import vlmcp
     import vlmcp.hf
 
     with SavedTensorMeter(model.parameters()) as meter:
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
           "ideal replicated |")
     print("|---|---|---|---|---|---|---|", flush=True)
     for P in args.cp:
-        res = spawn_ranks(_rank, P, samples, pairs, sizes, timeout=1800)[0]
+        res = bench_ranks(_rank, P, samples, pairs, sizes, name="hf-memory", timeout=1800)[0]
         single, L, I = res["single"], res["tokens"], res["visual"]  # noqa: E741 - I as in docs/benchmarks.md
         for strategy, mode in pairs:
             saved, chosen = res[(strategy, mode)]

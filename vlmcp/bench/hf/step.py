@@ -43,9 +43,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import bench_model, needs_transformers
+from vlmcp.bench.hf.loss import head_alone
+from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.estimate.memory import VISION_MODES
-from vlmcp.launch import spawn_ranks
 
 NAME = "hf-step"
 STRATEGIES = ("replicate", "shard", "auto")
@@ -89,9 +91,7 @@ def state_bytes(model) -> dict[str, int]:
 
 def _step(model, inputs, labels, cu, group, strategy, chunk, meter: bool):
     """One step; ``(saved bytes or None, batch, chosen strategy)``."""
-    import vlmcp
     import vlmcp.hf
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
 
     model.zero_grad(set_to_none=True)
     m = SavedTensorMeter(model.parameters()) if meter else None
@@ -132,12 +132,11 @@ def _max_rel_error(got: dict, ref: dict) -> float:
 
 def _memory(model, batch, saved: int, chunk) -> dict:
     """This rank's memory terms (see the module docstring)."""
-    from vlmcp.bench.hf.loss import _head_alone
     from vlmcp.hf.adapters import submodule
     from vlmcp.hf.parallel import parallel_state
 
     head = submodule(model, parallel_state(model).adapter.lm_head)
-    head_saved, transient = _head_alone(last_hidden(model, batch), head.weight, batch.labels, chunk)
+    head_saved, transient = head_alone(last_hidden(model, batch), head.weight, batch.labels, chunk)
     out = dict(saved=saved, head_saved=head_saved, transient=transient, slots=batch.shard.num_tokens,
                targets=int((batch.labels != -100).sum()), **state_bytes(model))
     out["peak"] = saved + transient + out["params"] + out["grads"] + out["adamw"]
@@ -234,8 +233,8 @@ def run(args: argparse.Namespace) -> int:
     samples = row_samples(args.tokens, args.images, args.image_side)
     sizes = dict(hidden=args.hidden, layers=args.layers, vit_width=args.vit_width, vit_depth=args.vit_depth,
                  vocab=args.vocab)
-    res = spawn_ranks(_rank, args.cp, samples, sizes, args.strategies, args.losses, args.chunk_size,
-                      args.vision_mode, args.repeats, timeout=3600)[0]
+    res = bench_ranks(_rank, args.cp, samples, sizes, args.strategies, args.losses, args.chunk_size,
+                      args.vision_mode, args.repeats, name="hf-step", timeout=3600)[0]
     print(f"Qwen2-VL LLM {args.hidden} x {args.layers} layers, vocabulary {args.vocab:,}, ViT "
           f"{args.vit_width} x {args.vit_depth}; one row of {res['tokens']:,} tokens "
           f"({res['visual']:,} image tokens in {args.images} samples); P={args.cp}, vision_mode "

@@ -28,9 +28,9 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import ARCHS, bench_model, needs_transformers
 from vlmcp.bench.turns import time_in_turns
-from vlmcp.launch import spawn_ranks
 from vlmcp.vision import assign_images, vit_cost
 
 NAME = "hf-vision"
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = dict(hidden=64, layers=1, vit_width=args.vit_width, vit_depth=args.vit_depth, arch=args.arch)
     rows = []
     for P in args.cp:
-        results = spawn_ranks(_rank, P, args.frame_groups, args.side, args.repeats, sizes, timeout=1800)
+        results = bench_ranks(_rank, P, args.frame_groups, args.side, args.repeats, sizes, name="hf-vision",
+                              timeout=1800)
         rep = [max(t["replicate"][i] for t, _ in results) for i in range(args.repeats)]
         sca = [max(t["scatter"][i] for t, _ in results) for i in range(args.repeats)]
         med = lambda xs: round(statistics.median(xs) * 1e3, 1)  # noqa: E731

@@ -4,7 +4,8 @@ The text and its trained tokens come from :func:`vlmcp.data.hf.template.render` 
 [vlmcp data: trained tokens from the chat template]); this module adds the images and
 videos: their tokens from the file headers, expanded by the processor's own code (planning;
 Note [vlmcp data: the processor's own expansion]), their pixels through the processor
-(training, which refuses tokens other than the planned ones), and :class:`MediaError` naming
+(training, which refuses tokens other than the planned ones), and a
+:class:`~vlmcp.data.hf.schema.MediaError` naming
 ``file:line`` and the file when either fails.
 
 Token counts are known before any image or video is decoded (an image's count needs only
@@ -23,32 +24,14 @@ import torch
 from vlmcp.data.hf.expand import Expansion, expand
 from vlmcp.data.hf.image_bounds import ImageBounds
 from vlmcp.data.hf.image_text import image_texts, image_token_counts
-from vlmcp.data.hf.schema import Conversation
+from vlmcp.data.hf.schema import Conversation, MediaError
 from vlmcp.data.hf.template import Rendered, render
 from vlmcp.data.hf.video import VideoPlan, VideoSampling, decode_frames, read_header, require_av, video_rules
 from vlmcp.data.hf.video_processor import process, replacement_texts
 from vlmcp.layout.labels import IGNORE_INDEX
 
-__all__ = ["EncodedSample", "MediaError", "check_pixels", "encode_conversation", "image_sizes",
+__all__ = ["EncodedSample", "check_pixels", "encode_conversation", "image_sizes",
            "image_token_counts", "plan_expansion", "planned_tokens", "sample_length", "video_plans"]
-
-
-class MediaError(ValueError):
-    """An image or video of a conversation cannot be used: its header, its pixels or the processor.
-
-    The message names ``file:line`` and the file. Planning skips such a conversation (an
-    error with ``--strict``); training skips it on every rank of the CP group.
-
-    Attributes:
-        where: ``file:line``.
-        name: the image or video (its path, ``<N inline bytes>`` or ``<N frames: ...>``).
-        reason: the message without ``file:line``: ``cannot decode image a.jpg: OSError: ...``.
-    """
-
-    def __init__(self, where: str, name: str, what: str, err: Exception) -> None:
-        self.where, self.name = where, name
-        self.reason = f"{what} {name}: {type(err).__name__}: {err}"
-        super().__init__(f"{where}: {self.reason}")
 
 
 def image_sizes(conv: Conversation, bounds: ImageBounds | None = None) -> list[tuple[int, int]]:

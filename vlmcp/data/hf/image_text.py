@@ -20,7 +20,7 @@ conversation of each kind before any rank starts (:func:`vlmcp.data.hf.planned.c
 
 from __future__ import annotations
 
-from vlmcp.data.hf.schema import Conversation
+from vlmcp.data.hf.schema import Conversation, MediaError
 
 __all__ = ["image_texts", "image_token_counts"]
 
@@ -32,8 +32,6 @@ def image_token_counts(processor, conv: Conversation, sizes: list[tuple[int, int
     Raises:
         MediaError: when the processor refuses an image's size (e.g. Qwen's aspect ratio > 200).
     """
-    from vlmcp.data.hf.encode import MediaError  # encode imports this module
-
     counts = []
     for media, size in zip(conv.images, sizes, strict=True):
         try:

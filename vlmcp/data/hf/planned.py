@@ -1,5 +1,9 @@
-"""Planned tokens held to the processor's: one conversation encoded as its row will encode it, and
-the first conversation of each kind encoded at planning, before any rank starts.
+"""The planned dataset (:class:`DataIndex`), and its tokens held to the processor's: one conversation
+encoded as its row will encode it, and the first conversation of each kind encoded at planning,
+before any rank starts.
+
+:func:`vlmcp.data.hf.rows.build_index` plans the dataset (Note [vlmcp data: HF rows, epochs and
+who decodes the images]); the rows are built from it at training.
 
 Planning counts tokens from headers (:func:`vlmcp.data.hf.encode.planned_tokens`); training
 decodes the pixels and calls the processor (:func:`vlmcp.data.hf.encode.encode_conversation`),
@@ -14,16 +18,52 @@ on a rank at step 1.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from vlmcp.data.hf.encode import EncodedSample, MediaError, encode_conversation
-from vlmcp.data.hf.schema import Conversation
-from vlmcp.data.hf.truncate import cut_sample
+from vlmcp.data.hf.encode import EncodedSample, encode_conversation
+from vlmcp.data.hf.image_bounds import ImageBounds
+from vlmcp.data.hf.schema import Conversation, MediaError, Skipped
+from vlmcp.data.hf.truncate import Cut, cut_sample
+from vlmcp.data.hf.video import VideoSampling
 
-if TYPE_CHECKING:
-    from vlmcp.data.hf.rows import DataIndex
+__all__ = ["DataIndex", "check_planned", "encode_planned"]
 
-__all__ = ["check_planned", "encode_planned"]
+
+@dataclass(frozen=True)
+class DataIndex:
+    """The planned dataset (see Note [vlmcp data: HF rows, epochs and who decodes the images]).
+
+    Attributes:
+        conversations: the kept conversations.
+        lengths: their token counts.
+        rows: indices into ``conversations`` per row.
+        seq_len: tokens per row.
+        too_long: conversations longer than ``seq_len``, skipped.
+        unreadable: conversations skipped at planning for an image or video (header
+            unreadable, a size the processor refuses, too few frames); the reason names it.
+        format_skipped: lines a format's documented rule leaves out (the readers').
+        dropped_turns: turns a format's rule dropped from kept conversations.
+        video: how videos were sampled (their token counts depend on it; decoding uses it too).
+        images: the pixel bounds images are scaled into (planning and decoding alike).
+        cuts: per conversation, where ``--truncate`` cuts it (None: whole); empty: none is cut.
+    """
+
+    conversations: list[Conversation]
+    lengths: list[int]
+    rows: list[list[int]]
+    seq_len: int = 0
+    too_long: tuple[Skipped, ...] = ()
+    unreadable: tuple[Skipped, ...] = ()
+    format_skipped: tuple[Skipped, ...] = ()
+    dropped_turns: int = 0
+    video: VideoSampling = VideoSampling()
+    images: ImageBounds = ImageBounds()
+    cuts: tuple[Cut | None, ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of all kept conversations (one epoch)."""
+        return sum(self.lengths)
 
 
 def encode_planned(processor, index: DataIndex, i: int) -> EncodedSample:

@@ -20,6 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from vlmcp.deps import check_versions
+
 __all__ = ["build_without_video", "load_processor", "processor_without_video", "save_processor",
            "video_processor_from_config"]
 
@@ -123,8 +125,6 @@ def load_processor(model_dir: str | os.PathLike):
     """
     from transformers import AutoProcessor
     from transformers.utils import is_torchvision_available
-
-    from vlmcp.deps import check_versions
 
     check_versions("transformers")
     model_dir = Path(model_dir)

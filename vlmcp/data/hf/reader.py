@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vlmcp.data.hf.dataset_info import DataSource
 from vlmcp.data.hf.formats import Line, certain_formats, read_record
 from vlmcp.data.hf.schema import IMAGE_PLACEHOLDER, Conversation, ConversationSet, Skipped, line_name
 
@@ -58,8 +59,6 @@ _CONTAINERS = (".jsonl", ".json")
 def _label(source) -> str:
     """How a message names a file: ``--data FILE``, or ``--dataset NAME (FILE)`` for a
     ``dataset_info.json`` entry (its ``file_name``)."""
-    from vlmcp.data.hf.dataset_info import DataSource
-
     if isinstance(source, DataSource) and source.name:
         return f"--{source.name} ({source.path})"
     return f"--data {os.fspath(source)}"

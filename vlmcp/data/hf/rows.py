@@ -51,16 +51,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from vlmcp.data.hf.encode import EncodedSample, MediaError, planned_tokens, sample_length
+from vlmcp.data.hf.encode import EncodedSample, planned_tokens, sample_length
 from vlmcp.data.hf.image_bounds import ImageBounds
-from vlmcp.data.hf.planned import check_planned, encode_planned
-from vlmcp.data.hf.schema import Conversation, ConversationSet, Skipped
-from vlmcp.data.hf.truncate import Cut, plan_cut
+from vlmcp.data.hf.planned import DataIndex, check_planned, encode_planned
+from vlmcp.data.hf.schema import Conversation, ConversationSet, MediaError, Skipped
+from vlmcp.data.hf.truncate import plan_cut
 from vlmcp.data.hf.video import VideoSampling, video_rules
 from vlmcp.layout.labels import IGNORE_INDEX
 
-__all__ = ["DataIndex", "HFRow", "RowLoader", "build_index", "build_row", "cat_padded", "pack_first_fit",
-           "pack_samples", "row_at"]
+__all__ = ["HFRow", "RowLoader", "build_index", "build_row", "cat_padded", "pack_first_fit", "pack_samples",
+           "row_at"]
 
 
 def pack_first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
@@ -82,43 +82,6 @@ def pack_first_fit(lengths: list[int], seq_len: int) -> list[list[int]]:
             rows.append([i])
             room.append(seq_len - lengths[i])
     return [sorted(r) for r in rows]
-
-
-@dataclass(frozen=True)
-class DataIndex:
-    """The planned dataset (see Note [vlmcp data: HF rows, epochs and who decodes the images]).
-
-    Attributes:
-        conversations: the kept conversations.
-        lengths: their token counts.
-        rows: indices into ``conversations`` per row.
-        seq_len: tokens per row.
-        too_long: conversations longer than ``seq_len``, skipped.
-        unreadable: conversations skipped at planning for an image or video (header
-            unreadable, a size the processor refuses, too few frames); the reason names it.
-        format_skipped: lines a format's documented rule leaves out (the readers').
-        dropped_turns: turns a format's rule dropped from kept conversations.
-        video: how videos were sampled (their token counts depend on it; decoding uses it too).
-        images: the pixel bounds images are scaled into (planning and decoding alike).
-        cuts: per conversation, where ``--truncate`` cuts it (None: whole); empty: none is cut.
-    """
-
-    conversations: list[Conversation]
-    lengths: list[int]
-    rows: list[list[int]]
-    seq_len: int = 0
-    too_long: tuple[Skipped, ...] = ()
-    unreadable: tuple[Skipped, ...] = ()
-    format_skipped: tuple[Skipped, ...] = ()
-    dropped_turns: int = 0
-    video: VideoSampling = VideoSampling()
-    images: ImageBounds = ImageBounds()
-    cuts: tuple[Cut | None, ...] = ()
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of all kept conversations (one epoch)."""
-        return sum(self.lengths)
 
 
 def build_index(processor, data: ConversationSet | list[Conversation], seq_len: int, *,

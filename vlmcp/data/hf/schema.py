@@ -8,7 +8,8 @@ never dropped.
 
 * :class:`Message`: a role, a string content with one placeholder per image
   (``<image>``) or video (``<video>``) where it goes, and whether it carries loss.
-* :class:`Media`: one image or video: a local path, inline bytes, or a video's frames.
+* :class:`Media`: one image or video: a local path, inline bytes, or a video's frames;
+  :class:`MediaError`: one that cannot be used (its header, its pixels or the processor).
 * :class:`Conversation`: messages, images and videos in placeholder order, and where
   the line came from (``file:line``) for every message that names it.
 * :class:`Skipped` / :class:`ConversationSet`: what a read kept, and what it skipped and why.
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 __all__ = ["IMAGE_PLACEHOLDER", "ROLES", "TRAINED_BY_DEFAULT", "VIDEO_PLACEHOLDER", "Conversation",
-           "ConversationSet", "Media", "Message", "Role", "Skipped", "line_name"]
+           "ConversationSet", "Media", "MediaError", "Message", "Role", "Skipped", "line_name"]
 
 IMAGE_PLACEHOLDER = "<image>"
 """Where an image goes in a message's text."""
@@ -118,6 +119,24 @@ class Media:
         from PIL import Image
 
         return Image.open(self.path if self.path is not None else io.BytesIO(self.data))
+
+
+class MediaError(ValueError):
+    """An image or video of a conversation cannot be used: its header, its pixels or the processor.
+
+    The message names ``file:line`` and the file. Planning skips such a conversation (an
+    error with ``--strict``); training skips it on every rank of the CP group.
+
+    Attributes:
+        where: ``file:line``.
+        name: the image or video (its path, ``<N inline bytes>`` or ``<N frames: ...>``).
+        reason: the message without ``file:line``: ``cannot decode image a.jpg: OSError: ...``.
+    """
+
+    def __init__(self, where: str, name: str, what: str, err: Exception) -> None:
+        self.where, self.name = where, name
+        self.reason = f"{what} {name}: {type(err).__name__}: {err}"
+        super().__init__(f"{where}: {self.reason}")
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ import math
 
 import torch
 
+from vlmcp.data.hf.video import VideoRules, video_processors, video_rules
 from vlmcp.data.hf.video.qwen2_vl import patching as _qwen2_patching
 from vlmcp.data.hf.video.qwen2_vl import video_pixels
-from vlmcp.data.hf.video.rules import VideoRules, video_processors, video_rules
 from vlmcp.data.hf.video.sampling import VideoPlan
 
 __all__ = ["VIDEO_PROCESSORS", "FramesVideoProcessor", "patching", "process", "replacement_texts",

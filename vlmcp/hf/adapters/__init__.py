@@ -9,6 +9,7 @@ from __future__ import annotations
 from vlmcp.hf.adapters.base import HFAdapter, InputKind, PlaceholderAdapter, submodule
 from vlmcp.hf.adapters.gemma3 import GEMMA3
 from vlmcp.hf.adapters.gemma4 import GEMMA4
+from vlmcp.hf.adapters.generic import mrope_adapter
 from vlmcp.hf.adapters.glm4v import GLM4V
 from vlmcp.hf.adapters.glm4v_moe import GLM4V_MOE, GLM46V
 from vlmcp.hf.adapters.idefics3 import IDEFICS3, SMOLVLM
@@ -83,8 +84,6 @@ def adapter_for(model) -> HFAdapter:
             "tokens (config.image_token_id, model.model.get_image_features, model.model.language_model) "
             "in vision_mode='replicate'; register an adapter for the others (vlmcp.hf.register_adapter)")
     if hasattr(base, "get_rope_index"):  # M-RoPE through its own rope index (the long tail)
-        from vlmcp.hf.adapters.generic import mrope_adapter
-
         return mrope_adapter(model)
     if _has_mrope(config.text_config):
         raise ValueError(

@@ -381,6 +381,28 @@ class HFAdapter:
         (``hidden_shard`` keeps 1/P of their output columns too); empty without deepstack."""
         return ()
 
+    def projector_paths(self, model: nn.Module) -> list[str]:
+        """The projector's module paths, the ``projector`` part of :mod:`vlmcp.hf.freeze` (and of
+        LoRA's targets): for :attr:`projector_last` and each deepstack projector, its vision module
+        where the adapter lists it as a vision module of its own (LLaVA's ``multi_modal_projector``),
+        else the child of the vision module on the path to it (Qwen-VL's ``visual.merger``).
+
+        Raises:
+            ValueError: a projector layer in none of the vision modules.
+        """
+        paths = self.vision_module_paths(model)
+        out = []
+        for last in (self.projector_last, *self.deepstack_projectors(model)):
+            owner = next((p for p in paths if last.startswith(p + ".")), None)
+            if owner is None:
+                raise ValueError(f"the projector last layer {last!r} lies in none of the vision modules "
+                                 f"{paths} (vlmcp adapter {self.name!r})")
+            if len(paths) > 1 and owner != paths[0]:
+                out.append(owner)
+            else:  # one vision module holds ViT and projector: its child on the way to the last layer
+                out.append(owner + "." + last[len(owner) + 1:].split(".")[0])
+        return list(dict.fromkeys(out))
+
     def position_ids(self, model: nn.Module, input_ids: torch.Tensor, token_type: torch.Tensor,
                      pixels: Mapping[str, torch.Tensor],
                      videos: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:

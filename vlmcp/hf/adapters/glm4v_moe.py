@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmcp.hf.adapters.glm4v import Glm4vAdapter
-from vlmcp.hf.moe_aux import load_balancing_share
+from vlmcp.hf.moe_aux import router_aux_loss
 
 __all__ = ["GLM46V", "GLM4V_MOE", "Glm4vMoeAdapter"]
 
@@ -32,16 +32,7 @@ class Glm4vMoeAdapter(Glm4vAdapter):
     """GLM-4.5V / GLM-4.6V: GLM-4.1V's adapter, and the MoE router's auxiliary loss."""
 
     def auxiliary_loss(self, model, output, weights, group):
-        if getattr(output, "aux_loss", None) is None:
-            return None
-        text = model.config.text_config
-        experts = getattr(text, "num_local_experts", None) or getattr(text, "n_routed_experts", None)
-        if experts is None:
-            raise NotImplementedError(f"{type(model).__name__} returns aux_loss but its text config names no "
-                                      "expert count (num_local_experts / n_routed_experts)")
-        share = load_balancing_share(output.router_logits, int(experts), int(text.num_experts_per_tok),
-                                     weights, group)
-        return float(text.router_aux_loss_coef) * share
+        return router_aux_loss(model, output, weights, group, ("num_local_experts", "n_routed_experts"))
 
 
 GLM4V_MOE = Glm4vMoeAdapter(name="glm4v_moe", model_types=("glm4v_moe",))

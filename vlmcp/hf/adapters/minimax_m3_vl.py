@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from vlmcp.hf.adapters.qwen2_vl import QwenVLAdapter
-from vlmcp.hf.moe_aux import load_balancing_share
+from vlmcp.hf.moe_aux import router_aux_loss
 
 __all__ = ["MINIMAX_M3_VL", "MiniMaxM3VLAdapter"]
 
@@ -70,12 +70,7 @@ class MiniMaxM3VLAdapter(QwenVLAdapter):
         return local
 
     def auxiliary_loss(self, model, output, weights, group):
-        if getattr(output, "aux_loss", None) is None:
-            return None
-        text = model.config.text_config
-        share = load_balancing_share(output.router_logits, int(text.num_local_experts),
-                                     int(text.num_experts_per_tok), weights, group)
-        return float(text.router_aux_loss_coef) * share
+        return router_aux_loss(model, output, weights, group, ("num_local_experts",))
 
 
 MINIMAX_M3_VL = MiniMaxM3VLAdapter(name="minimax_m3_vl", model_types=("minimax_m3_vl",))

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmcp.hf.adapters.qwen2_vl import QwenVLAdapter
-from vlmcp.hf.moe_aux import load_balancing_share
+from vlmcp.hf.moe_aux import router_aux_loss
 
 __all__ = ["QWEN3_VL", "Qwen3VLAdapter"]
 
@@ -56,12 +56,7 @@ class Qwen3VLAdapter(QwenVLAdapter):
         return tuple(f"model.visual.deepstack_merger_list.{i}.linear_fc2" for i in range(levels))
 
     def auxiliary_loss(self, model, output, weights, group):
-        if getattr(output, "aux_loss", None) is None:
-            return None
-        text = model.config.text_config
-        share = load_balancing_share(output.router_logits, int(text.num_experts),
-                                     int(text.num_experts_per_tok), weights, group)
-        return float(text.router_aux_loss_coef) * share
+        return router_aux_loss(model, output, weights, group, ("num_experts",))
 
 
 QWEN3_VL = Qwen3VLAdapter(name="qwen3_vl", model_types=("qwen3_vl", "qwen3_vl_moe"))

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlmcp.data.hf.video.qwen3_vl import Qwen3VLRules
-from vlmcp.data.hf.video.rules import register_video_rules
 from vlmcp.data.hf.video.sampling import floor_to, listed_frames
 
 __all__ = ["GLM4V"]
@@ -72,4 +71,3 @@ class Glm4vRules(Qwen3VLRules):
 
 GLM4V = Glm4vRules(name="glm4v", processors=("Glm4vProcessor",), mixes_images_and_videos=False,
                    video_processor="Glm4vVideoProcessor")
-register_video_rules(GLM4V)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vlmcp.data.hf.video.frames import normalized, video_processor_of
-from vlmcp.data.hf.video.rules import VideoRules, register_video_rules
+from vlmcp.data.hf.video.rules import VideoRules
 from vlmcp.data.hf.video.sampling import VideoPlan
 
 __all__ = ["FRAMES", "LLAVA_ONEVISION"]
@@ -66,4 +66,3 @@ class LlavaOnevisionRules(VideoRules):
 
 
 LLAVA_ONEVISION = LlavaOnevisionRules(name="llava_onevision", processors=("LlavaOnevisionProcessor",))
-register_video_rules(LLAVA_ONEVISION)

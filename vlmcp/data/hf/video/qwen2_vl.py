@@ -63,7 +63,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from vlmcp.data.hf.video.rules import VideoRules, register_video_rules
+from vlmcp.data.hf.video.rules import VideoRules
 from vlmcp.data.hf.video.sampling import (
     VideoHeader,
     VideoPlan,
@@ -207,4 +207,3 @@ class Qwen2VLRules(VideoRules):
 
 
 QWEN2_VL = Qwen2VLRules(name="qwen2_vl", processors=("Qwen2VLProcessor", "Qwen2_5_VLProcessor"))
-register_video_rules(QWEN2_VL)

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from vlmcp.data.hf.video.frames import patchified, video_processor_of
-from vlmcp.data.hf.video.rules import VideoRules, register_video_rules
+from vlmcp.data.hf.video.rules import VideoRules
 from vlmcp.data.hf.video.sampling import VideoPlan, listed_frames
 
 __all__ = ["QWEN3_VL", "Qwen3VLRules", "pixel_bounds"]
@@ -114,4 +114,3 @@ class Qwen3VLRules(VideoRules):
 
 
 QWEN3_VL = Qwen3VLRules(name="qwen3_vl", processors=("Qwen3VLProcessor",))
-register_video_rules(QWEN3_VL)

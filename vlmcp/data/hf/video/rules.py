@@ -1,5 +1,8 @@
 """The interface each video family fills in, and the registry that finds a processor's family.
 
+The package (:mod:`vlmcp.data.hf.video`) registers the families; a new one is a module with a
+:class:`VideoRules` subclass, registered with :func:`register_video_rules`.
+
 Note [vlmcp data: video frames, sizes and tokens]
 -------------------------------------------------
 A video becomes model inputs in three steps, each from the header alone until the last:
@@ -124,7 +127,6 @@ def register_video_rules(rules: VideoRules) -> None:
 
 def video_processors() -> tuple[str, ...]:
     """Processor class names whose videos vlmcp encodes."""
-    _load()
     return tuple(_RULES)
 
 
@@ -134,15 +136,9 @@ def video_rules(processor) -> VideoRules:
     Raises:
         ValueError: a processor whose videos vlmcp does not encode (the message names those it does).
     """
-    _load()
     name = type(processor).__name__
     rules = _RULES.get(name)
     if rules is None or getattr(processor, "video_token", None) is None:
         raise ValueError(f"vlmcp encodes videos for {', '.join(_RULES)}, not {name}; drop the video lines, "
                          "or give the frames as images")
     return rules
-
-
-def _load() -> None:
-    """Import the family modules (each registers itself)."""
-    from vlmcp.data.hf.video import glm4v, llava_onevision, qwen2_vl, qwen3_vl  # noqa: F401

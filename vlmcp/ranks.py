@@ -1,23 +1,29 @@
 """Where a command's ranks come from: torchrun's process group, or gloo ranks spawned here.
 
-Every command that runs ranks (``train``, ``train --model``, ``verify``, ``verify --model``)
-goes through :func:`run_on_ranks`: under torchrun the calling process is one rank and joins the
-launcher's group (NCCL when CUDA is available, with the flight recorder on timeouts); otherwise
-it spawns ``world`` gloo ranks (:func:`vlmcp.launch.spawn_ranks`), forwards its SIGTERM to them
-(they finish the step, save and exit) and turns a failed rank into one line and exit code 1.
+Every command that runs ranks (``train``, ``train --model``, ``verify``, ``verify --model``,
+``compare``, and each benchmark of ``bench``) goes through :func:`run_command`: under torchrun
+the calling process is one rank and joins the launcher's group (NCCL when CUDA is available,
+with the flight recorder on timeouts); otherwise it spawns ``world`` gloo ranks
+(:func:`vlmcp.launch.spawn_ranks`), forwards its SIGTERM to them (they finish the step, save
+and exit) and turns a failed rank into one line per rank and exit code 1
+(:func:`failures_reported`). The tests spawn through :func:`vlmcp.testing.run_on_ranks`, which
+raises instead.
+
+Nothing here imports torch at import time: a command's ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["RanksFailed", "forward_sigterm", "is_rank_zero", "join_torchrun", "run_on_ranks", "say",
-           "under_torchrun"]
+__all__ = ["RanksFailed", "failures_reported", "forward_sigterm", "is_rank_zero", "join_torchrun",
+           "run_command", "say", "under_torchrun"]
 
 
 class RanksFailed(Exception):
@@ -90,27 +96,55 @@ def join_torchrun(timeout: float):
     return dist
 
 
-def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, timeout: float | None,
-                 collective_timeout: float | None = None, torchrun: bool = True, world_from: str = "",
-                 interrupt: bool = False) -> Any:
+@contextlib.contextmanager
+def failures_reported(command: str) -> Iterator[None]:
+    """A :class:`vlmcp.launch.RankFailure` raised inside is printed to stderr, ``{command}: failed:
+    {line}`` for each failed rank (or one message: a traceback), and re-raised as :class:`RanksFailed`.
+
+    The output printed so far is flushed first, so that the figures stay ahead of the failure when
+    stdout and stderr are piped to one file.
+    """
+    from vlmcp.launch import RankFailure  # torch: imported when ranks run, not at --help
+
+    try:
+        yield
+    except RankFailure as err:
+        sys.stdout.flush()
+        for line in err.lines:
+            print(f"{command}: failed: {line}", file=sys.stderr)
+        raise RanksFailed(str(err)) from None
+
+
+def run_command(command: str, fn: Callable[..., Any], world: int, *args: Any, timeout: float | None,
+                collective_timeout: float | None = None, torchrun: bool = True, world_from: str = "",
+                interrupt: bool = False, threads_per_rank: int | None = None,
+                every_rank: bool = False) -> Any:
     """``fn(group, *args)`` on ``world`` ranks; returns rank 0's result (None on other torchrun ranks).
 
     Args:
-        command: the command's name in messages (``"vlmcp train"``).
+        command: the command's name in messages (``"vlmcp train"``, ``"vlmcp bench memory"``).
         fn: the rank function; its first argument is the world's process group.
         world: the number of ranks (checked against torchrun's ``WORLD_SIZE``).
         timeout: seconds before spawned ranks are killed (None: no deadline).
-        collective_timeout: seconds a collective waits for a peer (None: torch's default).
-        torchrun: join torchrun's group when launched by it (``verify`` always spawns).
+        collective_timeout: seconds a collective waits for a peer (None: torch's default under
+            torchrun, :func:`vlmcp.launch.spawn_ranks`' default for spawned ranks).
+        torchrun: join torchrun's group when launched by it (``verify``, ``compare`` and the
+            benchmarks always spawn).
         world_from: where ``world`` comes from, for the mismatch message (``"--cp 2 x --dp 2 = 4"``).
         interrupt: a Ctrl-C stops the spawned ranks as a SIGTERM does (they save and stop; the
             caller reports), and a second one at once with exit status 130 (the rank function
             must handle SIGINT as SIGTERM too: the terminal sends it to every rank).
+        threads_per_rank: torch threads in each spawned rank (None: this machine's cores shared
+            out; the benchmarks and ``compare`` take 1, so a rank's time is its own compute).
+        every_rank: return every spawned rank's result, in rank order (with ``torchrun=False``).
 
     Raises:
         RanksFailed: a spawned rank failed (its one line is printed to stderr).
         ValueError: torchrun started another number of ranks.
     """
+    if every_rank and torchrun:
+        raise ValueError("run_command: every_rank needs torchrun=False (a torchrun rank holds only its own "
+                         "result)")
     if torchrun and under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world:
             raise ValueError(f"{world_from or f'the run needs {world}'}, but torchrun started "
@@ -121,18 +155,16 @@ def run_on_ranks(command: str, fn: Callable[..., Any], world: int, *args: Any, t
         finally:
             dist.destroy_process_group()
         return result if is_rank_zero() else None
-    from vlmcp.launch import RankFailure, spawn_ranks
+    from vlmcp.launch import spawn_ranks
 
-    threads = max(1, (os.cpu_count() or 1) // world)
+    threads = max(1, (os.cpu_count() or 1) // world) if threads_per_rank is None else threads_per_rank
     previous = signal.signal(signal.SIGTERM, forward_sigterm)
     previous_int = signal.signal(signal.SIGINT, _Interrupt(command)) if interrupt else None
     try:
-        return spawn_ranks(fn, world, *args, timeout=timeout, threads_per_rank=threads,
-                           collective_timeout=collective_timeout)[0]
-    except RankFailure as err:
-        for line in err.lines:  # one per failed rank, or one message (a traceback)
-            print(f"{command}: failed: {line}", file=sys.stderr)
-        raise RanksFailed(str(err)) from None
+        with failures_reported(command):
+            results = spawn_ranks(fn, world, *args, timeout=timeout, threads_per_rank=threads,
+                                  collective_timeout=collective_timeout)
+        return results if every_rank else results[0]
     finally:
         signal.signal(signal.SIGTERM, previous)
         if interrupt:
