@@ -12,15 +12,18 @@ import time
 import pytest
 import torch
 
+from tests.train_cases import prepare_killing
 from vlmcp.cli import main
 from vlmcp.data import ShapesDataset, pack_rows
 from vlmcp.loss import cp_cross_entropy
 from vlmcp.models import VLM
 from vlmcp.testing import run_on_ranks
 from vlmcp.train.checkpoint import list_checkpoints, load_checkpoint
-from vlmcp.train.reference.config import TrainConfig
-from vlmcp.train.reference.loop import dataset_config, model_config, train_rank
-from vlmcp.train.reference.step import local_inputs
+from vlmcp.train.loop import train_rank
+from vlmcp.train.specs.reference import launch as reference_launch
+from vlmcp.train.specs.reference.config import ReferenceTrainConfig
+from vlmcp.train.specs.reference.spec import ReferenceSpec, dataset_config, model_config
+from vlmcp.train.specs.reference.step import local_inputs
 
 SMALL = ["--seq-len", "256", "--steps", "8", "--hidden", "32", "--layers", "1"]
 
@@ -46,7 +49,7 @@ def test_train_learns_and_trains_the_vision_tower(tmp_path):
     assert "step 8/8" in proc.stdout and "loss curve written" in proc.stdout
 
 
-def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
+def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys, monkeypatch):
     flags = ["--cp", "2", *SMALL, "--vision-mode", "hidden_shard"]
     full = tmp_path / "full.jsonl"
     assert main(["train", *flags, "--metrics-jsonl", str(full)]) == 0
@@ -55,7 +58,9 @@ def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
     run = ["train", *flags, "--checkpoint-every", "3", "--checkpoint-dir", str(ckpt), "--metrics-jsonl",
            str(metrics), "--timeout", "30"]
     start = time.monotonic()
-    assert main([*run, "--_fault", "1", "5"]) == 1  # rank 1 is SIGKILLed at step 5 (0-based)
+    with monkeypatch.context() as patch:  # rank 1 is SIGKILLed at step 5 (0-based)
+        patch.setattr(reference_launch, "prepare", prepare_killing(1, 5))
+        assert main(run) == 1
     assert time.monotonic() - start < 60  # the survivor did not wait for the whole run
     assert "rank 1 died" in capsys.readouterr().err
     saved = list_checkpoints(ckpt)
@@ -124,8 +129,8 @@ def test_world_size_mismatch_under_torchrun_is_an_error(monkeypatch, capsys):
 
 
 def test_dp_times_cp_trains_every_replica_identically():
-    cfg = TrainConfig(cp=2, dp=2, seq_len=256, steps=3, hidden=32, layers=1)
-    summaries = run_on_ranks(train_rank, 4, cfg, timeout=240)
+    cfg = ReferenceTrainConfig(cp=2, dp=2, seq_len=256, steps=3, hidden=32, layers=1)
+    summaries = run_on_ranks(train_rank, 4, ReferenceSpec(cfg), timeout=240)
     # the DP mean keeps the 4 ranks (2 replicas x 2 CP ranks) bit-identical
     assert len({s["param_checksum"] for s in summaries}) == 1
     # step 1's logged loss is the mean over the two rows the replicas took, each computed

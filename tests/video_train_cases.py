@@ -25,7 +25,7 @@ def train_then_resume(group: dist.ProcessGroup, cfg, resumed, index, probe) -> d
     """``cfg``'s run (checkpoints every ``cfg.checkpoint_every`` steps), its last checkpoint removed,
     then ``resumed`` (``resume=True`` from the one before) in the same spawned group: both summaries."""
     from vlmcp.train.checkpoint import checkpoint_path
-    from vlmcp.train.hf.loop import train_hf_rank
+    from tests.train_cases import hf_rank
 
     first = train_hf_rank(group, cfg, index, probe)
     if dist.get_rank(group) == 0:

@@ -129,7 +129,7 @@ def _run_hf(args: argparse.Namespace) -> int:
 
         if not os.path.isdir(args.model):
             raise ValueError(f"--model {args.model!r} is neither hf:ARCH nor a local model directory")
-        from vlmcp.cli.model_check import check_model_dir
+        from vlmcp.train.specs.hf.model_check import check_model_dir
 
         config = check_model_dir(args.model, cp=args.cp, attention=args.attention,
                                  vision_mode=args.vision_mode)
