@@ -21,13 +21,8 @@ import torch
 from tests import fault_cases
 from vlmcp.testing import DistributedTestError, run_on_ranks
 from vlmcp.train.checkpoint import durable
-from vlmcp.train.checkpoint import (
-    clean_os_error,
-    load_checkpoint,
-    payload_digest,
-    remove_stale_temps,
-    save_checkpoint,
-)
+from vlmcp.train.checkpoint import load_checkpoint, payload_digest, save_checkpoint
+from vlmcp.train.checkpoint.durable import clean_os_error, remove_stale_temps
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -62,7 +62,7 @@ def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys, mo
         patch.setattr(reference_launch, "prepare", prepare_killing(1, 5))
         assert main(run) == 1
     assert time.monotonic() - start < 60  # the survivor did not wait for the whole run
-    assert "rank 1 died" in capsys.readouterr().err
+    assert "rank 1 was killed by SIGKILL" in capsys.readouterr().err
     saved = list_checkpoints(ckpt)
     assert [load_checkpoint(p).step for p in saved] == [3]  # the last good checkpoint is intact
     assert main([*run, "--resume"]) == 0

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import get_args
@@ -166,15 +167,16 @@ def check_outputs(cfg, spec) -> None:
 
 
 def _one_line_warnings(previous):
-    """A ``warnings.formatwarning``: vlmcp's own warnings as one line each, others as before."""
+    """A ``warnings.showwarning``: vlmcp's own warnings as one line each on stderr, others as before."""
     ours = f"{os.sep}vlmcp{os.sep}"
 
-    def format_warning(message, category, filename, lineno, line=None):
+    def show_warning(message, category, filename, lineno, file=None, line=None):
         if ours in filename:
-            return f"vlmcp train: warning: {message}\n"
-        return previous(message, category, filename, lineno, line)
+            print(f"vlmcp train: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
 
-    return format_warning
+    return show_warning
 
 
 def resume_preflight(cfg) -> bool:
@@ -259,17 +261,13 @@ def _run_locks(args: argparse.Namespace) -> contextlib.ExitStack:
 def run(args: argparse.Namespace) -> int:
     from vlmcp.train.specs import launcher
 
-    previous = warnings.formatwarning
-    warnings.formatwarning = _one_line_warnings(previous)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("always", module=r"vlmcp\.")  # each run says each of its warnings
-            spec = launcher(_family(args))
-            cfg = config_from_args(args)  # flag errors first: they create nothing, not even a lock
-            with _run_locks(args):
-                return _launch(args, spec, cfg)
-    finally:
-        warnings.formatwarning = previous
+    with warnings.catch_warnings():  # restores the filters and showwarning
+        warnings.showwarning = _one_line_warnings(warnings.showwarning)
+        warnings.filterwarnings("always", category=UserWarning, module=r"vlmcp\.")  # each run says each one
+        spec = launcher(_family(args))
+        cfg = config_from_args(args)  # flag errors first: they create nothing, not even a lock
+        with _run_locks(args):
+            return _launch(args, spec, cfg)
 
 
 def _launch(args: argparse.Namespace, family, cfg) -> int:

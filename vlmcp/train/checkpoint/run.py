@@ -48,13 +48,14 @@ from vlmcp.train.checkpoint.state import full_state, load_full_state
 __all__ = ["check_resumable", "checkpoint_count", "latest_step", "load_run_checkpoint", "save_run_checkpoint"]
 
 
-def checkpoint_count(directory: str | os.PathLike, dcp: bool) -> int:
-    """How many checkpoints of the kind ``dcp`` says ``directory`` holds, good or not."""
-    return len(dcp_dirs(Path(directory))) if dcp else len(list_checkpoints(directory))
+def checkpoint_count(directory: str | os.PathLike, fsdp: bool) -> int:
+    """How many checkpoints ``directory`` holds, good or not: DCP directories with ``fsdp``, else files."""
+    return len(dcp_dirs(Path(directory))) if fsdp else len(list_checkpoints(directory))
 
 
-def latest_step(directory: str | os.PathLike, dcp: bool) -> tuple[int, dict] | None:
-    """``(step, saved config)`` of the newest good checkpoint of the kind ``dcp`` says, or None.
+def latest_step(directory: str | os.PathLike, fsdp: bool) -> tuple[int, dict] | None:
+    """``(step, saved config)`` of the newest good checkpoint, or None: DCP directories with ``fsdp``
+    (:attr:`~vlmcp.train.config.TrainConfig.dcp_checkpoints`), else single files.
 
     Every checksum is checked (the whole checkpoint is read); a checkpoint that fails is
     skipped with a warning naming the file, and the one before it is tried.
@@ -64,7 +65,7 @@ def latest_step(directory: str | os.PathLike, dcp: bool) -> tuple[int, dict] | N
             never skipped (a crafted file is no accident, and nothing older can be trusted more).
     """
     directory = Path(directory)
-    if not dcp:
+    if not fsdp:
         ckpt = load_latest_checkpoint(directory)
         return None if ckpt is None else (ckpt.step, ckpt.state["config"])
     from vlmcp.train.checkpoint.dcp_reader import UnsafeCheckpoint
