@@ -171,8 +171,8 @@ def dcp_refusals(group, directories):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from vlmcp.train.checkpoint.run import load_run_checkpoint
     from vlmcp.train.checkpoint.dcp_reader import SafeLoadPlanner, SafeReader
+    from vlmcp.train.checkpoint.run import load_run_checkpoint
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))

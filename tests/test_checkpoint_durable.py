@@ -20,8 +20,7 @@ import torch
 
 from tests import fault_cases
 from vlmcp.testing import DistributedTestError, run_on_ranks
-from vlmcp.train.checkpoint import durable
-from vlmcp.train.checkpoint import load_checkpoint, payload_digest, save_checkpoint
+from vlmcp.train.checkpoint import durable, load_checkpoint, payload_digest, save_checkpoint
 from vlmcp.train.checkpoint.durable import clean_os_error, remove_stale_temps
 
 pytestmark = pytest.mark.timeout(150)
@@ -71,8 +70,8 @@ def _next_save(template: Path, where: Path, step: int):
 
 
 def test_a_crash_anywhere_in_a_dcp_save_leaves_a_loadable_newest_checkpoint(tmp_path, monkeypatch):
-    from vlmcp.train.checkpoint.run import latest_step
     from vlmcp.train.checkpoint.dcp import TEMP, publish_dcp
+    from vlmcp.train.checkpoint.run import latest_step
 
     template = tmp_path / "saved"
     run_on_ranks(fault_cases.dcp_round, 2, str(template), "save", timeout=100)  # steps 1 and 2

@@ -194,10 +194,10 @@ def test_every_architecture_trains_on_the_shipped_demo_data(models, lf, tmp_path
     (its forward cannot take both: tests/test_video_families.py)."""
     import dataclasses
 
-    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
     from vlmcp.data.hf.rows import row_at
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
 
     runs, kinds = [], {}
     for arch in ARCHS:

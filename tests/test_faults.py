@@ -324,14 +324,14 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
+    from tests.train_cases import hf_rank
     from vlmcp.cli.train import resume_preflight
-    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
     from vlmcp.data.hf.export import export_shapes
     from vlmcp.hf.debug.init_model import init_model
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.specs.hf.config import HFTrainConfig
     from vlmcp.train.specs.hf.final_model import final_model_complete
-    from tests.train_cases import hf_rank
+    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
 
     model, data, out = init_model("llava", tmp_path / "llava"), export_shapes(tmp_path / "shapes", 8), \
         tmp_path / "out"

@@ -221,3 +221,65 @@ def test_joins_a_torchrun_launch(tmp_path):
     assert main(["train", "--cp", "2", *SMALL[:2], "--steps", "3", "--hidden", "32", "--layers", "1",
                  "--metrics-jsonl", str(spawned)]) == 0
     assert losses(metrics) == losses(spawned)  # the same run, whoever starts the ranks
+
+
+def _records(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_the_reference_vlm_takes_the_loops_flags(tmp_path, capsys):
+    """The one loop's flags on the reference VLM: --grad-accum 2 trains as --dp 2 does, --eval-rows
+    evaluates held-out built-in rows, --save-total-limit prunes, an accumulating run resumes bit-exactly,
+    --max-grad-norm clips and --lr-scheduler / --min-lr-ratio / --warmup-steps set the rate."""
+    from vlmcp.train.schedule import lr_at
+
+    base = ["train", "--cp", "1", *SMALL[:2], "--steps", "4", "--hidden", "32", "--layers", "1"]
+    dp2, accum = tmp_path / "dp2.jsonl", tmp_path / "accum.jsonl"
+    assert main([*base, "--dp", "2", "--metrics-jsonl", str(dp2)]) == 0
+    ckpt = tmp_path / "ckpt"
+    accum_run = [*base, "--grad-accum", "2", "--eval-rows", "2", "--eval-every", "2", "--checkpoint-dir",
+                 str(ckpt), "--checkpoint-every", "1", "--save-total-limit", "2",
+                 "--metrics-jsonl", str(accum)]
+    assert main(accum_run) == 0
+    assert "eval loss" in capsys.readouterr().out
+    steps = [r for r in _records(accum) if "loss" in r]
+    # the same global batch (two rows), its gradient summed by accumulation instead of the DP mean
+    assert max(abs(a - b) for a, b in zip(losses(dp2), [r["loss"] for r in steps], strict=True)) < 1e-5
+    assert all(r["tokens"] == 2 * 256 for r in steps)
+    evals = [r for r in _records(accum) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(r["eval_rows"] == 2 and r["eval_tokens"] > 0 for r in evals)
+    assert [p.name for p in list_checkpoints(ckpt)] == ["step_00000003.pt", "step_00000004.pt"]
+    # resumed after step 3: steps 4 and the last evaluation again, bit-exact on CPU
+    whole = accum.read_text()
+    (ckpt / "step_00000004.pt").unlink()
+    accum.write_text("".join(line + "\n" for line in whole.splitlines()[:4]))  # 3 steps and an eval
+    assert main([*accum_run, "--resume"]) == 0
+    assert [r["loss"] for r in _records(accum) if "loss" in r] == [r["loss"] for r in steps]
+    assert [r["eval_loss"] for r in _records(accum) if "eval_loss" in r] == [r["eval_loss"] for r in evals]
+    # clipping and the schedule flags
+    clipped = tmp_path / "clipped.jsonl"
+    flags = ["--grad-accum", "2", "--lr-scheduler", "linear", "--min-lr-ratio", "0", "--warmup-steps", "0",
+             "--weight-decay", "0"]
+    assert main([*base, *flags, "--max-grad-norm", "0.05", "--metrics-jsonl", str(clipped)]) == 0
+    got = _records(clipped)
+    cfg = ReferenceTrainConfig(steps=4, lr_scheduler="linear", min_lr_ratio=0.0, warmup_steps=0)
+    assert [r["lr"] for r in got] == [lr_at(cfg, s) for s in range(4)]
+    assert [r["lr"] for r in got] == pytest.approx([3e-3, 2.25e-3, 1.5e-3, 0.75e-3])
+    assert all(r["grad_norm"] > 0.05 for r in got)  # logged before clipping: every step clipped
+    unclipped = tmp_path / "unclipped.jsonl"
+    assert main([*base, *flags, "--metrics-jsonl", str(unclipped)]) == 0
+    assert losses(unclipped)[0] == got[0]["loss"] and losses(unclipped)[1] != got[1]["loss"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--eval-every", "2"], "--eval-every 2 needs held-out data: --eval-rows N"),
+    (["--lora"], "--lora needs --model (the reference VLM trains every weight)"),
+    (["--fsdp"], "--fsdp needs --model (the reference VLM has no such flag)"),
+    (["--model", "m", "--data", "d.jsonl", "--output-dir", "o", "--eval-rows", "2"],
+     "--eval-rows applies to the built-in reference VLM, not --model"),
+])
+def test_a_flag_one_model_cannot_take_is_refused_by_name(argv, match, capsys):
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vlmcp train: error: {match}\n"

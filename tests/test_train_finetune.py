@@ -20,14 +20,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tests.test_train_hf import _probe  # noqa: E402
+from tests.train_cases import hf_rank  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
-from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
-from tests.train_cases import hf_rank  # noqa: E402
+from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 STEPS, SEQ = 4, 128

@@ -16,15 +16,15 @@ import torch
 
 pytest.importorskip("transformers")
 
+from tests.train_cases import hf_rank  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
-from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.data.hf.rows import build_row  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
-from tests.train_cases import hf_rank  # noqa: E402
+from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 STEPS, SEQ = 6, 128
@@ -322,9 +322,9 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
 
 
 def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
-    from vlmcp.train.specs.hf.report import print_summary
     from vlmcp.data.hf.rows import DataIndex
     from vlmcp.data.hf.schema import Skipped
+    from vlmcp.train.specs.hf.report import print_summary
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
     assert cfg.data == ("d.jsonl",)  # one path is a one-file tuple
@@ -441,8 +441,8 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     over --cp 2 with hidden_shard, and an accumulating run resumed half way give one process's losses,
     clipped global gradient norms, eval loss and weights."""
     from tests import global_batch_cases
-    from vlmcp.train.specs.hf.launch import plan_eval
     from vlmcp.data.hf.processor import load_processor
+    from vlmcp.train.specs.hf.launch import plan_eval
 
     held = data.parent / "held_out.jsonl"
     held.write_text("".join(line + "\n" for line in data.read_text().splitlines()[-3:]))

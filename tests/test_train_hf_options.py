@@ -272,8 +272,8 @@ def test_feedback_writes_every_figure_to_the_metrics_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from vlmcp.report.metrics import read_metrics
-    from vlmcp.train.specs.hf.config import HFTrainConfig
     from vlmcp.train.feedback import Feedback
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), steps=2, report_to="tensorboard",
                         metrics_jsonl=str(tmp_path / "m.jsonl"))

@@ -245,7 +245,8 @@ def test_cli_verify_rejects_bad_usp_flags(argv, match, capsys):
 
 
 def test_train_config_usp():
-    assert ReferenceTrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=2).usp_size == 2
+    usp = ReferenceTrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=2)
+    assert usp.usp_size == 2
     assert ReferenceTrainConfig(cp=4, heads=4, kv_heads=2, attention="usp").usp_size == 2  # gcd(kv_heads, cp)
     assert ReferenceTrainConfig(cp=4, attention="ring").usp_size is None
     with pytest.raises(ValueError, match="--ulysses-size must divide --cp"):

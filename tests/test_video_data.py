@@ -429,10 +429,10 @@ def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path
     video inputs reach the model, the cut avi is skipped on both ranks, and the trained model's
     CP logits on a row equal plain transformers' on each of its conversations."""
 
-    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
+    from tests.train_cases import hf_rank
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.specs.hf.config import HFTrainConfig
-    from tests.train_cases import hf_rank
+    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
 
     model = init_model(arch, tmp_path / arch)
     (model / "chat_template.jinja").write_text(CHAT_TEMPLATES[arch])

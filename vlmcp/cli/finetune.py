@@ -20,7 +20,8 @@ def defaults() -> tuple[dict, dict]:
     from vlmcp.train.specs.hf.config import LORA_LR, HFTrainConfig
     from vlmcp.train.specs.reference.config import ReferenceTrainConfig
 
-    ref, hf = ({f.name: f.default for f in dataclasses.fields(c)} for c in (ReferenceTrainConfig, HFTrainConfig))
+    ref, hf = ({f.name: f.default for f in dataclasses.fields(c)}
+               for c in (ReferenceTrainConfig, HFTrainConfig))
     return ref, {**hf, "lora_lr": LORA_LR}
 
 
@@ -31,17 +32,18 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
         "training loop of both models, defaults as in the fine-tuning loop (with --model)",
         "One optimizer step takes --grad-accum rows on each of the --dp replicas; the loss is normalised "
         "once over that whole global batch (a model directory's by its target tokens, the reference VLM's "
-        "rows each by one). --epochs, --eval-data and --report-to need --model; --eval-rows is the reference "
-        "VLM's held-out data. Where the reference VLM's default differs, the flag's help names it. A --resume "
-        "must keep --grad-accum and the learning-rate schedule (and with --model, --steps and --lr).")
+        "rows each by one). --epochs, --eval-data and --report-to need --model; --eval-rows is the "
+        "reference VLM's held-out data. Where the reference VLM's default differs, the flag's help names "
+        "it. A --resume must keep --grad-accum and the learning-rate schedule (and with --model, --steps "
+        "and --lr).")
     g.add_argument("--epochs", type=float, default=None,
                    help="passes over the planned rows, when --steps is not given (default: 1)")
     g.add_argument("--grad-accum", type=int, default=1, metavar="N",
                    help="rows per DP replica per optimizer step (gradient accumulation)")
     g.add_argument("--weight-decay", type=float, default=None,
-                   help=f"AdamW weight decay: with --model on matrices only, biases, norms and other 1-D "
-                        f"parameters get none (default: {hf['weight_decay']}); the reference VLM decays every "
-                        f"parameter, its default {ref['weight_decay']:g}")
+                   help=f"AdamW weight decay: with --model on matrices only, biases, norms and other "
+                        f"1-D parameters get none (default: {hf['weight_decay']}); the reference VLM "
+                        f"decays every parameter, its default {ref['weight_decay']:g}")
     g.add_argument("--max-grad-norm", type=float, default=None,
                    help=f"clip the gradient to this global L2 norm (exact over CP, DP, FSDP shards and "
                         f"hidden_shard slices; logged as grad_norm before clipping); 0: no clipping "

@@ -55,9 +55,11 @@ def add_parser(sub) -> None:
                    help="how the CP group computes the image embeddings")
     p.add_argument("--attention", default=ref["attention"], choices=get_args(options.AttentionBackend),
                    help="CP attention backend (usp: the reference VLM only)")
-    p.add_argument("--image-strategy", default=ref["image_strategy"], choices=get_args(options.ImageStrategyChoice),
+    p.add_argument("--image-strategy", default=ref["image_strategy"],
+                   choices=get_args(options.ImageStrategyChoice),
                    help="replicate image tokens (the seed), shard them with the text, or auto per row")
-    p.add_argument("--sample-placement", default=ref["sample_placement"], choices=get_args(options.SamplePlacement),
+    p.add_argument("--sample-placement", default=ref["sample_placement"],
+                   choices=get_args(options.SamplePlacement),
                    help="split every sample over the CP group, place each whole on one rank, or auto "
                         "(short samples whole, long ones split, by the cost model)")
     p.add_argument("--steps", type=int, default=None,
@@ -89,16 +91,18 @@ def add_parser(sub) -> None:
     add_model_arguments(p)
     add_loop_arguments(p)
     add_config_arguments(p)  # last: it reads every flag above
-    _DEFAULTS.update({a.dest: a.default for a in p._actions if a.option_strings and a.dest not in ("help", "config")})
+    _DEFAULTS.update({a.dest: a.default for a in p._actions
+                      if a.option_strings and a.dest not in ("help", "config")})
 
 
 def _add_reference_arguments(p: argparse.ArgumentParser, ref: dict) -> None:
-    g = p.add_argument_group("the reference VLM (without --model)", "Its size, its attention and its held-out "
-                             "rows; with --model these are refused.")
+    g = p.add_argument_group("the reference VLM (without --model)",
+                             "Its size, its attention and its held-out rows; with --model these are refused.")
     g.add_argument("--ulysses-size", type=int, default=None, metavar="U",
                    help="--attention usp: ranks per Ulysses group, a divisor of --cp and --heads "
                         "(default gcd(--kv-heads, --cp)); ring across the groups")
-    g.add_argument("--image-attention", default=ref["image_attention"], choices=get_args(options.ImageAttention),
+    g.add_argument("--image-attention", default=ref["image_attention"],
+                   choices=get_args(options.ImageAttention),
                    help="image tokens see each other causally or both ways")
     g.add_argument("--flops-per-byte", type=float, default=ref["flops_per_byte"],
                    help="auto only: FLOPs one communicated byte costs")
@@ -107,13 +111,14 @@ def _add_reference_arguments(p: argparse.ArgumentParser, ref: dict) -> None:
     g.add_argument("--heads", type=int, default=ref["heads"], help="LLM attention heads")
     g.add_argument("--kv-heads", type=int, default=ref["kv_heads"], help="LLM key/value heads (GQA)")
     g.add_argument("--eval-rows", type=int, default=ref["eval_rows"], metavar="N",
-                   help="held-out built-in rows (another seed's stream), evaluated every --eval-every steps and "
-                        "at the end (0: no evaluation)")
+                   help="held-out built-in rows (another seed's stream), evaluated every --eval-every steps "
+                        "and at the end (0: no evaluation)")
 
 
 def _family(args: argparse.Namespace) -> str:
     """``hf`` when a model directory, its data or an output directory is named; else ``reference``."""
-    return "hf" if any(getattr(args, f, None) is not None for f in ("model", "data", "output_dir")) else "reference"
+    named = any(getattr(args, f, None) is not None for f in ("model", "data", "output_dir"))
+    return "hf" if named else "reference"
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -203,15 +208,15 @@ def resume_preflight(cfg) -> bool:
 
             latest = dcp_dirs(where)[-1][1] if dcp else latest_checkpoint(where)
             flag = "--checkpoint-dir" if cfg.checkpoint_dir else "--output-dir's checkpoints"
-            raise ValueError(f"{flag} {where}: already holds checkpoints (latest {latest.name}); pass --resume "
-                             "to continue that run, or choose another directory")
+            raise ValueError(f"{flag} {where}: already holds checkpoints (latest {latest.name}); pass "
+                             "--resume to continue that run, or choose another directory")
         return True
     found = latest_step(where, dcp)
     if found is None:
         if count:
             raise ValueError(f"--resume: none of the {count} checkpoint(s) in {where} is readable (see the "
-                             "warnings); not starting over from step 0 on top of them: move them away to start "
-                             "a new run")
+                             "warnings); not starting over from step 0 on top of them: move them away to "
+                             "start a new run")
         say(f"vlmcp train: no checkpoint in {where}; starting from step 0")
         return True
     step = found[0]
@@ -220,8 +225,8 @@ def resume_preflight(cfg) -> bool:
         if family.finished(cfg):
             say(f"vlmcp train: {name(step)} is at step {step} = --steps; nothing to do")
             return False
-        say(f"vlmcp train: {name(step)} is at step {step} = --steps, but the model in {family.record_dir(cfg)} "
-            "is missing or incomplete; writing it from that checkpoint")
+        say(f"vlmcp train: {name(step)} is at step {step} = --steps, but the model in "
+            f"{family.record_dir(cfg)} is missing or incomplete; writing it from that checkpoint")
         return True
     say(f"vlmcp train: resuming from {name(step)} (step {step} of {cfg.steps})")
     return True

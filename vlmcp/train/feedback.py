@@ -1,8 +1,9 @@
 """What ``vlmcp train`` shows and records per step, on rank 0: the progress line, the metrics JSONL
 (:mod:`vlmcp.report.metrics`) and, where the config names a TensorBoard directory
-(``--report-to tensorboard``: ``OUT/tensorboard``), TensorBoard scalars. Every step's record carries the loss, the learning rate, the
-global gradient norm (before clipping) and each part's, the tokens and target tokens, tokens per
-second and the busiest rank's peak memory; an evaluation adds ``eval_loss``.
+(``--report-to tensorboard``: ``OUT/tensorboard``), TensorBoard scalars. Every step's record
+carries the loss, the learning rate, the global gradient norm (before clipping) and each
+part's, the tokens and target tokens, tokens per second and the busiest rank's peak memory;
+an evaluation adds ``eval_loss``.
 """
 
 from __future__ import annotations

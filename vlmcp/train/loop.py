@@ -169,7 +169,8 @@ class _Trainer:
                                                      + ("" if self.cfg.dcp_checkpoints else ".pt")))
         loss = res.loss if res.loss_finite else float("nan")
         return (f"step {step + 1}: the loss ({loss:.4g}) or the gradient norm ({res.grad_norm:.4g}) is not "
-                f"finite; stopped before the optimizer step, nothing saved; the last good checkpoint is {newest}")
+                "finite; stopped before the optimizer step, nothing saved; the last good checkpoint is "
+                f"{newest}")
 
     def _record(self, res: StepResult, lr: float, seconds: float) -> None:
         self.feedback.step({

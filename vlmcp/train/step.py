@@ -166,7 +166,8 @@ def train_step(spec: TrainSpec, built: Built, optimizer: torch.optim.Optimizer, 
     reduce_grads(built, groups)
     got = figures(built.model, parts, spec.cfg, groups, sums, stop).all_reduce(groups)
     norms = got.squared_norms.sum(1).sqrt()
-    return StepResult(loss=got.loss_sum / max(total, 1.0), part_norms=dict(zip(PARTS, norms.tolist(), strict=True)),
+    return StepResult(loss=got.loss_sum / max(total, 1.0),
+                      part_norms=dict(zip(PARTS, norms.tolist(), strict=True)),
                       grad_norm=float(norms.pow(2).sum().sqrt()), loss_finite=not got.bad,
                       tokens=int(round(got.tokens)), targets=int(round(got.targets)), stop=got.stop > 0,
                       sigint=got.sigint > 0)

@@ -7,7 +7,8 @@ every rank starts from the same adapters. The optimizer
 (:func:`vlmcp.train.optim.make_optimizer`) then holds the trainable parameters only, so a
 frozen weight is never touched and is saved bit-identical to the input. Checkpoints leave
 the frozen weights out (:mod:`vlmcp.train.checkpoint.frozen`: their names and a digest, sum and
-sum of squares each): ``--resume`` takes them from ``--model`` again, after checking the digest, so a LoRA run's checkpoint is its adapters and their AdamW state.
+sum of squares each): ``--resume`` takes them from ``--model`` again, after checking the
+digest, so a LoRA run's checkpoint is its adapters and their AdamW state.
 
 The output of a LoRA run (:func:`lora_output`) is a PEFT adapter, ``adapter_config.json`` and
 ``adapter_model.safetensors`` (keys as peft's ``get_peft_model_state_dict`` writes them, the

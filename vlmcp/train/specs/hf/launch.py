@@ -43,8 +43,9 @@ def config_values(values: dict) -> dict:
             values.get("output_dir") is None:
         raise ValueError("--model, --data (or --dataset) and --output-dir go together (a model directory, "
                          "its training data and where the trained model goes)")
+    values = {"data": (), **values}  # --dataset alone
     if "lr" not in values and values.get("lora"):
-        values = {**values, "lr": LORA_LR}
+        values["lr"] = LORA_LR
     return values
 
 

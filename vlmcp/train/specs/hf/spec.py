@@ -132,8 +132,9 @@ class HFSpec:
 
     def batches(self, groups: Groups, start: int, position: int) -> _Rows:
         cfg = self.cfg
-        loader = RowLoader(self.processor, self.index, seed=cfg.seed, dp=cfg.dp, dp_rank=dist.get_rank(groups.dp),
-                           start=position, steps=(cfg.steps - start) * cfg.grad_accum)
+        loader = RowLoader(self.processor, self.index, seed=cfg.seed, dp=cfg.dp,
+                           dp_rank=dist.get_rank(groups.dp), start=position,
+                           steps=(cfg.steps - start) * cfg.grad_accum)
         return _Rows(self, groups, loader, cfg.steps - start, position)
 
     def weight(self, row: HFRow) -> float:

@@ -56,7 +56,8 @@ def report(spec: ReferenceSpec, s: dict) -> int:
     if s["message"]:
         print(f"vlmcp train: {s['message']}", file=sys.stderr if s["stopped"] == "nonfinite" else sys.stdout)
     if losses:
-        print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']}, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+        print(f"vlmcp train: steps {s['start_step'] + 1}-{s['step']}, "
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     if cfg.image_strategy == "auto":
         picks = s["image_strategies"]
         print(f"vlmcp train: image_strategy=auto chose replicate for {picks.count('replicate')} "

@@ -1,8 +1,9 @@
 """The reference VLM's forward (and backward) of one packed row, on one CP rank.
 
 Shared by ``vlmcp train`` (:func:`row_loss`), ``vlmcp verify`` and ``vlmcp compare``
-(:func:`forward_backward`) so that all three measure the same computation. Labels and positions are computed on the global
-row, then sharded (PITFALLS: a chunk's last label lives on another rank).
+(:func:`forward_backward`) so that all three measure the same computation. Labels and
+positions are computed on the global row, then sharded (PITFALLS: a chunk's last label lives
+on another rank).
 """
 
 from __future__ import annotations
