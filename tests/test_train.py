@@ -283,3 +283,15 @@ def test_a_flag_one_model_cannot_take_is_refused_by_name(argv, match, capsys):
     assert main(["train", *argv]) == 2
     err = capsys.readouterr().err
     assert err == f"vlmcp train: error: {match}\n"
+
+
+def test_a_nan_stops_the_reference_vlm_before_the_optimizer_step(tmp_path):
+    from tests.train_cases import reference_rank
+
+    cfg = ReferenceTrainConfig(cp=2, seq_len=256, steps=4, hidden=32, layers=1, checkpoint_dir=str(tmp_path),
+                               checkpoint_every=1)
+    summary = run_on_ranks(reference_rank, 2, cfg, 3, timeout=240)[0]
+    assert summary["stopped"] == "nonfinite" and summary["step"] == 2 and len(summary["losses"]) == 2
+    assert summary["message"].startswith("step 3: the loss (nan)")
+    assert summary["message"].endswith(f"the last good checkpoint is {tmp_path}/step_00000002.pt")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]

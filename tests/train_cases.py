@@ -109,3 +109,12 @@ def hf_rank(group, cfg, index, probe=None, eval_index=None, nan_at_step=None) ->
     if nan_at_step is not None:
         spec = NanAt(spec, nan_at_step)
     return train_rank(group, spec)
+
+
+def reference_rank(group, cfg, nan_at_step=None) -> dict:
+    """A rank of ``vlmcp train`` on the reference VLM, its loss made NaN at ``nan_at_step`` where asked."""
+    from vlmcp.train.loop import train_rank
+    from vlmcp.train.specs.reference.spec import ReferenceSpec
+
+    spec = ReferenceSpec(cfg)
+    return train_rank(group, spec if nan_at_step is None else NanAt(spec, nan_at_step))
