@@ -118,6 +118,17 @@ class TrainConfig:
             if getattr(self, name) not in get_args(choices):
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {get_args(choices)}, "
                                  f"got {getattr(self, name)!r}")
+        self._check_schedule()
+        self._check_outputs()
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        if self.seq_len < 8 * self.cp:
+            raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: each sample's text "
+                             f"is cut into 2P={2 * self.cp} chunks; use at least {8 * self.cp}")
+        if self.eval_every and not self.has_eval_data:
+            raise ValueError(f"--eval-every {self.eval_every} needs held-out data: {self.EVAL_FLAGS}")
+
+    def _check_schedule(self) -> None:
         if self.warmup_steps is not None and self.warmup_ratio is not None:
             raise ValueError(f"--warmup-steps {self.warmup_steps} and --warmup-ratio {self.warmup_ratio}: "
                              "give one")
@@ -130,6 +141,8 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+
+    def _check_outputs(self) -> None:
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         for name in ("checkpoint_dir", "metrics_jsonl"):
@@ -138,13 +151,6 @@ class TrainConfig:
         if self.metrics_jsonl is not None and self.loss_curve_png == Path(self.metrics_jsonl):
             raise ValueError(f"--metrics-jsonl {self.metrics_jsonl}: the loss curve would be drawn over it; "
                              "give the metrics another suffix, e.g. .jsonl")
-        if self.timeout <= 0:
-            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
-        if self.seq_len < 8 * self.cp:
-            raise ValueError(f"--seq-len {self.seq_len} is too short for --cp {self.cp}: each sample's text "
-                             f"is cut into 2P={2 * self.cp} chunks; use at least {8 * self.cp}")
-        if self.eval_every and not self.has_eval_data:
-            raise ValueError(f"--eval-every {self.eval_every} needs held-out data: {self.EVAL_FLAGS}")
 
     EVAL_FLAGS: ClassVar[str] = "held-out rows"
     """How the message of ``--eval-every`` without held-out data names the flags that give them."""
