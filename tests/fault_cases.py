@@ -97,7 +97,7 @@ def raise_os_error(group):
 
 def dcp_config(directory, **kw):
     """An HF run's config whose checkpoints go to ``directory`` (FSDP: DCP checkpoints)."""
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     directory = Path(directory)
     base = dict(model=str(directory / "model"), data=str(directory / "data.jsonl"),
@@ -112,7 +112,7 @@ def dcp_round(group, directory, mode):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from vlmcp.train.hf.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+    from vlmcp.train.checkpoint.run import load_run_checkpoint, save_run_checkpoint
 
     cfg = dcp_config(directory, resume=mode == "load")
     torch.manual_seed(0)
@@ -124,28 +124,29 @@ def dcp_round(group, directory, mode):
         return float(sum(p.full_tensor().double().sum() for p in model.parameters()))
 
     if mode == "load":
-        step, _ = load_hf_checkpoint(cfg, model, opt, group, torch.device("cpu"))
+        step, _ = load_run_checkpoint(cfg, model, opt, group, torch.device("cpu"))
         return step, param_sum()
     sums = []
     for step in (1, 2):
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
         opt.zero_grad()
-        save_hf_checkpoint(cfg, model, opt, step, 10 * step, group, group)
+        save_run_checkpoint(cfg, model, opt, step, 10 * step, group, group)
         sums.append(param_sum())
     return sums
 
 
 def hf_sigterm_in_last_step(group, cfg, index):
-    """``train_hf_rank`` with a SIGTERM to every rank while it prepares the last step (exactly then:
+    """``hf_rank`` with a SIGTERM to every rank while it prepares the last step (exactly then:
     the handler runs before the step's all-reduce reads the flag)."""
     import os
     import signal
 
-    from vlmcp.train.hf import loop
+    from tests.train_cases import hf_rank
+    from vlmcp.data.hf.rows import RowLoader
 
     calls = {"n": 0}
-    original = loop.RowLoader.next
+    original = RowLoader.next
 
     def next_row(self):
         calls["n"] += 1
@@ -153,11 +154,11 @@ def hf_sigterm_in_last_step(group, cfg, index):
             os.kill(os.getpid(), signal.SIGTERM)
         return original(self)
 
-    loop.RowLoader.next = next_row
+    RowLoader.next = next_row
     try:
-        return loop.train_hf_rank(group, cfg, index)
+        return hf_rank(group, cfg, index)
     finally:
-        loop.RowLoader.next = original
+        RowLoader.next = original
 
 
 def dcp_refusals(group, directories):
@@ -170,8 +171,8 @@ def dcp_refusals(group, directories):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from vlmcp.train.hf.checkpoint import load_hf_checkpoint
-    from vlmcp.train.hf.dcp_reader import SafeLoadPlanner, SafeReader
+    from vlmcp.train.checkpoint.dcp_reader import SafeLoadPlanner, SafeReader
+    from vlmcp.train.checkpoint.run import load_run_checkpoint
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
@@ -182,7 +183,7 @@ def dcp_refusals(group, directories):
     refused = []
     for directory in directories:
         try:
-            load_hf_checkpoint(dcp_config(directory, resume=True), model, opt, group, torch.device("cpu"))
+            load_run_checkpoint(dcp_config(directory, resume=True), model, opt, group, torch.device("cpu"))
             refused.append(None)
         except ValueError as err:
             refused.append(str(err))
@@ -213,7 +214,7 @@ def dcp_full_disk(group, directory):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from vlmcp.train.hf.checkpoint import save_hf_checkpoint
+    from vlmcp.train.checkpoint.run import save_run_checkpoint
 
     cfg = dcp_config(directory)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
@@ -223,7 +224,7 @@ def dcp_full_disk(group, directory):
     opt.step()
     if dist.get_rank(group) == 1:
         _file_size_limit(1024)
-    save_hf_checkpoint(cfg, model, opt, 1, 10, group, group)
+    save_run_checkpoint(cfg, model, opt, 1, 10, group, group)
 
 
 def final_model_full_disk(group, cfg):
@@ -233,7 +234,7 @@ def final_model_full_disk(group, cfg):
     from transformers import AutoModelForImageTextToText
 
     from vlmcp.data.hf.processor import load_processor
-    from vlmcp.train.hf.final_model import save_trained_model
+    from vlmcp.train.specs.hf.final_model import save_trained_model
 
     model = AutoModelForImageTextToText.from_pretrained(cfg.model)
     real = modeling.safe_save_file

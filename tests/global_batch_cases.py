@@ -32,8 +32,8 @@ def _one_process(cfg, index, eval_index, out: str) -> dict:
     from vlmcp.data.hf.encode import encode_conversation
     from vlmcp.data.hf.processor import load_processor
     from vlmcp.data.hf.rows import row_at
-    from vlmcp.train.hf.optim import make_optimizer
-    from vlmcp.train.schedule import hf_lr_at
+    from vlmcp.train.optim import make_optimizer
+    from vlmcp.train.schedule import lr_at
 
     processor = load_processor(cfg.model)
     model = AutoModelForImageTextToText.from_pretrained(cfg.model, dtype=torch.float64)
@@ -58,7 +58,7 @@ def _one_process(cfg, index, eval_index, out: str) -> dict:
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
         for g in optimizer.param_groups:
-            g["lr"] = hf_lr_at(cfg, step)
+            g["lr"] = lr_at(cfg, step)
         optimizer.step()
         losses.append(float(loss.detach()))
     with torch.no_grad():
@@ -76,7 +76,7 @@ def _metrics(path: str) -> list[dict]:
 
 def global_batch_grid(group: dist.ProcessGroup, base, index, eval_index, root: str) -> dict:
     """See the module docstring. Returns, on every rank, what each run gave (rank 0 adds the oracle)."""
-    from vlmcp.train.hf.loop import train_hf_rank
+    from tests.train_cases import hf_rank
 
     rank = dist.get_rank(group)
     runs = {
@@ -94,16 +94,15 @@ def global_batch_grid(group: dist.ProcessGroup, base, index, eval_index, root: s
         for name, kw in runs.items():
             cfg = dataclasses.replace(base, output_dir=f"{root}/{name}", metrics_jsonl=f"{root}/{name}.jsonl",
                                       **kw)
-            summary = train_hf_rank(group, cfg, index, None, eval_index)
+            summary = hf_rank(group, cfg, index, None, eval_index)
             out[name] = {"losses": summary["losses"], "evals": summary["evals"],
                          "records": _metrics(cfg.metrics_jsonl) if rank == 0 else None}
         # an accumulating run stopped after its step-1 checkpoint, resumed to its end
         stopped = dataclasses.replace(base, cp=2, grad_accum=2, output_dir=f"{root}/stopped",
-                                      checkpoint_dir=f"{root}/ckpt", checkpoint_every=1, nan_at_step=2,
-                                      save_total_limit=1)
-        assert train_hf_rank(group, stopped, index)["stopped"] == "nonfinite"
-        resumed = dataclasses.replace(stopped, output_dir=f"{root}/resumed", nan_at_step=None, resume=True)
-        summary = train_hf_rank(group, resumed, index)
+                                      checkpoint_dir=f"{root}/ckpt", checkpoint_every=1, save_total_limit=1)
+        assert hf_rank(group, stopped, index, nan_at_step=2)["stopped"] == "nonfinite"
+        resumed = dataclasses.replace(stopped, output_dir=f"{root}/resumed", resume=True)
+        summary = hf_rank(group, resumed, index)
         out["resumed"] = {"start_step": summary["start_step"], "losses": summary["losses"],
                           "checkpoints": sorted(os.listdir(f"{root}/ckpt"))}
         dist.barrier(group=group)

@@ -20,14 +20,8 @@ import torch
 
 from tests import fault_cases
 from vlmcp.testing import DistributedTestError, run_on_ranks
-from vlmcp.train import durable
-from vlmcp.train.checkpoint import (
-    clean_os_error,
-    load_checkpoint,
-    payload_digest,
-    remove_stale_temps,
-    save_checkpoint,
-)
+from vlmcp.train.checkpoint import durable, load_checkpoint, payload_digest, save_checkpoint
+from vlmcp.train.checkpoint.durable import clean_os_error, remove_stale_temps
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -61,7 +55,7 @@ def _crash_at(monkeypatch, k: int, log: list):
 def _next_save(template: Path, where: Path, step: int):
     """``where``: a copy of ``template`` (steps 1 and 2) with step ``step``'s save about to be
     published: its complete temporary directory (the files of step 2) and its meta."""
-    from vlmcp.train.hf.dcp_checkpoint import META, file_sha256
+    from vlmcp.train.checkpoint.dcp import META, file_sha256
     from vlmcp.train.lock import writer_tag
 
     shutil.copytree(template, where)
@@ -76,8 +70,8 @@ def _next_save(template: Path, where: Path, step: int):
 
 
 def test_a_crash_anywhere_in_a_dcp_save_leaves_a_loadable_newest_checkpoint(tmp_path, monkeypatch):
-    from vlmcp.train.hf.checkpoint import latest_step
-    from vlmcp.train.hf.dcp_checkpoint import TEMP, publish_dcp
+    from vlmcp.train.checkpoint.dcp import TEMP, publish_dcp
+    from vlmcp.train.checkpoint.run import latest_step
 
     template = tmp_path / "saved"
     run_on_ranks(fault_cases.dcp_round, 2, str(template), "save", timeout=100)  # steps 1 and 2
@@ -110,7 +104,7 @@ def test_a_crash_anywhere_in_a_dcp_save_leaves_a_loadable_newest_checkpoint(tmp_
 
 
 def test_a_dcp_save_fsyncs_every_file_and_directory_before_a_name_points_at_them(tmp_path, monkeypatch):
-    from vlmcp.train.hf.dcp_checkpoint import publish_dcp
+    from vlmcp.train.checkpoint.dcp import publish_dcp
 
     template = tmp_path / "saved"
     run_on_ranks(fault_cases.dcp_round, 2, str(template), "save", timeout=100)
@@ -130,7 +124,7 @@ def test_a_dcp_save_fsyncs_every_file_and_directory_before_a_name_points_at_them
 
 
 def test_temporary_files_are_exclusive_and_never_written_through_a_link(tmp_path, monkeypatch):
-    from vlmcp.train.hf import final_model
+    from vlmcp.train.specs.hf import final_model
 
     tag = f"{os.getpid()}-{socket.gethostname()}"
     victim = tmp_path / "victim"
@@ -173,7 +167,7 @@ def test_temporary_files_are_exclusive_and_never_written_through_a_link(tmp_path
 def test_a_full_disk_in_safetensors_and_in_a_dcp_save_is_one_line(tmp_path):
     pytest.importorskip("transformers")
     from vlmcp.hf.debug.init_model import init_model
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     # safetensors' writer is Rust: no OSError in the chain, the errno only in its message
     probe = subprocess.run([sys.executable, "-c", (

@@ -135,8 +135,8 @@ def test_an_ms_swift_pretraining_line_trains_its_text_plain(arch, qwen, llava, t
 
 
 def test_resume_refuses_other_data_options_and_takes_old_checkpoints(tmp_path):
-    from vlmcp.train.hf.checkpoint import check_resumable
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.checkpoint.run import check_resumable
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     cfg = HFTrainConfig(model="m", data=("d.jsonl",), output_dir=str(tmp_path), steps=4)
     saved = cfg.to_dict()
@@ -152,8 +152,8 @@ def test_resume_refuses_other_data_options_and_takes_old_checkpoints(tmp_path):
 def test_eval_data_gets_the_training_datas_pixel_bounds_and_truncation(qwen, tmp_path):
     import json
 
-    from vlmcp.cli.train_hf import plan_eval
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.launch import plan_eval
 
     _image(tmp_path / "big.png", (224, 168))
     line = {"messages": [{"role": "user", "content": "<image>What is it?"},
@@ -173,8 +173,8 @@ def test_eval_data_gets_the_training_datas_pixel_bounds_and_truncation(qwen, tmp
 def test_eval_dataset_names_held_out_data_in_dataset_info(qwen, tmp_path):
     import json
 
-    from vlmcp.cli.train_hf import plan_eval
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.launch import plan_eval
 
     lines = [{"q": f"Question {i}?", "a": f"Answer {i}."} for i in range(3)]
     (tmp_path / "held.json").write_text(json.dumps(lines))

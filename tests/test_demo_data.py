@@ -173,9 +173,9 @@ def test_a_plan_the_processor_would_not_follow_is_refused_before_any_rank(models
 
 def _train_all(group, runs):
     """Each ``(cfg, index)`` trained in turn on the same ranks (one spawn for every architecture)."""
-    from vlmcp.train.hf.loop import train_hf_rank
+    from tests.train_cases import hf_rank
 
-    return [train_hf_rank(group, cfg, index) for cfg, index in runs]
+    return [hf_rank(group, cfg, index) for cfg, index in runs]
 
 
 def _kind(conv) -> str:
@@ -194,10 +194,10 @@ def test_every_architecture_trains_on_the_shipped_demo_data(models, lf, tmp_path
     (its forward cannot take both: tests/test_video_families.py)."""
     import dataclasses
 
-    from vlmcp.cli.train_hf import plan_data, preload_model_code
     from vlmcp.data.hf.rows import row_at
     from vlmcp.launch import spawn_ranks
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
 
     runs, kinds = [], {}
     for arch in ARCHS:

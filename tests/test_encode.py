@@ -172,7 +172,7 @@ def _agree_case(group):
     import torch.distributed as dist
 
     from vlmcp.data.hf.schema import Skipped
-    from vlmcp.train.hf.agree import DecodeSkips, agree_on_skips
+    from vlmcp.train.specs.hf.agree import DecodeSkips, agree_on_skips
 
     rank = dist.get_rank(group)
     planned = [10, 20, 30, 40]

@@ -119,8 +119,8 @@ def test_a_bit_flip_falls_back_to_the_previous_checkpoint_and_resume_is_exact(tm
 
 
 def test_dcp_checkpoints_are_checksummed_and_fall_back(tmp_path):
-    from vlmcp.cli.train_hf import _resume_preflight
-    from vlmcp.train.hf.checkpoint import latest_step
+    from vlmcp.cli.train import resume_preflight
+    from vlmcp.train.checkpoint.run import latest_step
 
     sums = run_on_ranks(fault_cases.dcp_round, 2, str(tmp_path), "save", timeout=100)[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002"]
@@ -139,7 +139,7 @@ def test_dcp_checkpoints_are_checksummed_and_fall_back(tmp_path):
                                                                f"{tmp_path}/step_00000001/vlmcp_meta.pt"]
     cfg = fault_cases.dcp_config(tmp_path, resume=True)
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="none of the 2 checkpoint"):
-        _resume_preflight(cfg)
+        resume_preflight(cfg)
 
 
 def test_a_full_disk_is_one_clean_os_error(tmp_path, monkeypatch):
@@ -147,14 +147,14 @@ def test_a_full_disk_is_one_clean_os_error(tmp_path, monkeypatch):
     import errno
     import io
 
-    from vlmcp.train import durable
+    from vlmcp.train.checkpoint import durable
 
     class Full(io.FileIO):
         def write(self, b):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     save_checkpoint(tmp_path, 1, {"w": torch.ones(3)})
-    # the temporary file's writes fail (it is opened by vlmcp.train.durable.open_exclusive)
+    # the temporary file's writes fail (it is opened by vlmcp.train.checkpoint.durable.open_exclusive)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     monkeypatch.setattr(durable, "open", lambda p, mode, opener: Full(opener(p, flags), "wb"), raising=False)
     with pytest.raises(OSError) as info:
@@ -297,7 +297,7 @@ def test_temp_files_are_removed_only_by_their_owner(tmp_path, other_run):
 
 
 def test_hf_resume_compares_resolved_paths(tmp_path, monkeypatch):
-    from vlmcp.train.hf.checkpoint import check_resumable
+    from vlmcp.train.checkpoint.run import check_resumable
 
     monkeypatch.chdir(tmp_path)
     cfg = fault_cases.dcp_config(tmp_path)
@@ -324,13 +324,14 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from vlmcp.cli.train_hf import _resume_preflight, plan_data, preload_model_code
+    from tests.train_cases import hf_rank
+    from vlmcp.cli.train import resume_preflight
     from vlmcp.data.hf.export import export_shapes
     from vlmcp.hf.debug.init_model import init_model
     from vlmcp.launch import spawn_ranks
-    from vlmcp.train.hf.config import HFTrainConfig
-    from vlmcp.train.hf.final_model import final_model_complete
-    from vlmcp.train.hf.loop import train_hf_rank
+    from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.final_model import final_model_complete
+    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
 
     model, data, out = init_model("llava", tmp_path / "llava"), export_shapes(tmp_path / "shapes", 8), \
         tmp_path / "out"
@@ -350,14 +351,14 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
     (out / "model.safetensors").write_bytes(b"half a model")
     assert not final_model_complete(out, 2)
     resume = HFTrainConfig(**{**cfg.to_dict(), "resume": True})
-    assert _resume_preflight(resume)
+    assert resume_preflight(resume)
     assert "is at step 2 = --steps, but the model in" in capsys.readouterr().out
-    again = spawn_ranks(train_hf_rank, 2, resume, index, timeout=150)[0]
+    again = spawn_ranks(hf_rank, 2, resume, index, timeout=150)[0]
     assert again["start_step"] == 2 and again["losses"] == [] and again["model_dir"] == str(out)
     assert final_model_complete(out, 2)
     rewritten = load_file(out / "model.safetensors")
     assert weights.keys() == rewritten.keys() and all(torch.equal(weights[k], rewritten[k]) for k in weights)
-    assert not _resume_preflight(resume) and "nothing to do" in capsys.readouterr().out
+    assert not resume_preflight(resume) and "nothing to do" in capsys.readouterr().out
     assert not [p.name for p in out.iterdir() if p.name.startswith(".model.tmp")]
 
 

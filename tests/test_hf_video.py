@@ -240,8 +240,8 @@ def test_cli_verify_model_video(capsys):
 def test_train_passes_image_strategy_on(tmp_path):
     import argparse
 
-    from vlmcp.cli import train, train_hf
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.cli import train
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     parser = argparse.ArgumentParser()
     train.add_parser(parser.add_subparsers(dest="command"))
@@ -249,6 +249,6 @@ def test_train_passes_image_strategy_on(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{}")  # a model directory: config_from_args checks it
     args = parser.parse_args(["train", "--model", str(tmp_path / "m"), "--data", "d.jsonl",
                               "--output-dir", str(tmp_path / "o"), "--image-strategy", "auto"])
-    assert train_hf.config_from_args(args).image_strategy == "auto"
+    assert train.config_from_args(args).image_strategy == "auto"
     with pytest.raises(ValueError, match="--image-strategy must be one of"):
         HFTrainConfig(model="m", data="d.jsonl", output_dir="o", image_strategy="images")

@@ -12,15 +12,18 @@ import time
 import pytest
 import torch
 
+from tests.train_cases import prepare_killing
 from vlmcp.cli import main
 from vlmcp.data import ShapesDataset, pack_rows
 from vlmcp.loss import cp_cross_entropy
 from vlmcp.models import VLM
 from vlmcp.testing import run_on_ranks
 from vlmcp.train.checkpoint import list_checkpoints, load_checkpoint
-from vlmcp.train.reference.config import TrainConfig
-from vlmcp.train.reference.loop import dataset_config, model_config, train_rank
-from vlmcp.train.reference.step import local_inputs
+from vlmcp.train.loop import train_rank
+from vlmcp.train.specs.reference import launch as reference_launch
+from vlmcp.train.specs.reference.config import ReferenceTrainConfig
+from vlmcp.train.specs.reference.spec import ReferenceSpec, dataset_config, model_config
+from vlmcp.train.specs.reference.step import local_inputs
 
 SMALL = ["--seq-len", "256", "--steps", "8", "--hidden", "32", "--layers", "1"]
 
@@ -46,7 +49,7 @@ def test_train_learns_and_trains_the_vision_tower(tmp_path):
     assert "step 8/8" in proc.stdout and "loss curve written" in proc.stdout
 
 
-def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
+def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys, monkeypatch):
     flags = ["--cp", "2", *SMALL, "--vision-mode", "hidden_shard"]
     full = tmp_path / "full.jsonl"
     assert main(["train", *flags, "--metrics-jsonl", str(full)]) == 0
@@ -55,7 +58,9 @@ def test_resume_after_a_killed_rank_is_exact_and_fails_fast(tmp_path, capsys):
     run = ["train", *flags, "--checkpoint-every", "3", "--checkpoint-dir", str(ckpt), "--metrics-jsonl",
            str(metrics), "--timeout", "30"]
     start = time.monotonic()
-    assert main([*run, "--_fault", "1", "5"]) == 1  # rank 1 is SIGKILLed at step 5 (0-based)
+    with monkeypatch.context() as patch:  # rank 1 is SIGKILLed at step 5 (0-based)
+        patch.setattr(reference_launch, "prepare", prepare_killing(1, 5))
+        assert main(run) == 1
     assert time.monotonic() - start < 60  # the survivor did not wait for the whole run
     err = capsys.readouterr().err  # one line for the killed rank, one for the peer that lost it
     assert "rank 1 was killed by SIGKILL" in err and len(err.strip().splitlines()) == 2, err
@@ -125,8 +130,8 @@ def test_world_size_mismatch_under_torchrun_is_an_error(monkeypatch, capsys):
 
 
 def test_dp_times_cp_trains_every_replica_identically():
-    cfg = TrainConfig(cp=2, dp=2, seq_len=256, steps=3, hidden=32, layers=1)
-    summaries = run_on_ranks(train_rank, 4, cfg, timeout=240)
+    cfg = ReferenceTrainConfig(cp=2, dp=2, seq_len=256, steps=3, hidden=32, layers=1)
+    summaries = run_on_ranks(train_rank, 4, ReferenceSpec(cfg), timeout=240)
     # the DP mean keeps the 4 ranks (2 replicas x 2 CP ranks) bit-identical
     assert len({s["param_checksum"] for s in summaries}) == 1
     # step 1's logged loss is the mean over the two rows the replicas took, each computed
@@ -217,3 +222,77 @@ def test_joins_a_torchrun_launch(tmp_path):
     assert main(["train", "--cp", "2", *SMALL[:2], "--steps", "3", "--hidden", "32", "--layers", "1",
                  "--metrics-jsonl", str(spawned)]) == 0
     assert losses(metrics) == losses(spawned)  # the same run, whoever starts the ranks
+
+
+def _records(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_the_reference_vlm_takes_the_loops_flags(tmp_path, capsys):
+    """The one loop's flags on the reference VLM: --grad-accum 2 trains as --dp 2 does, --eval-rows
+    evaluates held-out built-in rows, --save-total-limit prunes, an accumulating run resumes bit-exactly,
+    --max-grad-norm clips and --lr-scheduler / --min-lr-ratio / --warmup-steps set the rate."""
+    from vlmcp.train.schedule import lr_at
+
+    base = ["train", "--cp", "1", *SMALL[:2], "--steps", "4", "--hidden", "32", "--layers", "1"]
+    dp2, accum = tmp_path / "dp2.jsonl", tmp_path / "accum.jsonl"
+    assert main([*base, "--dp", "2", "--metrics-jsonl", str(dp2)]) == 0
+    ckpt = tmp_path / "ckpt"
+    accum_run = [*base, "--grad-accum", "2", "--eval-rows", "2", "--eval-every", "2", "--checkpoint-dir",
+                 str(ckpt), "--checkpoint-every", "1", "--save-total-limit", "2",
+                 "--metrics-jsonl", str(accum)]
+    assert main(accum_run) == 0
+    assert "eval loss" in capsys.readouterr().out
+    steps = [r for r in _records(accum) if "loss" in r]
+    # the same global batch (two rows), its gradient summed by accumulation instead of the DP mean
+    assert max(abs(a - b) for a, b in zip(losses(dp2), [r["loss"] for r in steps], strict=True)) < 1e-5
+    assert all(r["tokens"] == 2 * 256 for r in steps)
+    evals = [r for r in _records(accum) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(r["eval_rows"] == 2 and r["eval_tokens"] > 0 for r in evals)
+    assert [p.name for p in list_checkpoints(ckpt)] == ["step_00000003.pt", "step_00000004.pt"]
+    # resumed after step 3: steps 4 and the last evaluation again, bit-exact on CPU
+    whole = accum.read_text()
+    (ckpt / "step_00000004.pt").unlink()
+    accum.write_text("".join(line + "\n" for line in whole.splitlines()[:4]))  # 3 steps and an eval
+    assert main([*accum_run, "--resume"]) == 0
+    assert [r["loss"] for r in _records(accum) if "loss" in r] == [r["loss"] for r in steps]
+    assert [r["eval_loss"] for r in _records(accum) if "eval_loss" in r] == [r["eval_loss"] for r in evals]
+    # clipping and the schedule flags
+    clipped = tmp_path / "clipped.jsonl"
+    flags = ["--grad-accum", "2", "--lr-scheduler", "linear", "--min-lr-ratio", "0", "--warmup-steps", "0",
+             "--weight-decay", "0"]
+    assert main([*base, *flags, "--max-grad-norm", "0.05", "--metrics-jsonl", str(clipped)]) == 0
+    got = _records(clipped)
+    cfg = ReferenceTrainConfig(steps=4, lr_scheduler="linear", min_lr_ratio=0.0, warmup_steps=0)
+    assert [r["lr"] for r in got] == [lr_at(cfg, s) for s in range(4)]
+    assert [r["lr"] for r in got] == pytest.approx([3e-3, 2.25e-3, 1.5e-3, 0.75e-3])
+    assert all(r["grad_norm"] > 0.05 for r in got)  # logged before clipping: every step clipped
+    unclipped = tmp_path / "unclipped.jsonl"
+    assert main([*base, *flags, "--metrics-jsonl", str(unclipped)]) == 0
+    assert losses(unclipped)[0] == got[0]["loss"] and losses(unclipped)[1] != got[1]["loss"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--eval-every", "2"], "--eval-every 2 needs held-out data: --eval-rows N"),
+    (["--lora"], "--lora needs --model (the reference VLM trains every weight)"),
+    (["--fsdp"], "--fsdp needs --model (the reference VLM has no such flag)"),
+    (["--model", "m", "--data", "d.jsonl", "--output-dir", "o", "--eval-rows", "2"],
+     "--eval-rows applies to the built-in reference VLM, not --model"),
+])
+def test_a_flag_one_model_cannot_take_is_refused_by_name(argv, match, capsys):
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vlmcp train: error: {match}\n"
+
+
+def test_a_nan_stops_the_reference_vlm_before_the_optimizer_step(tmp_path):
+    from tests.train_cases import reference_rank
+
+    cfg = ReferenceTrainConfig(cp=2, seq_len=256, steps=4, hidden=32, layers=1, checkpoint_dir=str(tmp_path),
+                               checkpoint_every=1)
+    summary = run_on_ranks(reference_rank, 2, cfg, 3, timeout=240)[0]
+    assert summary["stopped"] == "nonfinite" and summary["step"] == 2 and len(summary["losses"]) == 2
+    assert summary["message"].startswith("step 3: the loss (nan)")
+    assert summary["message"].endswith(f"the last good checkpoint is {tmp_path}/step_00000002.pt")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]

@@ -20,14 +20,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tests.test_train_hf import _probe  # noqa: E402
+from tests.train_cases import hf_rank  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
-from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
-from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
-from vlmcp.train.hf.loop import train_hf_rank  # noqa: E402
+from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
+from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 STEPS, SEQ = 4, 128
@@ -53,7 +53,7 @@ def _config(files, out, **kw):
 def _run(cfg, probe=None):
     preload_model_code(cfg.model)
     index = plan_data(cfg)
-    summary = spawn_ranks(train_hf_rank, cfg.world_size, cfg, index, probe, timeout=200, threads_per_rank=1)
+    summary = spawn_ranks(hf_rank, cfg.world_size, cfg, index, probe, timeout=200, threads_per_rank=1)
     return summary[0], index
 
 
@@ -209,7 +209,7 @@ def test_flags_are_in_help_with_their_defaults_and_checked(files, capsys, tmp_pa
 
 
 def test_resume_refuses_other_freeze_and_lora_settings(files, tmp_path):
-    from vlmcp.train.hf.checkpoint import check_resumable
+    from vlmcp.train.checkpoint.run import check_resumable
 
     cfg = _config(files, tmp_path, lora=True, lora_rank=4, freeze=("vision",))
     check_resumable(cfg.to_dict(), cfg, 2, tmp_path)  # the same run
@@ -226,7 +226,7 @@ def test_resume_refuses_other_freeze_and_lora_settings(files, tmp_path):
 def test_the_run_names_what_it_trains(files):
     from transformers import AutoModelForImageTextToText
 
-    from vlmcp.train.hf.finetune import describe_trainable, prepare_model
+    from vlmcp.train.specs.hf.finetune import describe_trainable, prepare_model
 
     model = AutoModelForImageTextToText.from_pretrained(str(files["qwen2_vl"]))
     total = sum(p.numel() for p in model.parameters())
@@ -245,12 +245,13 @@ def test_gradient_norms_are_logged_by_the_adapters_parts():
     vision/projector/llm norms follow the adapter, not parameter-name guesses."""
     from vlmcp.hf.debug.tiny import tiny_model
     from vlmcp.hf.freeze import part_names
-    from vlmcp.train.hf.optim import PARTS, squared_norms
+    from vlmcp.train.optim import PARTS, squared_norms
+    from vlmcp.train.specs.hf.model import hf_parts
 
     model = tiny_model("idefics3", torch.float32)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    sq = squared_norms(model).sum(1)
+    sq = squared_norms(model, hf_parts(model)).sum(1)
     params = dict(model.named_parameters())
     want = [sum(params[n].numel() for n in part_names(model)[part]) for part in PARTS]
     assert sq.tolist() == want and min(want) > 0
@@ -259,7 +260,7 @@ def test_gradient_norms_are_logged_by_the_adapters_parts():
 def test_resume_refuses_a_model_whose_frozen_weights_changed(files):
     from transformers import AutoModelForImageTextToText
 
-    from vlmcp.train.hf.finetune import check_frozen, frozen_record
+    from vlmcp.train.checkpoint.frozen import check_frozen, frozen_record
 
     model = AutoModelForImageTextToText.from_pretrained(str(files["qwen2_vl"]))
     model.model.visual.requires_grad_(False)

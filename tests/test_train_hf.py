@@ -16,15 +16,15 @@ import torch
 
 pytest.importorskip("transformers")
 
+from tests.train_cases import hf_rank  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
-from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.data.hf.rows import build_row  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
-from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
-from vlmcp.train.hf.loop import train_hf_rank  # noqa: E402
+from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
+from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 STEPS, SEQ = 6, 128
@@ -83,10 +83,11 @@ def _probe(model, processor, index, cp_group):
             "samples": index.rows[0]}
 
 
-def _run(cfg, world, probe=None):
+def _run(cfg, world, probe=None, nan_at_step=None):
     preload_model_code(cfg.model)
     index = plan_data(cfg)
-    return spawn_ranks(train_hf_rank, world, cfg, index, probe, timeout=200, threads_per_rank=1)[0], index
+    return spawn_ranks(hf_rank, world, cfg, index, probe, None, nan_at_step, timeout=200,
+                       threads_per_rank=1)[0], index
 
 
 @pytest.fixture(scope="module")
@@ -185,14 +186,14 @@ def test_ctrl_c_saves_and_resume_continues_exactly(llava_run, models, data, tmp_
 
 @needs_hf_cp
 def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, tmp_path, capsys):
-    from vlmcp.cli.train_hf import _report
+    from vlmcp.train.specs.hf.report import print_summary
 
-    cfg = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2, nan_at_step=3,
+    cfg = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2,
                   metrics_jsonl=str(tmp_path / "m.jsonl"))
-    summary, index = _run(cfg, 2)
+    summary, index = _run(cfg, 2, nan_at_step=3)
     assert summary["stopped"] == "nonfinite" and summary["model_dir"] is None
     capsys.readouterr()
-    assert _report(cfg, index, summary) == 1  # the command's exit code
+    assert print_summary(cfg, index, summary) == 1  # the command's exit code
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("vlmcp train: step 3: the loss (nan)"), err
     assert f"the last good checkpoint is {tmp_path}/checkpoints/step_00000002.pt" in err[0]
@@ -209,8 +210,8 @@ def test_nan_stops_every_rank_and_keeps_the_last_good_checkpoint(models, data, t
 @needs_hf_cp
 def test_checkpoint_resumes_at_another_cp_size(llava_run, models, data, tmp_path):
     # the same 6-step run, stopped after its step-2 checkpoint (a NaN at step 3 saves nothing more)
-    first = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2, nan_at_step=3)
-    assert _run(first, 2)[0]["stopped"] == "nonfinite"
+    first = _config(models["llava"], data, tmp_path, cp=2, checkpoint_every=2)
+    assert _run(first, 2, nan_at_step=3)[0]["stopped"] == "nonfinite"
     # layout-free checkpoint; the full-logits loss continues the chunked run's (the default) exactly
     again = _config(models["llava"], data, tmp_path, cp=1, resume=True, loss="full")
     summary, _ = _run(again, 1)
@@ -321,9 +322,9 @@ def test_bad_data_and_paths_fail_before_any_rank_starts(models, data, tmp_path, 
 
 
 def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, capsys):
-    from vlmcp.cli.train_hf import _report
     from vlmcp.data.hf.planned import DataIndex
     from vlmcp.data.hf.schema import Skipped
+    from vlmcp.train.specs.hf.report import print_summary
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), seq_len=64)
     assert cfg.data == ("d.jsonl",)  # one path is a one-file tuple
@@ -339,7 +340,7 @@ def test_summary_names_steps_tokens_rate_skips_and_where_things_are(tmp_path, ca
                "checkpoint": str(tmp_path / "checkpoints" / "step_00000002.pt"), "loss_curve": "m.png",
                "decode_skipped": [Skipped("d.jsonl:9", "cannot decode image y.jpg: OSError: ...")],
                "peak_memory": {"bytes": 3 * 2**29, "kind": "resident"}}
-    assert _report(cfg, index, summary) == 0
+    assert print_summary(cfg, index, summary) == 0
     out = capsys.readouterr().out
     assert ("steps 1-2 of 2, 1,200 tokens (300 trained), 600 tokens/s, loss 2.0000 -> 1.5000, peak memory "
             "1.50 GiB per rank (resident, busiest rank)") in out
@@ -354,11 +355,11 @@ def _plan_check(group):
     import torch.distributed as dist
 
     from vlmcp.data.hf.planned import DataIndex
-    from vlmcp.train.hf.loop import _check_same_plan
+    from vlmcp.train.specs.hf.spec import check_same_plan
 
     index = DataIndex(conversations=[], lengths=[10 + dist.get_rank(group)], rows=[[0]], seq_len=16)
     try:
-        _check_same_plan(index, group, torch.device("cpu"))
+        check_same_plan(index, group, torch.device("cpu"))
     except ValueError as err:
         return str(err)
     return None
@@ -397,7 +398,7 @@ def cut_data(data, tmp_path_factory):
 def test_an_image_that_fails_to_decode_is_skipped_on_every_cp_rank(models, cut_data, tmp_path):
     import dataclasses
 
-    from vlmcp.cli.train_hf import _report
+    from vlmcp.train.specs.hf.report import print_summary
 
     good, bad = cut_data
     cfg = _config(models["llava"], None, tmp_path, cp=2, steps=1, warmup_steps=None)
@@ -406,14 +407,14 @@ def test_an_image_that_fails_to_decode_is_skipped_on_every_cp_rank(models, cut_d
     assert len(index.conversations) == 6 and not index.unreadable  # planning reads headers only
     cfg = dataclasses.replace(cfg, steps=len(index.rows))  # one epoch: every row once
     preload_model_code(cfg.model)
-    ranks = spawn_ranks(train_hf_rank, 2, cfg, index, timeout=200, threads_per_rank=1)
+    ranks = spawn_ranks(hf_rank, 2, cfg, index, timeout=200, threads_per_rank=1)
     summary = ranks[0]
     assert summary["model_dir"] and len(summary["losses"]) == len(index.rows)  # the run went on
     ((where, reason),) = [(s.where, s.reason) for s in summary["decode_skipped"]]
     assert where == f"{bad}:1" and reason.startswith(f"cannot decode image {bad.parent}/cut.jpg: OSError")
     assert ranks[1]["decode_skipped"] == summary["decode_skipped"] and ranks[1]["losses"] == summary["losses"]
     assert summary["tokens"] == index.tokens - index.lengths[5]  # trained on everything else
-    _report(cfg, index, summary)
+    print_summary(cfg, index, summary)
 
 
 def test_strict_decodes_every_image_before_any_rank_starts(models, cut_data, tmp_path, capsys):
@@ -440,8 +441,8 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
     over --cp 2 with hidden_shard, and an accumulating run resumed half way give one process's losses,
     clipped global gradient norms, eval loss and weights."""
     from tests import global_batch_cases
-    from vlmcp.cli.train_hf import plan_eval
     from vlmcp.data.hf.processor import load_processor
+    from vlmcp.train.specs.hf.launch import plan_eval
 
     held = data.parent / "held_out.jsonl"
     held.write_text("".join(line + "\n" for line in data.read_text().splitlines()[-3:]))
@@ -480,18 +481,18 @@ def test_the_global_batch_trains_the_same_with_dp_accumulation_fsdp_and_a_resume
 def test_a_run_that_trains_no_token_is_an_error(models, cut_data, tmp_path, capsys):
     import dataclasses
 
-    from vlmcp.cli.train_hf import _report
+    from vlmcp.train.specs.hf.report import print_summary
 
     _, bad = cut_data  # its only image fails to decode in training: every row is empty
     cfg = dataclasses.replace(_config(models["llava"], None, tmp_path, cp=1, steps=2, warmup_steps=None),
                               data=(str(bad),))
     index = plan_data(cfg)
     preload_model_code(cfg.model)
-    summary = spawn_ranks(train_hf_rank, 1, cfg, index, timeout=200, threads_per_rank=1)[0]
+    summary = spawn_ranks(hf_rank, 1, cfg, index, timeout=200, threads_per_rank=1)[0]
     assert summary["stopped"] == "no_targets" and summary["model_dir"] is None
     assert summary["target_tokens"] == 0
     capsys.readouterr()
-    assert _report(cfg, index, summary) == 1
+    assert print_summary(cfg, index, summary) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == ["vlmcp train: steps 1-2 trained no target token (every conversation of their rows was "
                    "skipped, or none has a trained turn); the model is not saved"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vlmcp.cli import main
-from vlmcp.train.schedule import hf_lr_at, lr_at, scheduled_lr
+from vlmcp.train.schedule import lr_at, scheduled_lr
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,8 +72,8 @@ def _args(*argv):
 
 
 def test_defaults_of_the_reference_vlm_and_of_a_model_directory(tmp_path):
+    from vlmcp.cli.train import config_from_args
     from vlmcp.cli.train import config_from_args as reference_config
-    from vlmcp.cli.train_hf import config_from_args
 
     ref = reference_config(_args())
     assert (ref.lr, ref.steps, ref.seq_len) == (0.003, 60, 1024)
@@ -97,7 +97,7 @@ def test_defaults_of_the_reference_vlm_and_of_a_model_directory(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--epochs", "2"], "--epochs needs --model"),
-    (["--grad-accum", "2"], "--grad-accum needs --model"),
+    (["--image-root", "images"], "--image-root needs --model"),
     (["--eval-data", "x.jsonl"], "--eval-data needs --model"),
     (["--report-to", "tensorboard"], "--report-to needs --model"),
 ])
@@ -117,7 +117,7 @@ def test_loop_flags_need_a_model(capsys, argv, message):
     (dict(save_total_limit=-1), "--save-total-limit must be an integer >= 0"),
 ])
 def test_config_refuses_bad_loop_values(kw, message):
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         HFTrainConfig(model="m", data="d.jsonl", output_dir="o", **kw)
@@ -142,14 +142,17 @@ def test_schedules_follow_transformers_after_the_warm_up():
             opt.step()
             sched.step()
     assert [scheduled_lr("constant", 1.0, s, 10, 2) for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
-    ref = type("Cfg", (), {"lr": 1.0, "steps": 60})()  # the reference trainer: unchanged
+    from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.reference.config import ReferenceTrainConfig
+
+    ref = ReferenceTrainConfig(lr=1.0, steps=60)  # the reference trainer: unchanged
     assert lr_at(ref, 0) == 0.2 and lr_at(ref, 5) == pytest.approx(1.0) and lr_at(ref, 59) > 0.1
-    hf = type("Cfg", (), {"lr": 1.0, "steps": 4, "lr_scheduler": "linear", "warmup": 0})()
-    assert [hf_lr_at(hf, s) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    hf = HFTrainConfig(model="m", data="d.jsonl", output_dir="o", lr=1.0, steps=4, lr_scheduler="linear")
+    assert [lr_at(hf, s) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
 
 
 def test_weight_decay_skips_biases_and_norms_and_clipping_scales_to_the_norm():
-    from vlmcp.train.hf.optim import clip_gradients, make_optimizer, no_decay
+    from vlmcp.train.optim import clip_gradients, make_optimizer, no_decay
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4),
                                 torch.nn.Linear(4, 2, bias=False))
@@ -197,8 +200,8 @@ def test_eval_records_go_into_the_metrics_and_the_loss_curve(tmp_path):
 
 
 def test_resume_with_another_schedule_is_refused_naming_it(tmp_path):
-    from vlmcp.train.hf.checkpoint import check_resumable
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.checkpoint.run import check_resumable
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir="o", steps=6)
     saved = cfg.to_dict()
@@ -217,7 +220,7 @@ def test_resume_with_another_schedule_is_refused_naming_it(tmp_path):
 
 
 def test_eval_every_without_eval_data_is_refused():
-    from vlmcp.train.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     with pytest.raises(ValueError, match="--eval-every 5 needs held-out data"):
         HFTrainConfig(model="m", data="d.jsonl", output_dir="o", steps=3, eval_every=5)
@@ -269,8 +272,8 @@ def test_feedback_writes_every_figure_to_the_metrics_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from vlmcp.report.metrics import read_metrics
-    from vlmcp.train.hf.config import HFTrainConfig
-    from vlmcp.train.hf.feedback import Feedback, tensorboard_dir
+    from vlmcp.train.feedback import Feedback
+    from vlmcp.train.specs.hf.config import HFTrainConfig
 
     cfg = HFTrainConfig(model="m", data="d.jsonl", output_dir=str(tmp_path), steps=2, report_to="tensorboard",
                         metrics_jsonl=str(tmp_path / "m.jsonl"))
@@ -288,7 +291,7 @@ def test_feedback_writes_every_figure_to_the_metrics_and_tensorboard(tmp_path):
     assert "vlmcp train: step 1: eval loss 2.5000 over 30 target tokens (2 rows)" in out.getvalue()
     assert read_metrics(tmp_path / "m.jsonl") == [record, {"step": 1, "eval_loss": 2.5, "eval_tokens": 30,
                                                            "eval_rows": 2}]
-    events = EventAccumulator(str(tensorboard_dir(cfg)))
+    events = EventAccumulator(str(cfg.tensorboard_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {f"train/{k}" for k in record if k != "step"} | {"eval/loss"} <= tags

@@ -41,7 +41,7 @@ class _Payload:
 
 def _rehash(step_dir: Path) -> None:
     """Recompute ``vlmcp_meta.pt``'s checksums, as anyone who can write the folder can."""
-    from vlmcp.train.hf.dcp_checkpoint import META, file_sha256
+    from vlmcp.train.checkpoint.dcp import META, file_sha256
 
     meta = torch.load(step_dir / META, weights_only=True)
     meta["files"] = {p.name: file_sha256(p) for p in sorted(step_dir.iterdir())
@@ -77,8 +77,8 @@ def _craft(saved: Path, where: Path, kind: str, marker: Path) -> Path:
 
 
 def test_a_crafted_dcp_checkpoint_is_refused_on_every_rank_and_runs_nothing(tmp_path, capsys):
-    from vlmcp.cli.train_hf import _resume_preflight
-    from vlmcp.train.hf.checkpoint import latest_step
+    from vlmcp.cli.train import resume_preflight
+    from vlmcp.train.checkpoint.run import latest_step
 
     saved = tmp_path / "saved"
     run_on_ranks(fault_cases.dcp_round, 2, str(saved), "save", timeout=100)
@@ -103,7 +103,7 @@ def test_a_crafted_dcp_checkpoint_is_refused_on_every_rank_and_runs_nothing(tmp_
                      "DCP checkpoint never holds (a crafted checkpoint runs code when loaded); nothing was "
                      "loaded")
     with pytest.raises(ValueError) as info:
-        _resume_preflight(fault_cases.dcp_config(tmp_path / "metadata", resume=True))
+        resume_preflight(fault_cases.dcp_config(tmp_path / "metadata", resume=True))
     assert str(info.value) == metadata_line
     if importlib.util.find_spec("transformers") is not None:  # what the user sees: exit 2, that line
         from vlmcp.data.hf.export import export_shapes

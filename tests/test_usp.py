@@ -17,7 +17,7 @@ import vlmcp
 from tests import attention_cases, usp_cases
 from vlmcp.cli import main
 from vlmcp.testing import run_on_ranks
-from vlmcp.train.reference.config import TrainConfig
+from vlmcp.train.specs.reference.config import ReferenceTrainConfig
 
 ROWS = [
     ["t3 i5 t4 i2 i3 t6", "t7", "t2 i6"],  # images after text, back to back (image_ids), ending a sample
@@ -245,10 +245,11 @@ def test_cli_verify_rejects_bad_usp_flags(argv, match, capsys):
 
 
 def test_train_config_usp():
-    assert TrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=2).usp_size == 2
-    assert TrainConfig(cp=4, heads=4, kv_heads=2, attention="usp").usp_size == 2  # gcd(kv_heads, cp)
-    assert TrainConfig(cp=4, attention="ring").usp_size is None
+    usp = ReferenceTrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=2)
+    assert usp.usp_size == 2
+    assert ReferenceTrainConfig(cp=4, heads=4, kv_heads=2, attention="usp").usp_size == 2  # gcd(kv_heads, cp)
+    assert ReferenceTrainConfig(cp=4, attention="ring").usp_size is None
     with pytest.raises(ValueError, match="--ulysses-size must divide --cp"):
-        TrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=4)
+        ReferenceTrainConfig(cp=4, heads=6, kv_heads=3, hidden=48, attention="usp", ulysses_size=4)
     with pytest.raises(ValueError, match="--ulysses-size needs --attention usp"):
-        TrainConfig(cp=4, attention="ulysses", ulysses_size=2)
+        ReferenceTrainConfig(cp=4, attention="ulysses", ulysses_size=2)

@@ -429,10 +429,10 @@ def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path
     video inputs reach the model, the cut avi is skipped on both ranks, and the trained model's
     CP logits on a row equal plain transformers' on each of its conversations."""
 
-    from vlmcp.cli.train_hf import plan_data, preload_model_code
+    from tests.train_cases import hf_rank
     from vlmcp.launch import spawn_ranks
-    from vlmcp.train.hf.config import HFTrainConfig
-    from vlmcp.train.hf.loop import train_hf_rank
+    from vlmcp.train.specs.hf.config import HFTrainConfig
+    from vlmcp.train.specs.hf.launch import plan_data, preload_model_code
 
     model = init_model(arch, tmp_path / arch)
     (model / "chat_template.jinja").write_text(CHAT_TEMPLATES[arch])
@@ -449,7 +449,7 @@ def test_cp2_trains_videos_as_videos_and_skips_a_bad_one(media, shapes, tmp_path
     preload_model_code(cfg.model)
     index = plan_data(cfg)
     assert len(index.conversations) == 6 and not index.unreadable
-    ranks = spawn_ranks(train_hf_rank, 2, cfg, index, probe_row0, timeout=200, threads_per_rank=1)
+    ranks = spawn_ranks(hf_rank, 2, cfg, index, probe_row0, timeout=200, threads_per_rank=1)
     summary = ranks[0]
     losses = summary["losses"]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, losses

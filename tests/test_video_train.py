@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("av")
 
+from tests.train_cases import hf_rank  # noqa: E402
 from tests.video_train_cases import check_probe_is_transformers, probe_row0, train_then_resume  # noqa: E402
-from vlmcp.cli.train_hf import plan_data, preload_model_code  # noqa: E402
 from vlmcp.data.hf.export import export_shapes, write_video  # noqa: E402
 from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
-from vlmcp.train.hf.config import HFTrainConfig  # noqa: E402
-from vlmcp.train.hf.loop import train_hf_rank  # noqa: E402
+from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
+from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 STEPS, EVERY = 6, 3
@@ -94,7 +94,7 @@ def test_long_moving_shapes_videos_train_at_cp4_with_auto_and_frame_group_scatte
     preload_model_code(cfg.model)
     index = plan_data(cfg)
     assert len(index.rows) == 3 and all(n > 300 for n in index.lengths)
-    summary = spawn_ranks(train_hf_rank, 4, cfg, index, long_video_probe, timeout=280, threads_per_rank=1)[0]
+    summary = spawn_ranks(hf_rank, 4, cfg, index, long_video_probe, timeout=280, threads_per_rank=1)[0]
     losses = summary["losses"]
     assert len(losses) == 4 and losses[-1] < losses[0], losses
     probe = summary["probe"]

@@ -24,14 +24,14 @@ def probe_row0(model, processor, index, cp_group) -> dict:
 def train_then_resume(group: dist.ProcessGroup, cfg, resumed, index, probe) -> dict:
     """``cfg``'s run (checkpoints every ``cfg.checkpoint_every`` steps), its last checkpoint removed,
     then ``resumed`` (``resume=True`` from the one before) in the same spawned group: both summaries."""
+    from tests.train_cases import hf_rank
     from vlmcp.train.checkpoint import checkpoint_path
-    from vlmcp.train.hf.loop import train_hf_rank
 
-    first = train_hf_rank(group, cfg, index, probe)
+    first = hf_rank(group, cfg, index, probe)
     if dist.get_rank(group) == 0:
         checkpoint_path(cfg.checkpoints, cfg.steps).unlink()
     dist.barrier(group)
-    return {"first": first, "second": train_hf_rank(group, resumed, index)}
+    return {"first": first, "second": hf_rank(group, resumed, index)}
 
 
 def long_video_probe(model, processor, index, cp_group) -> dict:

@@ -17,7 +17,7 @@ def double_count_trap(group):
     from vlmcp.checks.parity import builtin_row, verify_model_config
     from vlmcp.grads import reduce_gradients
     from vlmcp.models import VLM
-    from vlmcp.train.reference.step import forward_backward
+    from vlmcp.train.specs.reference.step import forward_backward
     from vlmcp.vision import place_vision
 
     row, P = builtin_row(), dist.get_world_size(group)
@@ -55,7 +55,7 @@ def bad_image_count(group):
 
     from vlmcp.checks.parity import builtin_row, verify_model_config
     from vlmcp.models import VLM
-    from vlmcp.train.reference.step import forward_backward
+    from vlmcp.train.specs.reference.step import forward_backward
     from vlmcp.vision import place_vision
 
     row = builtin_row()
@@ -91,7 +91,7 @@ def real_ddp_convention(group, modes):
     from vlmcp.checks.parity import builtin_row, verify_model_config
     from vlmcp.grads import ddp_ignored_params, finish_ddp_gradients, local_part
     from vlmcp.models import VLM
-    from vlmcp.train.reference.step import forward_backward
+    from vlmcp.train.specs.reference.step import forward_backward
     from vlmcp.vision import place_vision
 
     row, P = builtin_row(), dist.get_world_size(group)
@@ -129,7 +129,7 @@ def copied_model_state(group):
 
     from vlmcp.checks.parity import verify_model_config
     from vlmcp.models import VLM
-    from vlmcp.train.state import full_state, load_full_state
+    from vlmcp.train.checkpoint.state import full_state, load_full_state
     from vlmcp.vision import place_vision
 
     torch.manual_seed(0)

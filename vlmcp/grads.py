@@ -103,7 +103,7 @@ def restore_grad_tags(model: nn.Module) -> None:
     Tags live on parameter objects; re-created parameters (deepcopy, ``.to()`` with
     ``overwrite_module_params_on_conversion``) would silently fall back to SHARE, which turns
     ``allreduce_hook``'s FULL gradients into P-times gradients. The placement keeps
-    them by name: the reducers and the checkpoint state (:mod:`vlmcp.train.state`)
+    them by name: the reducers and the checkpoint state (:mod:`vlmcp.train.checkpoint.state`)
     put them back first. A record with ``own_params_only`` covers the listed parameters of the
     module itself (an HF base model's LLaVA-NeXT ``image_newline``), not its submodules'.
     Call it yourself before using :func:`grad_rule`,

@@ -25,9 +25,9 @@ from vlmcp.bench import bench_ranks
 from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.data import PackedRow, random_row
 from vlmcp.models import VLM
-from vlmcp.train.reference.config import TrainConfig
-from vlmcp.train.reference.loop import model_config
-from vlmcp.train.reference.step import forward_backward
+from vlmcp.train.specs.reference.config import ReferenceTrainConfig as TrainConfig
+from vlmcp.train.specs.reference.spec import model_config
+from vlmcp.train.specs.reference.step import forward_backward
 from vlmcp.vision import place_vision
 
 PATCH = 8

@@ -20,7 +20,7 @@ from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
 from vlmcp.grads import grad_norms, local_part, reduce_gradients
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.options import TORCH_DTYPES
-from vlmcp.train.reference.step import forward_backward
+from vlmcp.train.specs.reference.step import forward_backward
 from vlmcp.vision import VisionConfig, place_vision
 
 __all__ = ["ParityCase", "builtin_row", "parity_case", "verify_model_config"]

@@ -28,7 +28,7 @@ from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import RankShard
 from vlmcp.models import VLM, VLMConfig
-from vlmcp.train.reference.step import forward_backward
+from vlmcp.train.specs.reference.step import forward_backward
 from vlmcp.vision import place_vision
 
 __all__ = ["LAYOUTS", "compare_rank", "local_only_attention", "markdown_table"]

@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from vlmcp.checks.seed_table import compare_rank, markdown_table
     from vlmcp.data import ShapesDataset, pack_row
-    from vlmcp.train.reference.config import TrainConfig
-    from vlmcp.train.reference.loop import dataset_config, model_config
+    from vlmcp.train.specs.reference.config import ReferenceTrainConfig as TrainConfig
+    from vlmcp.train.specs.reference.spec import dataset_config, model_config
 
     cfg = TrainConfig(cp=args.cp, seq_len=args.seq_len, seed=args.seed)
     row = pack_row(ShapesDataset(dataset_config(cfg)), cfg.seq_len, 0)

@@ -10,8 +10,6 @@ inside an image or video; ``--max-samples N`` reads the first N lines of each fi
 
 from __future__ import annotations
 
-import argparse
-
 __all__ = ["DATA_FLAGS", "add_data_arguments"]
 
 DATA_FLAGS = ("dataset", "dataset_dir", "eval_dataset", "image_max_pixels", "image_min_pixels", "truncate",
@@ -40,11 +38,3 @@ def add_data_arguments(group) -> None:
                             "that would be cut) instead of skipping it")
     group.add_argument("--max-samples", type=int, default=None, metavar="N",
                        help="read only the first N lines of each --data file and --dataset; none: all")
-
-
-def check_reference(args: argparse.Namespace) -> None:
-    """Without ``--model`` these flags are a mistake: say so."""
-    for dest in DATA_FLAGS:
-        if getattr(args, dest, None) not in (None, False):
-            raise ValueError(f"--{dest.replace('_', '-')} needs --model (the reference VLM trains its "
-                             "built-in data)")

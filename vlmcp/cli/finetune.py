@@ -1,87 +1,77 @@
-"""The fine-tuning loop's flags of ``vlmcp train --model``: run length, global batch, optimizer,
-schedule, evaluation and reporting (:class:`vlmcp.train.hf.config.HFTrainConfig` documents each).
+"""The training loop's flags of ``vlmcp train``: run length, global batch, optimizer, schedule,
+evaluation and reporting (:class:`vlmcp.train.config.TrainConfig` documents each).
 
-The three flags the reference VLM shares (``--lr``, ``--seq-len``, ``--steps``) default to None on
-the parser, so that each trainer fills in its own defaults: :data:`HF_DEFAULTS` for a model
-directory, :class:`~vlmcp.train.reference.config.TrainConfig`'s for the reference VLM.
+The flags whose default differs between the two models (``--lr``, ``--seq-len``, ``--steps``,
+``--weight-decay``, ``--max-grad-norm``, ``--warmup-steps``, ``--min-lr-ratio``) default to None on
+the parser, so that each model's config fills in its own; their help names both defaults, read
+from the two configs (:func:`defaults`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-__all__ = ["HF_DEFAULTS", "LOOP_FIELDS", "add_loop_arguments", "check_no_loop_flags", "hf_shared_values",
-           "loop_options"]
+__all__ = ["add_loop_arguments", "defaults"]
 
-HF_DEFAULTS = {"lr": 1e-5, "lora_lr": 1e-4, "seq_len": 4096, "epochs": 1}
-"""``--model``'s defaults of the shared flags: full fine-tuning's rate, LoRA's, the row length, and
-the run length when ``--steps`` is not given."""
 
-LOOP_FIELDS = ("epochs", "grad_accum", "weight_decay", "max_grad_norm", "warmup_steps", "warmup_ratio",
-               "lr_scheduler", "save_total_limit", "eval_every", "report_to", "log_every")
-"""The :class:`~vlmcp.train.hf.config.HFTrainConfig` fields these flags set (``--eval-data`` too)."""
+def defaults() -> tuple[dict, dict]:
+    """``(reference VLM's, a model directory's)`` defaults of every config field, by name."""
+    from vlmcp.train.specs.hf.config import LORA_LR, HFTrainConfig
+    from vlmcp.train.specs.reference.config import ReferenceTrainConfig
 
-_DEFAULTS = {"epochs": None, "grad_accum": 1, "weight_decay": 0.0, "max_grad_norm": 1.0, "warmup_steps": None,
-             "warmup_ratio": None, "lr_scheduler": "cosine", "save_total_limit": 3, "eval_every": 0,
-             "report_to": "none", "log_every": 0, "eval_data": None}
+    ref, hf = ({f.name: f.default for f in dataclasses.fields(c)}
+               for c in (ReferenceTrainConfig, HFTrainConfig))
+    return ref, {**hf, "lora_lr": LORA_LR}
 
 
 def add_loop_arguments(p: argparse.ArgumentParser) -> None:
-    """The fine-tuning loop's flags, in a group of their own."""
+    """The loop's flags, in a group of their own."""
+    ref, hf = defaults()
     g = p.add_argument_group(
-        "fine-tuning loop (with --model)",
-        f"With --model the shared flags default to --lr {HF_DEFAULTS['lr']:g} "
-        f"({HF_DEFAULTS['lora_lr']:g} with --lora), --seq-len {HF_DEFAULTS['seq_len']} and a run of "
-        f"--epochs {HF_DEFAULTS['epochs']} (or "
-        "--steps). One optimizer step takes --grad-accum rows on each of the --dp replicas; the loss is "
-        "normalised by the target tokens of that whole global batch. A --resume must keep --steps, "
-        "--grad-accum and the learning-rate schedule.")
+        "training loop of both models, defaults as in the fine-tuning loop (with --model)",
+        "One optimizer step takes --grad-accum rows on each of the --dp replicas; the loss is normalised "
+        "once over that whole global batch (a model directory's by its target tokens, the reference VLM's "
+        "rows each by one). --epochs, --eval-data and --report-to need --model; --eval-rows is the "
+        "reference VLM's held-out data. Where the reference VLM's default differs, the flag's help names "
+        "it. A --resume must keep --grad-accum and the learning-rate schedule (and with --model, --steps "
+        "and --lr).")
     g.add_argument("--epochs", type=float, default=None,
                    help="passes over the planned rows, when --steps is not given (default: 1)")
     g.add_argument("--grad-accum", type=int, default=1, metavar="N",
                    help="rows per DP replica per optimizer step (gradient accumulation)")
-    g.add_argument("--weight-decay", type=float, default=0.0,
-                   help="AdamW weight decay (biases, norms and other 1-D parameters get none)")
-    g.add_argument("--max-grad-norm", type=float, default=1.0,
-                   help="clip the gradient to this global L2 norm (exact over CP, DP, FSDP shards and "
-                        "hidden_shard slices; logged as grad_norm before clipping); 0: no clipping")
+    g.add_argument("--weight-decay", type=float, default=None,
+                   help=f"AdamW weight decay: with --model on matrices only, biases, norms and other "
+                        f"1-D parameters get none (default: {hf['weight_decay']}); the reference VLM "
+                        f"decays every parameter, its default {ref['weight_decay']:g}")
+    g.add_argument("--max-grad-norm", type=float, default=None,
+                   help=f"clip the gradient to this global L2 norm (exact over CP, DP, FSDP shards and "
+                        f"hidden_shard slices; logged as grad_norm before clipping); 0: no clipping "
+                        f"(default: {hf['max_grad_norm']}); the reference VLM's default is "
+                        f"{ref['max_grad_norm']:g}, no clipping")
     g.add_argument("--warmup-steps", type=int, default=None, metavar="N",
-                   help="linear warm-up steps (default: 0, or from --warmup-ratio)")
+                   help=f"linear warm-up steps (default: 0, or from --warmup-ratio; the reference VLM: "
+                        f"{ref['warmup_steps']})")
     g.add_argument("--warmup-ratio", type=float, default=None, metavar="R",
                    help="warm-up as a fraction of the run's steps, rounded up (default: 0)")
     g.add_argument("--lr-scheduler", choices=("cosine", "linear", "constant"), default="cosine",
-                   help="the learning rate after the warm-up: cosine or linear decay to 0, or constant")
+                   help="the learning rate after the warm-up: cosine or linear decay to --min-lr-ratio, or "
+                        "constant (default: cosine)")
+    g.add_argument("--min-lr-ratio", type=float, default=None, metavar="F",
+                   help=f"where the decay ends, as a fraction of --lr (default: {hf['min_lr_ratio']:g}; the "
+                        f"reference VLM: {ref['min_lr_ratio']:g})")
     g.add_argument("--save-total-limit", type=int, default=3, metavar="N",
-                   help="checkpoints kept, the newest (0: all)")
+                   help="checkpoints kept, the newest (0: all) (default: 3)")
     g.add_argument("--eval-data", action="append", default=None, metavar="FILE",
                    help="held-out conversations (any format --data takes; repeatable): the token-weighted "
                         "eval loss under CP, without gradients, every --eval-every steps and at the end "
                         "(default: none)")
     g.add_argument("--eval-every", type=int, default=0, metavar="K",
-                   help="steps between evaluations of --eval-data (0: only at the end)")
+                   help="steps between evaluations of the held-out rows, --eval-data or --eval-rows (0: only "
+                        "at the end) (default: 0)")
     g.add_argument("--report-to", choices=("none", "tensorboard"), default="none",
                    help="tensorboard: the metrics also as TensorBoard scalars in OUT/tensorboard "
-                        "(pip install 'vlmcp[tensorboard]')")
+                        "(pip install 'vlmcp[tensorboard]') (default: none)")
     g.add_argument("--log-every", type=int, default=0, metavar="N",
                    help="steps between progress lines when the output is not a terminal (0: about 20 per "
-                        "run); the metrics JSONL gets every step")
-
-
-def check_no_loop_flags(args: argparse.Namespace) -> None:
-    """Without ``--model`` these flags are a mistake: the first one given is the error."""
-    for name, default in _DEFAULTS.items():
-        if getattr(args, name, default) != default:
-            raise ValueError(f"--{name.replace('_', '-')} needs --model (the reference VLM has no such flag)")
-
-
-def hf_shared_values(args: argparse.Namespace) -> dict:
-    """``lr``, ``seq_len`` and ``steps`` for a model directory: the flags, or :data:`HF_DEFAULTS`."""
-    lora = bool(getattr(args, "lora", False))
-    lr = args.lr if args.lr is not None else HF_DEFAULTS["lora_lr" if lora else "lr"]
-    seq_len = args.seq_len if args.seq_len is not None else HF_DEFAULTS["seq_len"]
-    return {"lr": lr, "seq_len": seq_len, "steps": args.steps}
-
-
-def loop_options(args: argparse.Namespace) -> dict:
-    """The :class:`~vlmcp.train.hf.config.HFTrainConfig` fields of these flags."""
-    return {**{f: getattr(args, f) for f in LOOP_FIELDS}, "eval_data": tuple(args.eval_data or ())}
+                        "run); the metrics JSONL gets every step (default: 0)")

@@ -1,6 +1,7 @@
 """``vlmcp train``: train the reference VLM with context parallelism on the built-in data,
 or, with ``--model DIR --data FILE.jsonl --output-dir OUT``, a Hugging Face VLM on your
-conversations (:mod:`vlmcp.cli.train_hf`).
+conversations. One loop trains both (``vlmcp.train``); every flag works for both, or is
+refused by name for the one that cannot take it.
 
 Without a launcher it spawns cp x dp gloo ranks on this machine; under torchrun it
 joins the launcher's process group (NCCL when CUDA is available).
@@ -18,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
+import dataclasses
 import os
-import signal
 import sys
 import warnings
 from pathlib import Path
@@ -28,68 +28,58 @@ from typing import get_args
 
 from vlmcp.cli import command_help
 from vlmcp.cli.config_file import add_config_arguments
-from vlmcp.cli.finetune import HF_DEFAULTS, add_loop_arguments, check_no_loop_flags
+from vlmcp.cli.data_options import DATA_FLAGS
+from vlmcp.cli.finetune import add_loop_arguments, defaults
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
-from vlmcp.cli.train_hf import add_hf_arguments, check_reference_args, run_hf
-from vlmcp.cli.train_hf import config_from_args as hf_config_from_args
 from vlmcp.ranks import is_rank_zero, run_command, say, under_torchrun
+from vlmcp.cli.train_model_args import add_model_arguments
 from vlmcp.train import options
-from vlmcp.train.reference.config import TrainConfig
 
-_FIELDS = ("cp", "dp", "vision_mode", "attention", "ulysses_size", "image_attention", "image_strategy",
-           "sample_placement",
-           "flops_per_byte", "steps",
-           "seq_len", "dtype", "seed", "lr", "hidden", "layers", "heads", "kv_heads", "checkpoint_dir",
-           "checkpoint_every", "resume", "metrics_jsonl", "timeout")
+__all__ = ["add_parser", "config_from_args", "resume_preflight", "run"]
+
+_DEFAULTS: dict[str, object] = {}
+"""Every flag's parser default, by dest (what "not given" looks like)."""
+
+_CHUNKED = "the reference VLM always computes its head and loss a chunk of tokens at a time"
+_WHY_NOT = {"loss": _CHUNKED, "loss_chunk_size": _CHUNKED,
+            **{dest: "the reference VLM trains its built-in data" for dest in DATA_FLAGS}}
+"""Why the reference VLM refuses a flag, where there is more to say than that it has no such flag."""
 
 
 def add_parser(sub) -> None:
-    d = TrainConfig()
-    p = sub.add_parser("train", help=command_help("train"),
-                       description=__doc__)
-    p.add_argument("--cp", type=int, default=d.cp, help="CP group size P")
-    p.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas; world size = cp x dp")
-    p.add_argument("--vision-mode", default=d.vision_mode, choices=get_args(options.VisionMode),
+    ref, hf = defaults()
+    p = sub.add_parser("train", help=command_help("train"), description=__doc__)
+    p.add_argument("--cp", type=int, default=ref["cp"], help="CP group size P")
+    p.add_argument("--dp", type=int, default=ref["dp"], help="data-parallel replicas; world size = cp x dp")
+    p.add_argument("--vision-mode", default=ref["vision_mode"], choices=get_args(options.VisionMode),
                    help="how the CP group computes the image embeddings")
-    p.add_argument("--attention", default=d.attention, choices=get_args(options.AttentionBackend),
-                   help="CP attention backend")
-    p.add_argument("--ulysses-size", type=int, default=None, metavar="U",
-                   help="--attention usp: ranks per Ulysses group, a divisor of --cp and --heads "
-                        "(default gcd(--kv-heads, --cp)); ring across the groups")
-    p.add_argument("--image-attention", default=d.image_attention,
-                   choices=get_args(options.ImageAttention),
-                   help="image tokens see each other causally or both ways")
-    p.add_argument("--image-strategy", default=d.image_strategy,
+    p.add_argument("--attention", default=ref["attention"], choices=get_args(options.AttentionBackend),
+                   help="CP attention backend (usp: the reference VLM only)")
+    p.add_argument("--image-strategy", default=ref["image_strategy"],
                    choices=get_args(options.ImageStrategyChoice),
                    help="replicate image tokens (the seed), shard them with the text, or auto per row")
-    p.add_argument("--sample-placement", default=d.sample_placement,
+    p.add_argument("--sample-placement", default=ref["sample_placement"],
                    choices=get_args(options.SamplePlacement),
                    help="split every sample over the CP group, place each whole on one rank, or auto "
                         "(short samples whole, long ones split, by the cost model)")
-    p.add_argument("--flops-per-byte", type=float, default=d.flops_per_byte,
-                   help="auto only: FLOPs one communicated byte costs")
     p.add_argument("--steps", type=int, default=None,
                    help=f"total optimizer steps of the run (a resumed run finishes the same run) (default: "
-                        f"{d.steps}; with --model: --epochs {HF_DEFAULTS['epochs']})")
+                        f"{ref['steps']}; with --model: --epochs 1)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help=f"tokens per packed row (default: {d.seq_len}; with --model: "
-                        f"{HF_DEFAULTS['seq_len']})")
-    p.add_argument("--dtype", default=d.dtype, choices=get_args(options.DType), help="parameter dtype")
-    p.add_argument("--seed", type=int, default=d.seed, help="model init and dataset seed")
+                   help=f"tokens per packed row (default: {ref['seq_len']}; with --model: {hf['seq_len']})")
+    p.add_argument("--dtype", default=ref["dtype"], choices=get_args(options.DType), help="parameter dtype")
+    p.add_argument("--seed", type=int, default=ref["seed"], help="model init and dataset seed")
     p.add_argument("--lr", type=float, default=None,
-                   help=f"AdamW peak learning rate (default: {d.lr:g}; with --model: "
-                        f"{HF_DEFAULTS['lr']:g}, or {HF_DEFAULTS['lora_lr']:g} with --lora)")
-    p.add_argument("--hidden", type=int, default=d.hidden, help="LLM width")
-    p.add_argument("--layers", type=int, default=d.layers, help="LLM decoder blocks")
-    p.add_argument("--heads", type=int, default=d.heads, help="LLM attention heads")
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help="LLM key/value heads (GQA)")
-    p.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (none: no checkpoints)")
+                   help=f"AdamW peak learning rate (default: {ref['lr']:g}; with --model: "
+                        f"{hf['lr']:g}, or {hf['lora_lr']:g} with --lora)")
+    p.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (none: no checkpoints; with "
+                                                          "--model: OUT/checkpoints)")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--metrics-jsonl", default=None, metavar="PATH",
                    help="one JSON object per step; a loss-curve PNG is written beside it")
-    p.add_argument("--timeout", type=float, default=d.timeout,
+    p.add_argument("--timeout", type=float, default=ref["timeout"],
                    help="seconds a rank waits for its peers in one collective or ring transfer (every "
                         "process group the run makes) before the run fails, naming the step and the ranks "
                         "that did not answer. It must exceed the longest time one rank can keep the others "
@@ -97,88 +87,148 @@ def add_parser(sub) -> None:
                         "(rank 0 saves while the others wait in the next collective; minutes for a large "
                         "model on a slow disk). A few step times plus the save time is a good value; the "
                         "default suits steps of a minute and saves of several minutes")
-    p.add_argument("--_fault", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
-    add_hf_arguments(p)
+    _add_reference_arguments(p, ref)
+    add_model_arguments(p)
     add_loop_arguments(p)
     add_config_arguments(p)  # last: it reads every flag above
+    _DEFAULTS.update({a.dest: a.default for a in p._actions
+                      if a.option_strings and a.dest not in ("help", "config")})
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    d = TrainConfig()  # --steps, --seq-len and --lr default to None: each trainer has its own defaults
-    cfg = TrainConfig(**{f: getattr(d, f) if getattr(args, f) is None else getattr(args, f) for f in _FIELDS})
-    uses_costs = cfg.image_strategy == "auto" or cfg.sample_placement != "split"
-    if not uses_costs and cfg.flops_per_byte != TrainConfig().flops_per_byte:
-        raise ValueError("--flops-per-byte only applies to --image-strategy auto or --sample-placement "
-                         "whole/auto")
-    from vlmcp.train.reference.loop import dataset_config
+def _add_reference_arguments(p: argparse.ArgumentParser, ref: dict) -> None:
+    g = p.add_argument_group("the reference VLM (without --model)",
+                             "Its size, its attention and its held-out rows; with --model these are refused.")
+    g.add_argument("--ulysses-size", type=int, default=None, metavar="U",
+                   help="--attention usp: ranks per Ulysses group, a divisor of --cp and --heads "
+                        "(default gcd(--kv-heads, --cp)); ring across the groups")
+    g.add_argument("--image-attention", default=ref["image_attention"],
+                   choices=get_args(options.ImageAttention),
+                   help="image tokens see each other causally or both ways")
+    g.add_argument("--flops-per-byte", type=float, default=ref["flops_per_byte"],
+                   help="auto only: FLOPs one communicated byte costs")
+    g.add_argument("--hidden", type=int, default=ref["hidden"], help="LLM width")
+    g.add_argument("--layers", type=int, default=ref["layers"], help="LLM decoder blocks")
+    g.add_argument("--heads", type=int, default=ref["heads"], help="LLM attention heads")
+    g.add_argument("--kv-heads", type=int, default=ref["kv_heads"], help="LLM key/value heads (GQA)")
+    g.add_argument("--eval-rows", type=int, default=ref["eval_rows"], metavar="N",
+                   help="held-out built-in rows (another seed's stream), evaluated every --eval-every steps "
+                        "and at the end (0: no evaluation)")
 
-    dataset_config(cfg)  # raises if --seq-len cannot hold the longest built-in sample
-    return cfg
+
+def _family(args: argparse.Namespace) -> str:
+    """``hf`` when a model directory, its data or an output directory is named; else ``reference``."""
+    named = any(getattr(args, f, None) is not None for f in ("model", "data", "output_dir"))
+    return "hf" if named else "reference"
 
 
-def check_outputs(cfg: TrainConfig) -> None:
-    """Check every path the run writes before any rank starts (see :mod:`vlmcp.cli.paths`).
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    default = _DEFAULTS[dest]
+    if default is argparse.SUPPRESS:
+        return hasattr(args, dest)
+    return getattr(args, dest) != default
 
-    Also refuses a fresh run in a directory that holds checkpoints: its saves would
-    replace and prune that run's checkpoints.
-    """
-    if cfg.checkpoint_dir:
-        check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
+
+def _refusal(dest: str, family: str) -> str:
+    flag = "--" + dest.replace("_", "-")
+    if family == "hf":
+        return f"{flag} applies to the built-in reference VLM, not --model"
+    if dest.startswith("video_"):
+        return "the --video-* flags need --model (the reference VLM's videos are its own frames)"
+    if dest in ("freeze", "merge_lora") or dest.startswith("lora"):
+        return f"{flag} needs --model (the reference VLM trains every weight)"
+    return f"{flag} needs --model ({_WHY_NOT.get(dest, 'the reference VLM has no such flag')})"
+
+
+def config_from_args(args: argparse.Namespace):
+    """The run's config, of the family the flags name; a flag that family cannot take is refused by name."""
+    from vlmcp.cli.video import video_sampling
+    from vlmcp.train.specs import launcher
+
+    family = _family(args)
+    spec = launcher(family)
+    fields = {f.name for f in dataclasses.fields(spec.CONFIG)}
+    values = {}
+    for dest in _DEFAULTS:
+        taken = dest in fields or (dest.startswith("video_") and "video" in fields)
+        if not taken and _given(args, dest):
+            raise ValueError(_refusal(dest, family))
+        if dest in fields and getattr(args, dest, None) is not None:
+            values[dest] = getattr(args, dest)
+    if "video" in fields:
+        values["video"] = video_sampling(args)
+    return spec.CONFIG(**spec.config_values(values))
+
+
+def check_outputs(cfg, spec) -> None:
+    """Every path the run writes, before any rank starts (see :mod:`vlmcp.cli.paths`)."""
+    for flag, path in spec.outputs(cfg):
+        check_writable_dir(flag, path)
+    if cfg.checkpoints is not None:
+        check_writable_dir("--checkpoint-dir" if cfg.checkpoint_dir else "--output-dir's checkpoints",
+                           cfg.checkpoints)
     if cfg.metrics_jsonl:
         check_writable_file("--metrics-jsonl", cfg.metrics_jsonl)
         check_writable_file("--metrics-jsonl's loss curve", cfg.loss_curve_png)
 
 
-def check_fresh(cfg: TrainConfig) -> None:
-    """Refuse a fresh run in a directory that holds checkpoints (its saves would replace and
-    prune that run's checkpoints); checked under the lock."""
-    if cfg.checkpoint_dir:
-        from vlmcp.train.checkpoint import latest_checkpoint
-
-        latest = latest_checkpoint(cfg.checkpoint_dir)
-        if latest is not None and not cfg.resume:
-            raise ValueError(f"--checkpoint-dir {cfg.checkpoint_dir}: already holds checkpoints (latest "
-                             f"{latest.name}); pass --resume to continue that run, or choose another "
-                             "directory")
-
-
-def _kill_at(rank: int, step: int, this_rank: int, this_step: int) -> None:
-    """The hidden ``--_fault RANK STEP`` flag: that rank dies (SIGKILL) at that step."""
-    if (this_rank, this_step) == (rank, step):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _one_line_warnings(previous):
-    """A ``warnings.formatwarning``: vlmcp's own warnings as one line each, others as before."""
+    """A ``warnings.showwarning``: vlmcp's own warnings as one line each on stderr, others as before."""
     ours = f"{os.sep}vlmcp{os.sep}"
 
-    def format_warning(message, category, filename, lineno, line=None):
+    def show_warning(message, category, filename, lineno, file=None, line=None):
         if ours in filename:
-            return f"vlmcp train: warning: {message}\n"
-        return previous(message, category, filename, lineno, line)
+            print(f"vlmcp train: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
 
-    return format_warning
+    return show_warning
 
 
-def _resume_preflight(cfg: TrainConfig) -> bool:
-    """Check ``--resume`` before any rank starts; returns False when there is nothing to do.
+def resume_preflight(cfg) -> bool:
+    """Check the checkpoint directory before any rank starts; False: nothing to do.
 
-    Damaged checkpoints are skipped with a warning naming the file; when checkpoints
-    exist but none is good, it is an error (exit 2), never a fresh start over them.
+    A fresh run refuses a directory that holds checkpoints (its saves would replace and prune
+    them). With ``--resume`` a damaged checkpoint is skipped with a warning (the one before it is
+    used); when checkpoints exist but none is good, it is an error, never a fresh start over them.
+    A run whose last checkpoint is at ``--steps`` but whose final output is missing or incomplete
+    goes on: its ranks load that checkpoint and write it.
     """
-    from vlmcp.train.checkpoint import load_resume_checkpoint
-    from vlmcp.train.reference.loop import check_resumable
+    from vlmcp.train.checkpoint.run import check_resumable, checkpoint_count, latest_step
+    from vlmcp.train.specs import launcher_for
 
-    ckpt = load_resume_checkpoint(cfg.checkpoint_dir,
-                                  report=lambda line: say(f"vlmcp train: warning: {line}", sys.stderr))
-    if ckpt is None:
-        say(f"vlmcp train: no checkpoint in {cfg.checkpoint_dir}; starting from step 0")
+    family, where, dcp = launcher_for(cfg), cfg.checkpoints, cfg.dcp_checkpoints
+    if where is None:
         return True
-    check_resumable(ckpt, cfg)
-    if ckpt.step == cfg.steps:
-        say(f"vlmcp train: {ckpt.path} is at step {ckpt.step} = --steps; nothing to do")
-        return False
-    say(f"vlmcp train: resuming from {ckpt.path} (step {ckpt.step} of {cfg.steps})")
+    count = checkpoint_count(where, dcp)
+    name = lambda step: where / (f"step_{step:08d}" + ("" if dcp else ".pt"))  # noqa: E731
+    if not cfg.resume:
+        if count:
+            from vlmcp.train.checkpoint.dcp import dcp_dirs
+            from vlmcp.train.checkpoint.files import latest_checkpoint
+
+            latest = dcp_dirs(where)[-1][1] if dcp else latest_checkpoint(where)
+            flag = "--checkpoint-dir" if cfg.checkpoint_dir else "--output-dir's checkpoints"
+            raise ValueError(f"{flag} {where}: already holds checkpoints (latest {latest.name}); pass "
+                             "--resume to continue that run, or choose another directory")
+        return True
+    found = latest_step(where, dcp)
+    if found is None:
+        if count:
+            raise ValueError(f"--resume: none of the {count} checkpoint(s) in {where} is readable (see the "
+                             "warnings); not starting over from step 0 on top of them: move them away to "
+                             "start a new run")
+        say(f"vlmcp train: no checkpoint in {where}; starting from step 0")
+        return True
+    step = found[0]
+    check_resumable(found[1], cfg, step, where)
+    if step == cfg.steps:
+        if family.finished(cfg):
+            say(f"vlmcp train: {name(step)} is at step {step} = --steps; nothing to do")
+            return False
+        say(f"vlmcp train: {name(step)} is at step {step} = --steps, but the model in "
+            f"{family.record_dir(cfg)} is missing or incomplete; writing it from that checkpoint")
+        return True
+    say(f"vlmcp train: resuming from {name(step)} (step {step} of {cfg.steps})")
     return True
 
 
@@ -203,9 +253,8 @@ def _run_locks(args: argparse.Namespace) -> contextlib.ExitStack:
         for what, path, file in places:
             if path is None or os.fspath(path) == "":
                 continue
-            lock = RunLock(path, what, file=file)
             try:
-                stack.enter_context(lock)
+                stack.enter_context(RunLock(path, what, file=file))
             except OSError:
                 continue
     except BaseException:
@@ -215,50 +264,31 @@ def _run_locks(args: argparse.Namespace) -> contextlib.ExitStack:
 
 
 def run(args: argparse.Namespace) -> int:
-    previous = warnings.formatwarning
-    warnings.formatwarning = _one_line_warnings(previous)
-    try:
-        if any(getattr(args, f) is not None for f in ("model", "data", "output_dir")):
-            hf_config_from_args(args)  # flag errors first: they create nothing, not even a lock
-            with _run_locks(args):
-                return run_hf(args)
-        check_reference_args(args)
-        check_no_loop_flags(args)
-        cfg = config_from_args(args)
+    from vlmcp.train.specs import launcher
+
+    with warnings.catch_warnings():  # restores the filters and showwarning
+        warnings.showwarning = _one_line_warnings(warnings.showwarning)
+        warnings.filterwarnings("always", category=UserWarning, module=r"vlmcp\.")  # each run says each one
+        spec = launcher(_family(args))
+        cfg = config_from_args(args)  # flag errors first: they create nothing, not even a lock
         with _run_locks(args):
-            return _run_reference(args, cfg)
-    finally:
-        warnings.formatwarning = previous
+            return _launch(args, spec, cfg)
 
 
-def _run_reference(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    check_outputs(cfg)
-    check_fresh(cfg)
-    if cfg.resume and not _resume_preflight(cfg):
+def _launch(args: argparse.Namespace, family, cfg) -> int:
+    from vlmcp.cli.config_file import write_resolved_config
+    from vlmcp.train.loop import train_rank
+
+    check_outputs(cfg, family)
+    spec = family.prepare(cfg, say)
+    cfg = spec.cfg  # with a model directory: --epochs resolved into --steps
+    if not resume_preflight(cfg):
         return 0
-    on_step = functools.partial(_kill_at, *args._fault) if args._fault else None
-    from vlmcp.train.reference.loop import train_rank
-
-    if not under_torchrun():
-        print(f"vlmcp train: spawning {cfg.world_size} gloo ranks (cp={cfg.cp}, dp={cfg.dp}, "
-              f"{max(1, (os.cpu_count() or 1) // cfg.world_size)} thread(s) each), {cfg.steps} steps of "
-              f"{cfg.seq_len} tokens, vision_mode={cfg.vision_mode}, attention={cfg.attention}", flush=True)
-    summary = run_command("vlmcp train", train_rank, cfg.world_size, cfg, on_step, timeout=None,
-                          collective_timeout=cfg.timeout, interrupt=True,
-                          world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
-    if is_rank_zero():
-        losses = summary["losses"]
-        if summary["stopped"]:
-            print(f"vlmcp train: {summary['stopped']}")
-        if losses:
-            first, last = summary["start_step"] + 1, summary["start_step"] + len(losses)
-            print(f"vlmcp train: steps {first}-{last}, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-        if cfg.image_strategy == "auto":
-            picks = summary["image_strategies"]
-            print(f"vlmcp train: image_strategy=auto chose replicate for {picks.count('replicate')} "
-                  f"and shard for {picks.count('shard')} of DP replica 0's {len(picks)} rows")
-        if summary["loss_curve"]:
-            print(f"vlmcp train: loss curve written to {summary['loss_curve']}")
-        if (summary["stopped"] or "").startswith("SIGINT"):
-            return 130  # Ctrl-C: saved and stopped, as a shell expects of an interrupted command
-    return 0
+    record = family.record_dir(cfg)
+    if record is not None and is_rank_zero():  # every check has passed: the run starts
+        write_resolved_config(args, record)
+    family.announce(spec, say, spawning=not under_torchrun())
+    ranks = dict(timeout=None, collective_timeout=cfg.timeout, interrupt=True,
+                 world_from=f"--cp {cfg.cp} x --dp {cfg.dp} = {cfg.world_size}")
+    summary = run_command("vlmcp train", train_rank, cfg.world_size, spec, **ranks)
+    return family.report(spec, summary) if is_rank_zero() else 0

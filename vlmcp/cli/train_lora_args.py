@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["LORA_DEFAULTS", "add_lora_arguments", "check_no_lora", "lora_fields"]
+__all__ = ["LORA_DEFAULTS", "add_lora_arguments"]
 
 LORA_DEFAULTS = {"freeze": None, "lora": False, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0,
                  "lora_targets": "all", "lora_vision": None, "lora_projector": None, "merge_lora": False}
@@ -44,18 +44,3 @@ def add_lora_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--merge-lora", action="store_true",
                    help="save the base weights with the adapters merged in (a plain model) instead of the "
                         "PEFT adapter")
-
-
-def lora_fields(args: argparse.Namespace) -> dict:
-    """The :class:`~vlmcp.train.hf.config.HFTrainConfig` fields of these flags."""
-    out = {name: getattr(args, name, default) for name, default in LORA_DEFAULTS.items()}
-    out["freeze"] = tuple(dict.fromkeys(out["freeze"] or ()))
-    return out
-
-
-def check_no_lora(args: argparse.Namespace) -> None:
-    """Without ``--model`` these flags mean nothing: the first one given is an error naming it."""
-    for name, default in LORA_DEFAULTS.items():
-        if getattr(args, name, default) not in (default, ()):
-            raise ValueError(f"--{name.replace('_', '-')} needs --model (the reference VLM trains every "
-                             "weight)")

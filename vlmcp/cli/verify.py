@@ -14,9 +14,9 @@ import math
 from typing import get_args
 
 from vlmcp.cli import command_help
-from vlmcp.cli.model_check import check_model_dir
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.ranks import run_command
+from vlmcp.train.specs.hf.model_check import check_model_dir
 from vlmcp.train.options import AttentionBackend, DType, ImageAttention, VisionMode
 
 

@@ -1,19 +1,18 @@
-"""Training: what both trainers share, and each trainer's own loop.
+"""Training: one loop for every model family, on shared components (after torchtitan's trainer).
 
-The shared layer (this package's modules):
-
-* :mod:`.checkpoint` — atomic checkpoints, newest good file wins (Note [vlmcp checkpoints:
-  atomic write, newest good file wins]); :func:`capture_rng_state` / :func:`restore_rng_state`
-  for exact resume; :mod:`.state` — the full (layout-free) training state.
-* :mod:`.schedule` — the learning rate as a pure function of the step.
-* :mod:`.groups` — :func:`dp_cp_groups`, the DP x CP process groups.
-* :mod:`.options` — the option types (``Literal`` choices, dtypes).
-* :mod:`.progress` — :class:`ProgressBar`; the metrics JSONL is :mod:`vlmcp.report.metrics`.
-* :mod:`.lock` — one run per directory; :mod:`.faults` — stalled peers, orphaned ranks;
-  :mod:`.stop` — SIGTERM and Ctrl-C.
-
-The trainers: :mod:`.reference` (the built-in VLM, ``vlmcp train``) and :mod:`.hf` (a Hugging
-Face model directory, ``vlmcp train --model``); each keeps only its config, step and loop.
+* :func:`train_rank` (:mod:`.loop`) — the loop on every rank of a DP x CP world, for any
+  :class:`TrainSpec` (:mod:`.spec`): the built-in reference VLM
+  (:mod:`.specs.reference`) or a Hugging Face model directory (:mod:`.specs.hf`);
+* :mod:`.step` — one optimizer step as named steps and its one all-reduce (Note [vlmcp HF global
+  batch: one normaliser]); :mod:`.optim` — AdamW, the exact global norm, clipping;
+  :mod:`.schedule` — :func:`lr_at`; :mod:`.evaluate` — the held-out loss;
+* :class:`TrainConfig` (:mod:`.config`) — the loop's fields, which each spec's config extends;
+* :mod:`.checkpoint` — atomic single files and FSDP's DCP directories, a run's resume (Note
+  [vlmcp checkpoints: atomic write, newest good file wins]);
+* :mod:`.feedback` and :mod:`.progress` — the progress line, the metrics
+  (:mod:`vlmcp.report.metrics`), TensorBoard; :mod:`.groups` — :func:`dp_cp_groups`;
+  :mod:`.options` — the option types; :mod:`.lock` — one run per directory; :mod:`.faults` —
+  stalled peers, orphaned ranks; :mod:`.stop` — SIGTERM and Ctrl-C.
 """
 
 from vlmcp.report.metrics import METRIC_FIELDS, MetricsWriter, read_metrics
@@ -28,13 +27,17 @@ from vlmcp.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from vlmcp.train.config import TrainConfig
 from vlmcp.train.groups import dp_cp_groups
+from vlmcp.train.loop import train_rank
 from vlmcp.train.progress import ProgressBar, format_duration
 from vlmcp.train.schedule import lr_at
+from vlmcp.train.spec import TrainSpec
 
 __all__ = [
-    "METRIC_FIELDS", "Checkpoint", "MetricsWriter", "ProgressBar", "capture_rng_state",
-    "checkpoint_path", "dp_cp_groups", "format_duration", "latest_checkpoint", "list_checkpoints",
-    "load_checkpoint", "load_latest_checkpoint", "lr_at", "read_metrics", "restore_rng_state",
-    "save_checkpoint",
+    "METRIC_FIELDS", "Checkpoint", "MetricsWriter", "ProgressBar", "TrainConfig", "TrainSpec",
+    "capture_rng_state", "checkpoint_path", "dp_cp_groups", "format_duration", "latest_checkpoint",
+    "list_checkpoints", "load_checkpoint", "load_latest_checkpoint", "lr_at", "read_metrics",
+    "restore_rng_state", "save_checkpoint", "train_rank",
 ]
+

@@ -38,7 +38,7 @@ the row is built without that conversation (more padding), never with a hole.
 :func:`build_row` is a pure function of ``(row, exclude)`` and of which images and videos
 decode, so ranks that see the same bytes build the same row; the training step still
 agrees on the skips over the CP group before sharding
-(:func:`vlmcp.train.hf.agree.agree_on_skips`), so that one rank's flaky read cannot leave
+(:func:`vlmcp.train.specs.hf.agree.agree_on_skips`), so that one rank's flaky read cannot leave
 the group training on different rows.
 """
 

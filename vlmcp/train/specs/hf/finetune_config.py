@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["FINETUNE_FIELDS", "check_finetune", "finetune_changes"]
+__all__ = ["FINETUNE_FIELDS", "check_finetune"]
 
 PARTS = ("vision", "projector", "llm")
 FINETUNE_FIELDS = {"freeze": (), "lora": False, "lora_rank": 8, "lora_alpha": 16.0, "lora_dropout": 0.0,
                    "lora_targets": "all", "lora_vision": None, "lora_projector": None}
-"""The fields a resumed run must share with its checkpoint (``merge_lora`` only changes the output)."""
+"""The fields a resumed run must share with its checkpoint (``merge_lora`` only changes the output),
+with their defaults (what a checkpoint from before a field holds)."""
 
 
 def _flag(name: str) -> str:
@@ -55,15 +56,3 @@ def check_finetune(cfg) -> None:
     if not adapted:
         raise ValueError("--lora with --freeze llm and neither --lora-vision nor --lora-projector puts no "
                          "adapter anywhere")
-
-
-def finetune_changes(saved: dict, cfg) -> list[str]:
-    """The fields of a checkpoint's config ``saved`` that differ from ``cfg`` (``--flag old -> new``)."""
-    out = []
-    for name, default in FINETUNE_FIELDS.items():
-        old, new = saved.get(name, default), getattr(cfg, name)
-        if isinstance(old, (list, tuple)):
-            old, new = tuple(old), tuple(new)
-        if old != new:
-            out.append(f"{_flag(name)} {old!r} -> {new!r}")
-    return out

@@ -1,4 +1,4 @@
-"""Atomic training checkpoints, and the RNG state they must carry for exact resume.
+"""Atomic, checksummed single-file checkpoints: a whole run's state in one file per step.
 
 Note [vlmcp checkpoints: atomic write, newest good file wins]
 -------------------------------------------------------------
@@ -12,7 +12,7 @@ power cut::
     step_00000200.pt                     <- os.replace                (visible, complete)
 
 The temporary file is created with ``O_EXCL | O_NOFOLLOW``
-(:func:`vlmcp.train.durable.open_exclusive`): its name is predictable, and a symlink planted
+(:func:`vlmcp.train.checkpoint.durable.open_exclusive`): its name is predictable, and a symlink planted
 there would otherwise make the save write wherever it points.
 
 A crash at any point leaves either the old set of checkpoints or the old set plus a
@@ -21,7 +21,7 @@ never shadow the last good checkpoint. Temporary names carry their writer (pid a
 host): a save deletes only its own leftovers and those of writers on this host that
 no longer exist, never the file another live process is writing. Only then are all
 but the newest ``keep_last`` checkpoints deleted. One process (the trainer's rank 0)
-writes to a directory, and one run at a time (:mod:`vlmcp.cli.lock`).
+writes to a directory, and one run at a time (:mod:`vlmcp.train.lock`).
 
 Each file carries the SHA-256 of its payload (the step and every tensor's bytes,
 dtype and shape, every other value's ``repr``, in order), checked on load: a bit
@@ -33,10 +33,8 @@ checksums) still load, unchecked.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import random
 import re
 import warnings
 from collections.abc import Mapping
@@ -44,17 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from vlmcp.train.durable import fsync_dir, open_exclusive
-from vlmcp.train.lock import writer_gone, writer_tag
+from vlmcp.train.checkpoint.durable import clean_os_error, fsync_dir, open_exclusive, remove_stale_temps
+from vlmcp.train.lock import writer_tag
 
-__all__ = [
-    "Checkpoint", "capture_rng_state", "checkpoint_path", "clean_os_error", "latest_checkpoint",
-    "list_checkpoints", "load_checkpoint", "load_latest_checkpoint", "payload_digest", "remove_stale_temps",
-    "restore_rng_state", "save_checkpoint",
-]
+__all__ = ["Checkpoint", "checkpoint_path", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+           "load_latest_checkpoint", "payload_digest", "save_checkpoint"]
 
 _FORMAT = "vlmcp.checkpoint"
 _VERSION = 2  # 2: with "sha256"
@@ -122,43 +116,6 @@ def payload_digest(obj: Any) -> str:
 
     walk(obj)
     return h.hexdigest()
-
-
-_RUST_OS_ERROR = re.compile(r"I/O error: (.+) \(os error (\d+)\)")
-"""How safetensors' Rust writer words an ``io::Error``: ``SafetensorError: Error while serializing:
-I/O error: No space left on device (os error 28)``, no ``OSError`` in the chain."""
-
-
-def clean_os_error(err: BaseException, what: str) -> OSError | None:
-    """The operating system's error behind ``err`` as one clean ``OSError`` naming ``what``; None
-    when no ``OSError`` caused it. A full disk inside ``torch.save`` surfaces as ``RuntimeError:
-    unexpected pos`` chained to the ``OSError``; inside safetensors (``save_pretrained``) as a
-    ``SafetensorError`` whose message carries the errno."""
-    seen = err
-    while seen is not None and not isinstance(seen, OSError):
-        if type(seen).__name__ == "SafetensorError" and (m := _RUST_OS_ERROR.search(str(seen))):
-            return OSError(int(m.group(2)), f"cannot write {what}: {m.group(1)}")
-        seen = seen.__cause__ or seen.__context__
-    if seen is None:
-        return None
-    reason = seen.strerror or str(seen)
-    return OSError(seen.errno or errno.EIO, f"cannot write {what}: {reason}")
-
-
-def remove_stale_temps(directory: Path, pattern: re.Pattern) -> None:
-    """Remove the temporaries in ``directory`` whose name (``pattern``: groups pid and host)
-    names this process or a writer that no longer exists; never a live writer's file."""
-    import shutil
-
-    if not directory.is_dir():
-        return
-    for p in directory.iterdir():
-        m = pattern.match(p.name)
-        if m and (f"{m.group(1)}-{m.group(2)}" == writer_tag() or writer_gone(int(m.group(1)), m.group(2))):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:  # a file, or a link (removed itself, never what it points to)
-                p.unlink(missing_ok=True)
 
 
 def save_checkpoint(directory: str | os.PathLike, step: int, state: Mapping[str, Any],
@@ -272,71 +229,3 @@ def load_latest_checkpoint(directory: str | os.PathLike,
     return None
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """RNG states of python ``random``, numpy's global generator, torch CPU and CUDA.
-
-    Returns:
-        A dict of tensors, ints and tuples (loadable with ``weights_only=True``).
-        ``vlmcp train`` saves rank 0's state and restores it on every rank: it draws no
-        random numbers after initialization. A model with dropout, which differs per
-        rank, would need every rank's state gathered instead.
-    """
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
-                  float(cached)),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`capture_rng_state` captured.
-
-    A CUDA state is restored only when this process sees the same number of GPUs;
-    otherwise it is skipped with a warning (the CPU streams are still exact).
-    """
-    random.setstate(_as_tuples(state["python"]))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), int(pos),
-                         int(has_gauss), float(cached)))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        if torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
-            torch.cuda.set_rng_state_all(state["cuda"])
-        else:
-            warnings.warn("checkpoint holds CUDA RNG states for a different set of GPUs; "
-                          "not restoring them", stacklevel=2)
-
-
-def _as_tuples(value):
-    # random.setstate needs tuples; a state that went through JSON or a list-only
-    # serializer comes back as lists.
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def load_resume_checkpoint(directory, report=None) -> Checkpoint | None:
-    """The newest good checkpoint of ``directory`` for ``--resume``; None when there is none at all.
-
-    Damaged checkpoints are skipped; ``report(line)`` gets one line per skipped file
-    (None: they are dropped).
-
-    Raises:
-        ValueError: checkpoints exist but none is good: starting over from step 0 would
-            silently throw the run away and overwrite them.
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ckpt = load_latest_checkpoint(directory)
-    for w in caught:
-        if report is not None:
-            report(str(w.message))
-    if ckpt is None and (found := list_checkpoints(directory)):
-        last = str(caught[0].message).removeprefix("skipping unreadable checkpoint: ") if caught else ""
-        raise ValueError(f"--resume: none of the {len(found)} checkpoint(s) in "
-                         f"{directory} is readable ({last}); not starting over from step 0 on top of them: "
-                         "move them away to start a new run")
-    return ckpt

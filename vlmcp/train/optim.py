@@ -1,5 +1,5 @@
-"""``vlmcp train --model``'s optimizer: AdamW with decay on matrices only, and clipping by the
-exact global gradient norm.
+"""The optimizer's shared parts: AdamW with decay on matrices only, the gradients' squared norms by
+layout, and clipping by the exact global gradient norm.
 
 The norm is computed once per step, in the step's single all-reduce, from the three layouts a
 gradient can have after the reduction (:func:`squared_norms`): the same on every rank (counted
@@ -17,18 +17,9 @@ from torch import nn
 
 from vlmcp.grads import GradRule, grad_rule
 
-__all__ = ["PARTS", "clip_gradients", "make_optimizer", "no_decay", "part_of", "squared_norms"]
+__all__ = ["PARTS", "clip_gradients", "make_optimizer", "no_decay", "squared_norms"]
 
 PARTS = ("vision", "projector", "llm")
-
-
-def part_of(name: str) -> str:
-    """``vision``, ``projector`` or ``llm``: which part of a HF VLM a parameter belongs to."""
-    if "merger" in name or "multi_modal_projector" in name:
-        return "projector"
-    if "visual" in name or "vision_tower" in name:
-        return "vision"
-    return "llm"
 
 
 def no_decay(model: nn.Module) -> set[str]:
@@ -57,16 +48,16 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.op
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
 
 
-def squared_norms(model: nn.Module) -> torch.Tensor:
+def squared_norms(model: nn.Module, parts: dict[str, str]) -> torch.Tensor:
     """``(3 parts, 3 layouts)`` squared norms of this rank's gradients (float64).
 
+    ``parts`` names each parameter's part (the spec's :meth:`~vlmcp.train.spec.TrainSpec.parts`).
     Rows are :data:`PARTS`; columns the layout: 0 the same on every rank, 1 a ``hidden_shard``
     slice (the same on every DP rank), 2 an FSDP shard (one per rank). Divide column 0 by the
     world size and column 1 by the DP size, sum over the world, and every value is counted once.
     """
     from torch.distributed.tensor import DTensor
 
-    where = _parts(model)
     sq = torch.zeros(3, 3, dtype=torch.float64)
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -75,20 +66,8 @@ def squared_norms(model: nn.Module) -> torch.Tensor:
             g, col = p.grad.to_local(), 2
         else:
             g, col = p.grad, int(grad_rule(p) is GradRule.PARTITIONED)
-        sq[PARTS.index(where.get(name) or part_of(name)), col] += g.detach().double().pow(2).sum().cpu()
+        sq[PARTS.index(parts[name]), col] += g.detach().double().pow(2).sum().cpu()
     return sq
-
-
-def _parts(model: nn.Module) -> dict[str, str]:
-    """The parts as the architecture's adapter names them (:func:`vlmcp.hf.freeze.part_by_name`:
-    Idefics3's ``vision_model`` and ``connector`` too), found once per model."""
-    cached = getattr(model, "_vlmcp_parts", None)
-    if cached is None:
-        from vlmcp.hf.freeze import part_by_name
-
-        cached = part_by_name(model)
-        model._vlmcp_parts = cached
-    return cached
 
 
 def clip_gradients(model: nn.Module, total_norm: float, max_norm: float) -> float:

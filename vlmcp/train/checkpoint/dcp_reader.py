@@ -18,7 +18,7 @@ pickle a DCP load would unpickle goes through a restricted reader instead:
 * every ``relative_path`` the metadata names stays inside the checkpoint directory.
 
 :func:`check_dcp_checkpoint` does all three before anything is loaded (on every rank,
-:func:`vlmcp.train.hf.checkpoint.load_hf_checkpoint`; and on rank 0 while it verifies the
+:func:`vlmcp.train.checkpoint.run.load_run_checkpoint`; and on rank 0 while it verifies the
 checksums), raising :class:`UnsafeCheckpoint` in one line naming the file; the load itself
 then goes through :class:`SafeReader` and :class:`SafeLoadPlanner`, so a file swapped in
 between the check and the load is refused the same way.

@@ -1,30 +1,24 @@
-"""What ``vlmcp train --model`` shows and records per step, on rank 0: the progress line, the
-metrics JSONL (:mod:`vlmcp.report.metrics`) and, with ``--report-to tensorboard``, TensorBoard
-scalars in ``OUT/tensorboard``. Every step's record carries the loss, the learning rate, the
-global gradient norm (before clipping) and each part's, the tokens and target tokens, tokens per
-second and the busiest rank's peak memory; an evaluation adds ``eval_loss``.
+"""What ``vlmcp train`` shows and records per step, on rank 0: the progress line, the metrics JSONL
+(:mod:`vlmcp.report.metrics`) and, where the config names a TensorBoard directory
+(``--report-to tensorboard``: ``OUT/tensorboard``), TensorBoard scalars. Every step's record
+carries the loss, the learning rate, the global gradient norm (before clipping) and each
+part's, the tokens and target tokens, tokens per second and the busiest rank's peak memory;
+an evaluation adds ``eval_loss``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from vlmcp.report.metrics import MetricsWriter
 from vlmcp.train.progress import ProgressBar
 
-__all__ = ["Feedback", "tensorboard_dir"]
-
-
-def tensorboard_dir(cfg) -> Path:
-    """Where ``--report-to tensorboard`` writes: ``OUT/tensorboard``."""
-    return Path(cfg.output_dir) / "tensorboard"
+__all__ = ["Feedback"]
 
 
 class Feedback:
     """Rank 0's progress line, metrics file and TensorBoard writer; on other ranks every call is a no-op.
 
     Args:
-        cfg: the run (:class:`~vlmcp.train.hf.config.HFTrainConfig`, steps resolved).
+        cfg: the run (a :class:`~vlmcp.train.config.TrainConfig`, steps resolved).
         start: steps done before this process (a resumed run keeps its records up to there).
         enabled: rank 0.
     """
@@ -34,11 +28,11 @@ class Feedback:
         self.metrics = self.board = None
         if enabled and cfg.metrics_jsonl:
             self.metrics = MetricsWriter(cfg.metrics_jsonl, resume_step=start if cfg.resume else None)
-        if enabled and cfg.report_to == "tensorboard":
+        if enabled and cfg.tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = start + 1 if cfg.resume else None  # a resumed run replaces the steps after its checkpoint
-            self.board = SummaryWriter(str(tensorboard_dir(cfg)), purge_step=purge)
+            self.board = SummaryWriter(str(cfg.tensorboard_dir), purge_step=purge)
         self.bar = ProgressBar(cfg.steps, initial=start, enabled=enabled, log_every=cfg.log_every or None)
 
     def step(self, record: dict) -> None:
@@ -56,7 +50,7 @@ class Feedback:
                     self.board.add_scalar(f"train/{key}", value, record["step"])
 
     def evaluation(self, step: int, result: dict) -> None:
-        """An evaluation's result after ``step`` steps (:func:`vlmcp.train.hf.evaluate.evaluate`)."""
+        """An evaluation's result after ``step`` steps (:func:`vlmcp.train.evaluate.evaluate`)."""
         if not self.enabled:
             return
         self.bar.note(f"vlmcp train: step {step}: eval loss {result['eval_loss']:.4f} over "

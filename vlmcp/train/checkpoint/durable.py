@@ -8,19 +8,24 @@
   complete-looking name over missing data);
 * :func:`publish_dir` and :func:`retire_dir` put a complete directory in place and take one
   away so that no crash leaves a partial directory under a visible name (Note [vlmcp DCP
-  checkpoints: atomic and durable]).
+  checkpoints: atomic and durable]);
+* :func:`remove_stale_temps`: the debris of crashed saves, this writer's and dead writers' only;
+* :func:`clean_os_error`: a full disk inside ``torch.save`` or safetensors as one clean ``OSError``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import IO
 
-from vlmcp.train.lock import writer_tag
+from vlmcp.train.lock import writer_gone, writer_tag
 
-__all__ = ["fsync_dir", "fsync_file", "open_exclusive", "publish_dir", "retire_dir"]
+__all__ = ["clean_os_error", "fsync_dir", "fsync_file", "open_exclusive", "publish_dir", "remove_stale_temps",
+           "retire_dir"]
 
 
 def open_exclusive(path: str | os.PathLike) -> IO[bytes]:
@@ -75,7 +80,7 @@ def publish_dir(temp: Path, final: Path) -> None:
     is renamed aside to a hidden name (``.NAME.old-<pid>-<host>``) before ``temp`` takes its
     place, and deleted only after the parent directory is fsynced. A crash at any moment leaves
     ``final`` complete (old or new) or absent, never partial; debris is hidden and carries its
-    writer, for :func:`vlmcp.train.checkpoint.remove_stale_temps`.
+    writer, for :func:`remove_stale_temps`.
     """
     for p in sorted(temp.iterdir()):
         if p.is_file() and not p.is_symlink():
@@ -107,3 +112,38 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
     elif path.is_dir():
         shutil.rmtree(path)
+
+
+_RUST_OS_ERROR = re.compile(r"I/O error: (.+) \(os error (\d+)\)")
+"""How safetensors' Rust writer words an ``io::Error``: ``SafetensorError: Error while serializing:
+I/O error: No space left on device (os error 28)``, no ``OSError`` in the chain."""
+
+
+def clean_os_error(err: BaseException, what: str) -> OSError | None:
+    """The operating system's error behind ``err`` as one clean ``OSError`` naming ``what``; None
+    when no ``OSError`` caused it. A full disk inside ``torch.save`` surfaces as ``RuntimeError:
+    unexpected pos`` chained to the ``OSError``; inside safetensors (``save_pretrained``) as a
+    ``SafetensorError`` whose message carries the errno."""
+    seen = err
+    while seen is not None and not isinstance(seen, OSError):
+        if type(seen).__name__ == "SafetensorError" and (m := _RUST_OS_ERROR.search(str(seen))):
+            return OSError(int(m.group(2)), f"cannot write {what}: {m.group(1)}")
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    reason = seen.strerror or str(seen)
+    return OSError(seen.errno or errno.EIO, f"cannot write {what}: {reason}")
+
+
+def remove_stale_temps(directory: Path, pattern: re.Pattern) -> None:
+    """Remove the temporaries in ``directory`` whose name (``pattern``: groups pid and host)
+    names this process or a writer that no longer exists; never a live writer's file."""
+    if not directory.is_dir():
+        return
+    for p in directory.iterdir():
+        m = pattern.match(p.name)
+        if m and (f"{m.group(1)}-{m.group(2)}" == writer_tag() or writer_gone(int(m.group(1)), m.group(2))):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:  # a file, or a link (removed itself, never what it points to)
+                p.unlink(missing_ok=True)

@@ -31,11 +31,16 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import partition_of
-from vlmcp.train.checkpoint import clean_os_error, remove_stale_temps
-from vlmcp.train.durable import fsync_dir, fsync_file, open_exclusive
-from vlmcp.train.hf.dcp_checkpoint import gather_slice, partitioned_params
-from vlmcp.train.hf.finetune import lora_output, save_adapter
+from vlmcp.train.checkpoint.dcp import gather_slice, partitioned_params
+from vlmcp.train.checkpoint.durable import (
+    clean_os_error,
+    fsync_dir,
+    fsync_file,
+    open_exclusive,
+    remove_stale_temps,
+)
 from vlmcp.train.lock import writer_tag
+from vlmcp.train.specs.hf.finetune import lora_output, save_adapter
 
 __all__ = ["MODEL_MARKER", "final_model_complete", "save_trained_model"]
 
@@ -127,7 +132,7 @@ def save_trained_model(cfg, model: nn.Module, processor, world: dist.ProcessGrou
     The weights go into a fresh, unparallelized model of the directory's own config (no
     vlmcp attention or vision placement is saved), so any transformers consumer loads it;
     a LoRA run writes its PEFT adapter instead, or with ``--merge-lora`` the merged weights
-    (:mod:`vlmcp.train.hf.finetune`).
+    (:mod:`vlmcp.train.specs.hf.finetune`).
     Written through a temporary directory and renamed into place, marker last (see the
     module docstring); ``step`` (default ``cfg.steps``) goes into the marker.
 

@@ -1,13 +1,13 @@
-"""FSDP checkpoints of ``vlmcp train --model --fsdp``: ``torch.distributed.checkpoint`` directories.
+"""FSDP checkpoints (``vlmcp train --fsdp``): ``torch.distributed.checkpoint`` directories.
 
 Each rank holds a shard: DCP writes every rank's shard into ``.step_N.tmp-<pid>-<host>/`` (on a
 directory all ranks share; rank 0 names it), rank 0 adds ``vlmcp_meta.pt`` (step, data
 position, config, the SHA-256 of every file and of the meta itself) and renames it to
 ``step_N/`` only after every rank finished. DCP stores tensors by name with their global
 shapes, so a run resumes at another CP or DP size. Reading goes through
-:mod:`vlmcp.train.hf.dcp_reader` (Note [vlmcp DCP checkpoints are unpickled through an
+:mod:`vlmcp.train.checkpoint.dcp_reader` (Note [vlmcp DCP checkpoints are unpickled through an
 allow-list]); which checkpoint a run resumes from, and the checks every rank agrees on, are
-:mod:`vlmcp.train.hf.checkpoint`'s.
+:mod:`vlmcp.train.checkpoint.run`'s.
 
 Note [vlmcp DCP checkpoints: atomic and durable]
 ------------------------------------------------
@@ -41,8 +41,14 @@ import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import local_part, partition_of
-from vlmcp.train.checkpoint import clean_os_error, payload_digest, remove_stale_temps
-from vlmcp.train.durable import open_exclusive, publish_dir, retire_dir
+from vlmcp.train.checkpoint.durable import (
+    clean_os_error,
+    open_exclusive,
+    publish_dir,
+    remove_stale_temps,
+    retire_dir,
+)
+from vlmcp.train.checkpoint.files import payload_digest
 from vlmcp.train.lock import writer_tag
 
 __all__ = ["META", "dcp_dirs", "dcp_meta", "file_sha256", "gather_slice", "load_dcp", "partitioned_params",
@@ -76,7 +82,7 @@ def dcp_meta(path: Path) -> dict:
 
     Raises:
         UnsafeCheckpoint: a file would unpickle something a checkpoint never holds (see
-            :func:`vlmcp.train.hf.dcp_reader.check_dcp_checkpoint`).
+            :func:`vlmcp.train.checkpoint.dcp_reader.check_dcp_checkpoint`).
         ValueError: naming the file that cannot be read or does not match.
     """
     try:
@@ -92,7 +98,7 @@ def dcp_meta(path: Path) -> dict:
         if not file.is_file() or file_sha256(file) != digest:
             raise ValueError(f"{file} is {'damaged' if file.is_file() else 'missing'}: "
                              "the checkpoint's checksum does not match")
-    from vlmcp.train.hf.dcp_reader import check_dcp_checkpoint  # imports torch's DCP: only here
+    from vlmcp.train.checkpoint.dcp_reader import check_dcp_checkpoint  # imports torch's DCP: only here
 
     check_dcp_checkpoint(path)  # the checksums tell damage, not tampering: their writer can recompute them
     return {**body, "step": step, "config": config}
@@ -175,13 +181,13 @@ def publish_dcp(temp: Path, final: Path, meta: dict, keep: int | None) -> None:
 
 def load_dcp(model: nn.Module, optimizer, path: Path, frozen: set[str], world: dist.ProcessGroup) -> None:
     """Load the DCP checkpoint ``path`` (checked by every rank, see
-    :func:`vlmcp.train.hf.checkpoint.load_hf_checkpoint`) into ``model`` and ``optimizer``; the
+    :func:`vlmcp.train.checkpoint.run.load_run_checkpoint`) into ``model`` and ``optimizer``; the
     ``frozen`` parameters keep their values (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from vlmcp.train.hf.dcp_reader import SafeLoadPlanner, SafeReader
+    from vlmcp.train.checkpoint.dcp_reader import SafeLoadPlanner, SafeReader
 
     model_state, optim_state = get_state_dict(model, optimizer)
     slices = partitioned_params(model)
