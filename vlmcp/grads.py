@@ -272,12 +272,13 @@ def _expert_dp(params: list[nn.Parameter], names: dict, world: int,
     return need
 
 
-def _reduce_experts(experts: list[nn.Parameter], names: dict, world: int,
-                    expert_dp_group: dist.ProcessGroup | None, scale: float) -> tuple[int, int]:
-    """Sum EXPERT gradients over the expert-DP group, then scale (no communication when it has one rank)."""
+def _reduce_experts(experts: list[nn.Parameter], edp: int, expert_dp_group: dist.ProcessGroup | None,
+                    scale: float) -> tuple[int, int]:
+    """Sum EXPERT gradients over the expert-DP group of ``edp`` ranks, then scale (no communication
+    when it has one rank)."""
     if not experts:
         return 0, 0
-    if _expert_dp(experts, names, world, expert_dp_group) > 1:
+    if edp > 1:
         return _all_reduce_flat(experts, expert_dp_group, scale)
     for p in experts:
         if p.grad is not None and scale != 1.0:
@@ -317,6 +318,8 @@ def reduce_gradients(
     restore_grad_tags(model)
     params = _trainable(model, cp_size)
     names = {p: n for n, p in model.named_parameters()}
+    experts = [p for p in params if grad_rule(p) is GradRule.EXPERT]
+    edp = _expert_dp(experts, names, cp_size * dp_size, expert_dp_group) if experts else 1  # before any comm
     dense = [p for p in params if grad_rule(p) is not GradRule.EXPERT]
     cp = [p for p in dense if grad_rule(p) is not GradRule.PARTITIONED]
     cp_n = cp_bytes = dp_n = dp_bytes = 0
@@ -327,8 +330,7 @@ def reduce_gradients(
         cp_n, cp_bytes = _all_reduce_flat(cp, cp_group, 1.0)
     if dp_size > 1 and dense:
         dp_n, dp_bytes = _all_reduce_flat(dense, dp_group, 1.0 / dp_size)
-    experts = [p for p in params if grad_rule(p) is GradRule.EXPERT]
-    ex_n, ex_bytes = _reduce_experts(experts, names, cp_size * dp_size, expert_dp_group, 1.0 / dp_size)
+    ex_n, ex_bytes = _reduce_experts(experts, edp, expert_dp_group, 1.0 / dp_size)
     return ReductionReport(cp_collectives=cp_n, cp_bytes=cp_bytes, dp_collectives=dp_n, dp_bytes=dp_bytes,
                            expert_collectives=ex_n, expert_bytes=ex_bytes)
 
@@ -384,36 +386,35 @@ def finish_ddp_gradients(
             (over the world, say: it would mix different ranks' experts).
     """
     cp_size = _cp_size(cp_group)
+    dp_size = 1 if dp_group is None else dist.get_world_size(dp_group)
+    world = cp_size * dp_size
     restore_grad_tags(model)
     params = _trainable(model, cp_size)
     names = {p: n for n, p in model.named_parameters()}
-    for p in params:
-        if grad_rule(p) is GradRule.FULL and p.grad is not None:
-            p.grad.div_(cp_size)
-    dp_size = 1 if dp_group is None else dist.get_world_size(dp_group)
-    world = cp_size * dp_size
-    experts, sharded = [], _fsdp_experts(model, world)
-    for p in params:
-        if grad_rule(p) is not GradRule.EXPERT:
-            continue
-        if not _is_dtensor(p):
-            experts.append(p)
-        elif p not in sharded:
+    sharded = _fsdp_experts(model, world)
+    experts = [p for p in params if grad_rule(p) is GradRule.EXPERT]
+    for p in experts:
+        if _is_dtensor(p) and p not in sharded:
             raise ValueError(f"EXPERT parameter {names[p]!r} is FSDP-sharded, but not by "
                              f"vlmcp.hf.moe.fully_shard_experts for a world of {world} ranks: its gradient "
                              "would mix different ranks' experts or be averaged instead of summed")
-        elif p.grad is not None:
-            p.grad.mul_(1.0 / world)  # FSDP summed it over the expert-DP group
-    ex_n, ex_bytes = _reduce_experts(experts, names, world, expert_dp_group, 1.0 / world)
-    parts = [p for p in params if grad_rule(p) is GradRule.PARTITIONED]
-    if dp_size > 1 and parts:
-        n, nbytes = _all_reduce_flat(parts, dp_group, 1.0 / (dp_size * cp_size))
-        return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=n, dp_bytes=nbytes,
-                               expert_collectives=ex_n, expert_bytes=ex_bytes)
-    for p in parts:
-        if p.grad is not None:
+    plain = [p for p in experts if not _is_dtensor(p)]
+    edp = _expert_dp(plain, names, world, expert_dp_group) if plain else 1  # before anything changes
+    for p in params:
+        if grad_rule(p) is GradRule.FULL and p.grad is not None:
             p.grad.div_(cp_size)
-    return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=0, dp_bytes=0,
+        elif p in sharded and p.grad is not None:
+            p.grad.mul_(1.0 / world)  # FSDP summed it over the expert-DP group
+    ex_n, ex_bytes = _reduce_experts(plain, edp, expert_dp_group, 1.0 / world)
+    parts = [p for p in params if grad_rule(p) is GradRule.PARTITIONED]
+    dp_n = dp_bytes = 0
+    if dp_size > 1 and parts:
+        dp_n, dp_bytes = _all_reduce_flat(parts, dp_group, 1.0 / (dp_size * cp_size))
+    else:
+        for p in parts:
+            if p.grad is not None:
+                p.grad.div_(cp_size)
+    return ReductionReport(cp_collectives=0, cp_bytes=0, dp_collectives=dp_n, dp_bytes=dp_bytes,
                            expert_collectives=ex_n, expert_bytes=ex_bytes)
 
 

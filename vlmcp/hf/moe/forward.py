@@ -42,7 +42,7 @@ def ep_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index
     if spec.scaled_input:  # Llama 4: x * score goes in, the output is added unweighted
         rows = rows * top_k_weights.reshape(-1).index_select(0, plan.order).unsqueeze(-1).to(rows.dtype)
     y = local_experts(self, spec, dispatch(rows, plan, shard.group), plan.local_counts, shard.kernel)
-    y = combine(y, plan, shard.group).view(tokens, k, -1)
+    y = combine(y, plan, shard.group).view(tokens, k, y.shape[-1])
     if not spec.scaled_input:
         y = (y * top_k_weights.unsqueeze(-1)).to(hidden_states.dtype)
     # the eager kernel's order: index_add_ expert by expert, ascending, into zeros
