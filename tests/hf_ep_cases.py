@@ -38,7 +38,8 @@ TEXT_ONLY = ((12,), (7,))
 
 def ep_model(arch: str) -> torch.nn.Module:
     """The tiny float64 model of ``arch``, its auxiliary loss on where it has one."""
-    overrides = {"text_config": {"output_router_logits": True, "router_aux_loss_coef": 0.5}} if arch in AUX else {}
+    aux = {"text_config": {"output_router_logits": True, "router_aux_loss_coef": 0.5}}
+    overrides = aux if arch in AUX else {}
     model = tiny_model(tiny_config(arch, **overrides), torch.float64)
     float64_norms(model)
     return model
@@ -134,7 +135,8 @@ def _ep_case(group, ref, rows, losses, cp: int, ep: int, attention: str, fsdp: b
     expert_err = max((float((g - grads[n].grad).norm() / grads[n].grad.norm()) for n, g in full.items()),
                      default=0.0)
     out = {"case": (cp, world // cp, ep, attention, fsdp), "loss_rel_error": float(loss_err), "grad": err,
-           "worst": worst, "experts": len(full), "expert_grad": expert_err, "expert_pairs": int(load.counts.sum()), "routed_pairs": int(pairs),
+           "worst": worst, "experts": len(full), "expert_grad": expert_err,
+           "expert_pairs": int(load.counts.sum()), "routed_pairs": int(pairs),
            "load_shape": tuple(load.counts.shape), "imbalance": load.imbalance, "refused": refused,
            "expert_collectives": report.expert_collectives, "expert_bytes": report.expert_bytes,
            "expert_numel": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
@@ -149,7 +151,8 @@ def _ep_case(group, ref, rows, losses, cp: int, ep: int, attention: str, fsdp: b
     if not fsdp:
         params = [p for p in model.parameters() if p.requires_grad]
         norm = grad_norms({"all": params}, cp_group, dp_group)["all"]
-        true = float(torch.stack([p.grad.double().norm() for p in ref.parameters() if p.grad is not None]).norm())
+        true = float(torch.stack([p.grad.double().norm() for p in ref.parameters()
+                                  if p.grad is not None]).norm())
         out["norm_rel_error"] = abs(norm - true) / true
     return out
 
@@ -202,7 +205,8 @@ def _experts_module(num_experts: int = 8, hidden: int = 16, inter: int = 8, seed
 
 # Per rank: tokens and their top-2 experts (of 8). EP=4: rank 3 holds experts 6 and 7, which no token
 # picks (it receives nothing), and rank 3 has no token (it sends nothing); rank 1 sends to itself only.
-ROUTES = {0: [[0, 1], [2, 5], [1, 4], [0, 3], [5, 2]], 1: [[2, 3], [3, 2]], 2: [[4, 0], [1, 5], [3, 4]], 3: []}
+ROUTES = {0: [[0, 1], [2, 5], [1, 4], [0, 3], [5, 2]], 1: [[2, 3], [3, 2]], 2: [[4, 0], [1, 5], [3, 4]],
+          3: []}
 
 
 def _recording():
@@ -323,12 +327,13 @@ def checkpoint_round_trip(group: dist.ProcessGroup, tmp: str) -> dict:
     m2 = models[2][0]
     full = gather_experts(m2)
     out["gathered_exact"] = all(torch.equal(full[n], truth[n]) for n in truth)
-    out["shapes"] = {n: tuple(s) for n, s in expert_shapes(m2).items()} == {n: tuple(t.shape) for n, t in truth.items()}
+    out["shapes"] = ({n: tuple(s) for n, s in expert_shapes(m2).items()}
+                     == {n: tuple(t.shape) for n, t in truth.items()})
     # optimizer moments: any per-parameter tensor keyed by name; here each rank's slice holds its rank
     marks = gather_experts(m2, {n: torch.full_like(p, float(rank)) for n, p in m2.named_parameters()
                                 if n in truth})
-    out["gather_order"] = all(m[:2].eq(float(rank - rank % 2)).all() and m[2:].eq(float(rank - rank % 2 + 1)).all()
-                              for m in marks.values())
+    first = float(rank - rank % 2)  # the EP group's first rank: its 2 experts, then the next rank's
+    out["gather_order"] = all(m[:2].eq(first).all() and m[2:].eq(first + 1).all() for m in marks.values())
     m4 = models[4][0]
     load_experts(m4, full)
     out["load_e4"] = all(torch.equal(gather_experts(m4)[n], truth[n]) for n in truth)

@@ -59,9 +59,9 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
-    "GradRule", "GradTag", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients", "gradient_copies",
-    "grad_norms", "grad_rule", "grad_tag", "local_part", "partition_of", "reduce_gradients", "restore_grad_tags",
-    "set_grad_rule",
+    "GradRule", "GradTag", "ReductionReport", "ddp_ignored_params", "finish_ddp_gradients",
+    "gradient_copies", "grad_norms", "grad_rule", "grad_tag", "local_part", "partition_of",
+    "reduce_gradients", "restore_grad_tags", "set_grad_rule",
 ]
 
 
@@ -114,7 +114,8 @@ def set_grad_rule(
     """
     rule = GradRule(rule)
     if (rule in _SLICED) != (shard_dim is not None and shard_index is not None):
-        raise ValueError(f"shard_dim and shard_index are required for PARTITIONED and EXPERT only, got rule={rule}")
+        raise ValueError(f"shard_dim and shard_index are required for PARTITIONED and EXPERT only, "
+                         f"got rule={rule}")
     if (rule is GradRule.EXPERT) != (parts is not None):
         raise ValueError(f"parts is required for EXPERT only, got rule={rule}, parts={parts!r}")
     setattr(param, _ATTR, GradTag(rule, cp_size, shard_dim, shard_index, parts))

@@ -57,7 +57,8 @@ def _full(name: str, t: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
     return torch.cat(pieces, 0)
 
 
-def gather_experts(model: nn.Module, tensors: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def gather_experts(model: nn.Module,
+                   tensors: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Every EP-sharded entry of ``tensors`` at full size ``(E_tot, ...)``; the others as given.
 
     A collective: every rank of the world calls it with the same names in the same order (one
@@ -99,8 +100,9 @@ def slice_experts(model: nn.Module, full: Mapping[str, torch.Tensor]) -> dict[st
             t = t.full_tensor()
         want = (shard.num_experts, *params[name].shape[1:])
         if tuple(t.shape) != want:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} in the checkpoint, expected the full {want}: "
-                             "was it saved without vlmcp.hf.moe.gather_experts (one EP rank's experts)?")
+            raise ValueError(f"{name} has shape {tuple(t.shape)} in the checkpoint, expected the full "
+                             f"{want}: was it saved without vlmcp.hf.moe.gather_experts (one EP rank's "
+                             "experts)?")
         part = t[shard.first:shard.first + shard.num_local]
         p = params[name]
         if isinstance(p, _dtensor()):
@@ -112,7 +114,7 @@ def slice_experts(model: nn.Module, full: Mapping[str, torch.Tensor]) -> dict[st
 
 
 def load_experts(model: nn.Module, full: Mapping[str, torch.Tensor]) -> list[str]:
-    """Copy the full expert tensors of ``full`` into this rank's slices of the parameters; returns their names.
+    """Copy the full expert tensors of ``full`` into this rank's slices of the parameters (names returned).
 
     Every EP-sharded parameter must be in ``full`` (else it is named); other entries are ignored.
     """

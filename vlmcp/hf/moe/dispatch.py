@@ -63,7 +63,8 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(0) - x
 
 
-def plan_dispatch(top_k_index: torch.Tensor, num_experts: int, group: dist.ProcessGroup | None) -> DispatchPlan:
+def plan_dispatch(top_k_index: torch.Tensor, num_experts: int,
+                  group: dist.ProcessGroup | None) -> DispatchPlan:
     """Sort this rank's pairs and exchange the counts (one int64 all-to-all; every rank must call it).
 
     Args:
@@ -107,13 +108,13 @@ def plan_dispatch(top_k_index: torch.Tensor, num_experts: int, group: dist.Proce
 
 
 def dispatch(rows: torch.Tensor, plan: DispatchPlan, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Pair rows ``(S, H)`` in expert-sorted order -> the rows of this rank's experts, expert-major ``(R, H)``."""
+    """Pair rows ``(S, H)``, expert-sorted -> the rows of this rank's experts, expert-major ``(R, H)``."""
     got = rows if group is None else all_to_all_uneven(rows, group, plan.out_splits, plan.in_splits)
     return got.index_select(0, plan.perm)
 
 
 def combine(y: torch.Tensor, plan: DispatchPlan, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Expert outputs ``(R, H)`` expert-major -> every pair's output on its sender, in pair order ``(S, H)``."""
+    """Expert outputs ``(R, H)``, expert-major -> each pair's output on its sender, pair order ``(S, H)``."""
     inverse = torch.empty_like(plan.perm)
     inverse[plan.perm] = torch.arange(plan.perm.numel(), device=plan.perm.device)
     back = y.index_select(0, inverse)

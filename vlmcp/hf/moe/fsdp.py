@@ -16,7 +16,6 @@ other rules under the loss-times-P convention (Note [vlmcp gradient rules]).
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -42,7 +41,8 @@ def fully_shard_experts(model: nn.Module, expert_dp_group: dist.ProcessGroup, wo
     edp = dist.get_world_size(expert_dp_group)
     mods = [m for m in model.modules() if getattr(m, "_vlmcp_ep", None) is not None and m._vlmcp_ep.size > 1]
     if mods and mods[0]._vlmcp_ep.size * edp != world_size:
-        raise ValueError(f"EP size {mods[0]._vlmcp_ep.size} x expert-DP size {edp} != world size {world_size}")
+        raise ValueError(f"EP size {mods[0]._vlmcp_ep.size} x expert-DP size {edp} is not the world size "
+                         f"{world_size}")
     if not mods:
         return 0
     device = next(mods[0].parameters()).device

@@ -1,4 +1,4 @@
-"""This rank's experts on the rows dispatched to it: a grouped matmul on CUDA, else one matmul pair per expert.
+"""This rank's experts on the rows dispatched to it: a grouped matmul on CUDA, else a matmul pair per expert.
 
 The rows arrive expert-major (``counts[e]`` rows for local expert e, in order; Note [vlmcp expert
 parallel: dispatch and combine]) and each runs through its expert with unit weight: the router's
@@ -45,7 +45,8 @@ def _project(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> torch.Tensor
     return x @ w if transposed else F.linear(x, w)
 
 
-def looped_experts(module: nn.Module, spec: ExpertsSpec, x: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+def looped_experts(module: nn.Module, spec: ExpertsSpec, x: torch.Tensor,
+                   counts: Sequence[int]) -> torch.Tensor:
     """``(R, H_in)`` expert-major rows -> ``(R, H_out)``, one matmul pair per expert with rows."""
     up, down = getattr(module, spec.up), module.down_proj
     out, start = [], 0
@@ -69,7 +70,8 @@ def grouped_mm_available(x: torch.Tensor, *weights: torch.Tensor) -> bool:
                for w in weights) and x.shape[-1] * size % 16 == 0
 
 
-def grouped_experts(module: nn.Module, spec: ExpertsSpec, x: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+def grouped_experts(module: nn.Module, spec: ExpertsSpec, x: torch.Tensor,
+                    counts: Sequence[int]) -> torch.Tensor:
     """:func:`looped_experts` as two ``torch._grouped_mm`` calls over all local experts (CUDA)."""
     up, down = getattr(module, spec.up), module.down_proj
     offs = torch.tensor(counts, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)

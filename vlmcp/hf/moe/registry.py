@@ -55,9 +55,9 @@ register_experts(ExpertsSpec(class_name="Llama4TextExperts", transposed=True, sc
 
 MODEL_TYPES: dict[str, str] = {
     "qwen3_vl_moe_text": "Qwen3VLMoeTextExperts", "qwen3_5_moe_text": "Qwen3_5MoeExperts",
-    "glm4v_moe_text": "Glm4vMoeTextExperts", "deepseek_v3": "DeepseekV3Experts", "gemma4_text": "Gemma4TextExperts",
-    "minimax_m3_vl_text": "MiniMaxM3VLExperts", "mistral4": "Mistral4Experts", "nemotron_h": "NemotronHExperts",
-    "llama4_text": "Llama4TextExperts",
+    "glm4v_moe_text": "Glm4vMoeTextExperts", "deepseek_v3": "DeepseekV3Experts",
+    "gemma4_text": "Gemma4TextExperts", "minimax_m3_vl_text": "MiniMaxM3VLExperts",
+    "mistral4": "Mistral4Experts", "nemotron_h": "NemotronHExperts", "llama4_text": "Llama4TextExperts",
 }
 """Text ``model_type`` -> its routed-experts class, for :func:`vlmcp.hf.moe.check_ep` (config only)."""
 
@@ -95,8 +95,8 @@ def _check_flags(path: str, module: nn.Module, spec: ExpertsSpec) -> None:
             "has_gate": spec.gated, "is_transposed": spec.transposed, "_is_expert_parallel": False}
     for flag, value in want.items():
         if hasattr(module, flag) and bool(getattr(module, flag)) != value:
-            raise ValueError(f"{path} ({type(module).__name__}) has {flag}={getattr(module, flag)!r}: vlmcp's "
-                             f"expert parallel computes experts with {flag}={value}")
+            raise ValueError(f"{path} ({type(module).__name__}) has {flag}={getattr(module, flag)!r}: "
+                             f"vlmcp's expert parallel computes experts with {flag}={value}")
     for name in (spec.up, "down_proj"):
         p = getattr(module, name, None)
         if not isinstance(p, nn.Parameter) or p.dim() != 3:
@@ -128,9 +128,11 @@ def find_experts(model: nn.Module, root: str) -> list[tuple[str, nn.Module, Expe
             _check_flags(path, module, spec)
             found.append((path, module, spec))
         elif isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "experts":
-            raise ValueError(f"{path} holds its experts as an nn.ModuleList of {len(module)} modules: vlmcp's "
-                             "expert parallel shards stacked 3-D expert weights only (transformers 5.x layout)")
+            raise ValueError(f"{path} holds its experts as an nn.ModuleList of {len(module)} modules: "
+                             "vlmcp's expert parallel shards stacked 3-D expert weights only (transformers "
+                             "5.x layout)")
         elif _LOOKS_LIKE_EXPERTS.search(cls) and not _SHARED.search(cls):
-            raise ValueError(f"{path} is a {cls}, a routed-experts class vlmcp's expert parallel does not know "
-                             f"(known: {sorted(EXPERTS)}); register it with vlmcp.hf.moe.register_experts")
+            raise ValueError(f"{path} is a {cls}, a routed-experts class vlmcp's expert parallel does not "
+                             f"know (known: {sorted(EXPERTS)}); register it with "
+                             "vlmcp.hf.moe.register_experts")
     return found

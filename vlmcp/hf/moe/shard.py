@@ -108,7 +108,8 @@ def plan_expert_parallel(model: nn.Module, root: str, ep_group: dist.ProcessGrou
     check_routing(model.config.get_text_config())
     targets = find_experts(model, root)
     if not targets and size > 1:
-        raise ValueError(f"ep_group of {size} ranks, but {type(model).__name__} has no routed experts under {root}")
+        raise ValueError(f"ep_group of {size} ranks, but {type(model).__name__} has no routed experts "
+                         f"under {root}")
     counts = set()
     for path, module, spec in targets:
         if getattr(module, "_vlmcp_ep", None) is not None:
@@ -116,16 +117,18 @@ def plan_expert_parallel(model: nn.Module, root: str, ep_group: dist.ProcessGrou
         for name in (spec.up, "down_proj"):
             p = getattr(module, name)
             if type(p.data).__name__ != "Tensor" or p.is_meta:
-                raise ValueError(f"{path}.{name} is a {type(p.data).__name__}{' on meta' if p.is_meta else ''}: "
-                                 "call parallelize on loaded weights, before fully_shard")
+                where = " on meta" if p.is_meta else ""
+                raise ValueError(f"{path}.{name} is a {type(p.data).__name__}{where}: call parallelize on "
+                                 "loaded weights, before fully_shard")
         counts.add(module.down_proj.shape[0])
     if len(counts) > 1:
         raise ValueError(f"the MoE layers have different expert counts {sorted(counts)}")
     if counts and next(iter(counts)) % size:
         raise ValueError(f"the EP group's {size} ranks must divide the {next(iter(counts))} routed experts")
     for path, _, spec in targets:
-        if spec.scaled_input and type(model.get_submodule(path.rsplit(".", 1)[0])).__name__ != "Llama4TextMoe":
-            raise ValueError(f"{path}: a {spec.class_name} outside a Llama4TextMoe block")
+        block = type(model.get_submodule(path.rsplit(".", 1)[0])).__name__
+        if spec.scaled_input and block != "Llama4TextMoe":
+            raise ValueError(f"{path}: a {spec.class_name} outside a Llama4TextMoe block (in a {block})")
     return targets
 
 
@@ -165,7 +168,7 @@ def apply_expert_parallel(model: nn.Module, targets: list[tuple[str, nn.Module, 
 
 
 def expert_shards(model: nn.Module) -> dict[str, ExpertShard]:
-    """``{parameter name: its ExpertShard}`` for every expert parameter sliced over an EP group of > 1 rank."""
+    """``{parameter name: its ExpertShard}`` of every expert parameter sliced over more than one EP rank."""
     out = {}
     for path, module in model.named_modules():
         shard = getattr(module, "_vlmcp_ep", None)
