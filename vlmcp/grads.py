@@ -114,7 +114,7 @@ def set_grad_rule(
     """
     rule = GradRule(rule)
     if (rule in _SLICED) != (shard_dim is not None and shard_index is not None):
-        raise ValueError(f"shard_dim and shard_index are required for PARTITIONED and EXPERT only, "
+        raise ValueError(f"shard_dim and shard_index are required for PARTITIONED only (and EXPERT), "
                          f"got rule={rule}")
     if (rule is GradRule.EXPERT) != (parts is not None):
         raise ValueError(f"parts is required for EXPERT only, got rule={rule}, parts={parts!r}")
