@@ -378,6 +378,19 @@ def checkpoint_round_trip(group: dist.ProcessGroup, tmp: str) -> dict:
         out[f"fsdp_e{ep}"] = all(torch.equal(gather_experts(m)[n], truth[n]) for n in truth)
         out[f"fsdp_e{ep}_dtensor"] = all(isinstance(t, DTensor) and t.device_mesh.size() == world // ep
                                          for t in sliced.values())
+    # experts left to the decoder blocks' units over the world: their gradients would mix EP ranks'
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    ep_group, edp_group = expert_groups(group, 2)
+    m = copy.deepcopy(other)
+    vlmcp.hf.parallelize(m, cp_group, ep_group=ep_group)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in m.modules():
+        if type(block).__name__ in set(m._no_split_modules):
+            fully_shard(block, mesh=mesh)
+    out["fsdp_over_the_world"] = _refused(
+        lambda: finish_ddp_gradients(m, cp_group, dp_cp_groups(group, 2)[1], expert_dp_group=edp_group))
     return out
 
 

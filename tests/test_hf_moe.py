@@ -107,6 +107,7 @@ def test_checkpoint_full_experts_resume_at_another_ep(world4):
             assert c[key] is True, (key, c)
         assert c["slice_e4"] == (1, 64, 48)
         assert "expected the full (4, 64, 48)" in c["refused"]
+        assert "is FSDP-sharded, but not by vlmcp.hf.moe.fully_shard_experts" in c["fsdp_over_the_world"]
         # what the helpers prevent: DCP keeps one EP rank's experts for same-named local slices
         assert c["local_dcp_lost_experts"] is True
 
