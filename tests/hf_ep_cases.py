@@ -106,10 +106,15 @@ def _ep_case(group, ref, rows, losses, cp: int, ep: int, attention: str, fsdp: b
                 fully_shard(m, mesh=mesh, ignored_params=ignored or None)
         fully_shard(model, mesh=mesh, ignored_params=ignored or None)
     inputs, labels, cu = rows[dist.get_rank(dp_group)]
-    with float64_exact(torch.float64):
-        batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=cu)
-        res = vlmcp.hf.causal_lm_loss(model, batch, cp_group, chunk_size=4)
-        (res.loss * (cp if fsdp else 1)).backward()
+    calls, real, wrapper = _recording()
+    dist.all_to_all_single = wrapper
+    try:
+        with float64_exact(torch.float64):
+            batch = vlmcp.hf.shard_inputs(model, inputs, cp_group, labels=labels, cu_seqlens=cu)
+            res = vlmcp.hf.causal_lm_loss(model, batch, cp_group, chunk_size=4)
+            (res.loss * (cp if fsdp else 1)).backward()
+    finally:
+        dist.all_to_all_single = real
     refused = ""
     if fsdp:
         report = finish_ddp_gradients(model, cp_group, dp_group, expert_dp_group=edp_group)
@@ -137,7 +142,8 @@ def _ep_case(group, ref, rows, losses, cp: int, ep: int, attention: str, fsdp: b
     out = {"case": (cp, world // cp, ep, attention, fsdp), "loss_rel_error": float(loss_err), "grad": err,
            "worst": worst, "experts": len(full), "expert_grad": expert_err,
            "expert_pairs": int(load.counts.sum()), "routed_pairs": int(pairs),
-           "load_shape": tuple(load.counts.shape), "imbalance": load.imbalance, "refused": refused,
+           "load_shape": tuple(load.counts.shape), "a2a_calls": len(calls), "moe_layers": layers,
+           "imbalance": load.imbalance, "refused": refused,
            "expert_collectives": report.expert_collectives, "expert_bytes": report.expert_bytes,
            "expert_numel": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                                for n, p in model.named_parameters() if n in shards)}

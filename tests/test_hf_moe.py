@@ -51,7 +51,11 @@ def test_cp2_ep2_every_arch_ring_and_ulysses(world2):
 def test_activation_checkpointing_reruns_the_exchange(world2):
     rows = world2[0]["checkpointing"]
     _exact(rows)  # the recomputation is not counted twice in the per-expert counts either
-    assert all(r["checkpointing"] for r in rows)
+    for r in rows:  # per MoE layer: counts + dispatch + combine, their duals, the recomputed three
+        assert r["checkpointing"] and r["a2a_calls"] == 8 * r["moe_layers"], r
+    for r in world2[0]["grid"]:
+        if r["case"][3] == "ring":  # (Ulysses adds its own all-to-alls)
+            assert r["a2a_calls"] == 5 * r["moe_layers"], r
 
 
 def test_world4_layouts(world4):
