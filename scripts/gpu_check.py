@@ -5,8 +5,9 @@
 2. The GPU-marked tests (``pytest -m gpu``): every CUDA kernel against the math kernel
    in float64 (fp32/bf16/fp16, every block kind, GQA, both ``out`` layouts, no host
    sync), single-process CP attention on CUDA, and NCCL ring/Ulysses parity through
-   torchrun on every local GPU (``tests/test_cuda_review.py``), and fla's gated delta rule
-   kernel against the torch kernel when flash-linear-attention is installed.
+   torchrun on every local GPU (``tests/test_cuda_review.py``), fla's gated delta rule
+   kernel against the torch kernel when flash-linear-attention is installed, and the MoE
+   experts' ``torch._grouped_mm`` kernel against the per-expert loop (``tests/test_hf_moe.py``).
 3. The attention benchmark on CUDA (``vlmcp bench attention``'s row: 1,024 image +
    8,192 text tokens, 8 heads of 64, forward + backward): single-process time per
    kernel and dtype, then ring and Ulysses over all local GPUs (NCCL, torchrun):
@@ -90,7 +91,7 @@ def run_tests(timeout: int) -> tuple[bool, list[str]]:
     """``pytest -m gpu`` on the CUDA tests; returns (passed, report lines)."""
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider",
            "tests/test_cuda_review.py", "tests/test_attention_kernels.py", "tests/test_gdn_kernels.py",
-           "tests/test_linear_cross_entropy.py"]
+           "tests/test_linear_cross_entropy.py", "tests/test_hf_moe.py"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -9,7 +9,15 @@ from torch import nn
 
 from tests import vision_cases
 from tests.vision_cases import MODES
-from vlmcp.grads import GradRule, ddp_ignored_params, grad_rule, local_part, reduce_gradients, set_grad_rule
+from vlmcp.grads import (
+    GradRule,
+    ddp_ignored_params,
+    grad_rule,
+    gradient_copies,
+    local_part,
+    reduce_gradients,
+    set_grad_rule,
+)
 from vlmcp.testing import run_on_ranks
 
 GRID_P = [2, 3, 4]
@@ -43,7 +51,7 @@ def test_parameters_carry_the_rule_of_their_mode(P):
         "allreduce_hook": dict(share=head, full=vision, partitioned=0),
     }
     for d in vision_cases.grid_results(P)[0]:
-        assert d["grad_numel"] == expected[d["mode"]], d["mode"]
+        assert d["grad_numel"] == {**expected[d["mode"]], "expert": 0}, d["mode"]
         # One flat all-reduce over CP per dtype, carrying everything but the partitioned slice,
         # plus one "has a gradient" flag per parameter.
         nbytes = (d["grad_numel"]["share"] + d["grad_numel"]["full"] + d["reduced_params"]) * d["itemsize"]
@@ -96,6 +104,23 @@ def test_grad_rule_tags_and_local_part():
         set_grad_rule(lin.bias, GradRule.FULL, 3, shard_dim=0, shard_index=0)
     with pytest.raises(ValueError):
         set_grad_rule(lin.bias, "mean", 3)
+
+
+def test_expert_rule_slices_and_counts():
+    # EXPERT: EP rank 1 of 2 holds experts [2, 4) of 4 (dim 0); never touched by DDP; its reduced
+    # gradient sits on the W/E ranks of its expert-DP group
+    w = nn.Parameter(torch.zeros(2, 3, 5))
+    set_grad_rule(w, GradRule.EXPERT, 2, shard_dim=0, shard_index=1, parts=2)
+    full = torch.arange(4.0 * 15).view(4, 3, 5)
+    assert torch.equal(local_part(w, full), full[2:4])
+    holder = nn.Module()
+    holder.w = w
+    assert ddp_ignored_params(holder) == ["w"]
+    assert gradient_copies(w, cp_size=2, dp_size=2) == 2 and gradient_copies(holder.w, 2) == 1
+    with pytest.raises(ValueError, match="parts is required for EXPERT only"):
+        set_grad_rule(w, GradRule.EXPERT, 2, shard_dim=0, shard_index=1)
+    plain = nn.Parameter(torch.zeros(3))
+    assert gradient_copies(plain, cp_size=2, dp_size=3) == 6
 
 
 def test_reduce_gradients_without_a_cp_group_is_one_process():

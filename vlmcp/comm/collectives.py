@@ -11,6 +11,7 @@ of its forward, so a gradient that crosses ranks is never dropped or counted twi
     copy_to_group (identity)      (N, *)    all-reduce-sum                 (N, *)
     all_reduce_sum                (N, *)    identity                       (N, *)
     all_to_all (scatter d, gather e)        all_to_all (scatter e, gather d)
+    all_to_all_uneven (rows, splits in/out)  the same, splits swapped        (rows back)
 
 ``copy_to_group`` and ``all_reduce_sum`` are Megatron's f/g pair: the first is the
 entry to work that every rank does on the same tensor with a different loss (the
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather", "all_reduce_sum", "all_to_all", "broadcast", "copy_to_group"]
+__all__ = ["all_gather", "all_reduce_sum", "all_to_all", "all_to_all_uneven", "broadcast", "copy_to_group"]
 
 
 # torch 2.13 renamed the flat-buffer collectives; older releases (>= 2.5) only have the old
@@ -259,3 +260,55 @@ def all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gath
         raise ValueError(
             f"all_to_all: dim {scatter_dim} of shape {tuple(x.shape)} is not divisible by P={world}")
     return _AllToAll.apply(x, sd, gd, group)
+
+
+def _all_to_all_rows(x: torch.Tensor, out_splits: tuple[int, ...], in_splits: tuple[int, ...],
+                     group) -> torch.Tensor:
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(out_splits),
+                           input_split_sizes=list(in_splits), group=group)
+    return out
+
+
+class _AllToAllUneven(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        return _all_to_all_rows(x.detach(), out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx, dout):
+        out_splits, in_splits = ctx.splits
+        # the dual: every row's gradient goes back to the rank that sent the row, splits swapped
+        return _all_to_all_rows(dout.detach(), in_splits, out_splits, ctx.group), None, None, None
+
+
+def all_to_all_uneven(x: torch.Tensor, group: dist.ProcessGroup, out_splits: Sequence[int],
+                      in_splits: Sequence[int]) -> torch.Tensor:
+    """Send rows ``[sum(in_splits[:d]), sum(in_splits[:d + 1]))`` of ``x`` to rank d; stack what arrives.
+
+    Expert parallelism's token exchange (Note [vlmcp expert parallel: dispatch and combine]). The
+    split sizes are metadata every rank must agree on: rank s's ``in_splits[d]`` is rank d's
+    ``out_splits[s]`` (exchange the counts first). Any split may be zero, the whole ``x`` too: the
+    rank still takes part, forward and backward.
+
+    Args:
+        x: ``(sum(in_splits), *)``, rows grouped by destination rank in rank order.
+        group: the process group.
+        out_splits: rows arriving from each rank, ``len == world``.
+        in_splits: rows sent to each rank, ``len == world``.
+
+    Returns:
+        ``(sum(out_splits), *)``, the rows from rank 0, then rank 1, ... Backward: the gradient
+        ``(sum(out_splits), *)`` goes back the same way with the splits swapped and arrives as
+        ``(sum(in_splits), *)``, each row's gradient at the rank and place the row came from.
+    """
+    world = dist.get_world_size(group)
+    out_splits, in_splits = tuple(int(s) for s in out_splits), tuple(int(s) for s in in_splits)
+    if len(out_splits) != world or len(in_splits) != world:
+        raise ValueError(f"all_to_all_uneven: {len(out_splits)} out and {len(in_splits)} in splits for a "
+                         f"group of {world} ranks")
+    if min(out_splits + in_splits) < 0 or x.shape[0] != sum(in_splits):
+        raise ValueError(f"all_to_all_uneven: x has {x.shape[0]} rows, in_splits {in_splits} "
+                         f"(out_splits {out_splits})")
+    return _AllToAllUneven.apply(x, out_splits, in_splits, group)

@@ -21,6 +21,8 @@ CP group::
   auxiliary losses as the model adds them (:mod:`vlmcp.hf.moe_aux`).
 * :func:`offload_activations` (:mod:`vlmcp.hf.offload`): the forward's saved tensors (checkpointed
   blocks' inputs) in pinned host memory until backward.
+* :mod:`vlmcp.hf.moe`: expert parallelism for MoE language models (``parallelize(..., ep_group=)``),
+  its groups, FSDP2 units, full-expert checkpoints and per-expert token counts.
 * :mod:`vlmcp.hf.adapters`: what each architecture needs (:class:`InputKind`: what each
   input key is); :func:`register_adapter` adds one.
 * :mod:`vlmcp.hf.mixers.audit`: the token-mixer audit ``parallelize`` runs (anything but softmax

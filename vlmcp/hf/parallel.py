@@ -9,7 +9,9 @@ mixers]): a language model with anything mixing tokens but softmax attention and
 mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.mixers.gdn`; LFM2's short
 convolutions, :mod:`vlmcp.hf.mixers.short_conv`; Nemotron-H's Mamba-2, :mod:`vlmcp.hf.mixers.mamba2`;
 sliding-window attention whose module carries its ``sliding_window``, Gemma 3) is refused, module
-by module (other Mamba classes, chunked attention...).
+by module (other Mamba classes, chunked attention...). With ``ep_group`` the MoE layers' routed
+experts are sharded over it (:mod:`vlmcp.hf.moe`: Note [vlmcp expert parallel: dispatch and combine]),
+every refusal of an experts module vlmcp cannot shard raised with the others, before any change.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from vlmcp.hf.mixers import llama4 as hf_llama4
 from vlmcp.hf.mixers import mamba2 as hf_mamba2
 from vlmcp.hf.mixers import short_conv as hf_short_conv
 from vlmcp.hf.mixers.audit import audit_token_mixers
+from vlmcp.hf.moe.shard import apply_expert_parallel, plan_expert_parallel
 from vlmcp.hf.peft import check_hidden_shard_layers, unwrap_peft
 from vlmcp.hf.vision import place_hf_vision
 from vlmcp.vision.placement import VisionMode
@@ -55,6 +58,10 @@ class HFParallel:
     """Run the ViT on a blank image for rows without images: True, False, or None = when FSDP-sharded."""
     check_same_row: bool = True
     """``shard_inputs``' row guard by default (Note [vlmcp row guard: one row per CP group])."""
+    ep_group: dist.ProcessGroup | None = None
+    """The expert-parallel group (None: the experts are not sharded)."""
+    ep_size: int = 1
+    """E (1 also with a one-rank ``ep_group``: every expert here, the EP forward's counts kept)."""
 
     def __deepcopy__(self, memo):
         return self
@@ -78,6 +85,7 @@ def parallelize(
     src: int = 0,
     dummy_vision: bool | None = None,
     check_same_row: bool = True,
+    ep_group: dist.ProcessGroup | None = None,
 ) -> nn.Module:
     """Run ``model``'s language model under context parallelism over ``cp_group`` (in place).
 
@@ -101,6 +109,12 @@ def parallelize(
             the CP group holds the same row (one all-gather of 32 bytes per rank per call:
             Note [vlmcp row guard: one row per CP group]); False turns it off for this
             model once the loader is trusted (each call can still override it).
+        ep_group: expert parallelism: each MoE layer's routed experts sharded over this group
+            of E ranks, taken from the DP x CP world (:func:`vlmcp.hf.moe.expert_groups`), E
+            dividing the expert count; tokens reach their experts by all-to-all (every rank of
+            the group must run every forward and backward). Reduce with
+            ``vlmcp.reduce_gradients(..., expert_dp_group=)``. A one-rank group shards nothing but
+            keeps the per-expert counts (:func:`vlmcp.hf.moe.expert_load`). None: experts untouched.
 
     Returns:
         ``model`` (a ``peft.PeftModel`` is taken as is and its model parallelized: :mod:`vlmcp.hf.peft`).
@@ -115,7 +129,9 @@ def parallelize(
             Mamba-2, chunked windows,
             sliding windows HF's mask alone applies, sinks, attention outside
             ``ALL_ATTENTION_FUNCTIONS``; the message names each module, its class and why),
-            also with ``cp_group=None``.
+            also with ``cp_group=None``; with ``ep_group``, an experts module vlmcp cannot shard
+            (an unknown class named ``*Experts``, experts as an ``nn.ModuleList``, biases),
+            capacity-limited routing, no experts, or E not dividing the expert count.
         vlmcp.deps.UntestedVersion: transformers outside the tested range (:mod:`vlmcp.deps`).
     """
     check_versions("transformers")
@@ -157,13 +173,17 @@ def parallelize(
     for mixer_implementation in (hf_gdn, hf_short_conv, hf_mamba2, hf_llama4):
         mixer_implementation.register()  # classes of loaded transformers modules only: imports nothing
     mixers = audit_token_mixers(model, adapter.language_model)
+    experts = plan_expert_parallel(model, adapter.language_model, ep_group) if ep_group is not None else []
     adapter.prepare_model(model)
     for mixer in mixers:
         mixer.prepare(mixer.module)
     hf_attention.register()
     model.set_attn_implementation({"text_config": hf_attention.ATTN_NAME})
     place_hf_vision(model, adapter, vision_mode, cp_group, src)
+    if ep_group is not None:
+        apply_expert_parallel(model, experts, ep_group, cp_size=world)
     setattr(model, _ATTR, HFParallel(group=cp_group, cp_size=world, attention=attention,
                                      vision_mode=vision_mode, adapter=adapter, dummy_vision=dummy_vision,
-                                     check_same_row=check_same_row))
+                                     check_same_row=check_same_row, ep_group=ep_group,
+                                     ep_size=1 if ep_group is None else dist.get_world_size(ep_group)))
     return outer
