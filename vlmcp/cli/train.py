@@ -31,8 +31,8 @@ from vlmcp.cli.config_file import add_config_arguments
 from vlmcp.cli.data_options import DATA_FLAGS
 from vlmcp.cli.finetune import add_loop_arguments, defaults
 from vlmcp.cli.paths import check_writable_dir, check_writable_file
-from vlmcp.ranks import is_rank_zero, run_command, say, under_torchrun
 from vlmcp.cli.train_model_args import add_model_arguments
+from vlmcp.ranks import is_rank_zero, run_command, say, under_torchrun
 from vlmcp.train import options
 
 __all__ = ["add_parser", "config_from_args", "resume_preflight", "run"]

@@ -16,8 +16,8 @@ from typing import get_args
 from vlmcp.cli import command_help
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.ranks import run_command
-from vlmcp.train.specs.hf.model_check import check_model_dir
 from vlmcp.train.options import AttentionBackend, DType, ImageAttention, VisionMode
+from vlmcp.train.specs.hf.model_check import check_model_dir
 
 
 def add_parser(sub) -> None:
