@@ -47,32 +47,6 @@ def test_the_hf_runtime_imports_no_tooling():
     assert tooling == []
 
 
-def test_moved_modules_keep_their_old_path_for_one_release():
-    """Every old path of the 0.2 restructure imports the new module, with a DeprecationWarning naming it."""
-    import importlib
-    import warnings
-
-    from vlmcp._moved import MOVED
-
-    for old, new in MOVED.items():
-        if old.startswith("vlmcp.hf.") and importlib.util.find_spec("transformers") is None:
-            continue
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-        sys.modules.pop(old, None)
-    for name in ("tiny_config", "tiny_model"):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import vlmcp.hf
-            from vlmcp.hf.debug import tiny
-            assert getattr(vlmcp.hf, name) is getattr(tiny, name)
-        assert any("vlmcp.hf.debug.tiny" in str(w.message) for w in caught)
-
-
 def test_the_five_vision_modes_are_written_once():
     """vlmcp.vision.modes runs every mode's collective; the reference placement and the HF wrapper call
     it and run none of their own."""

@@ -51,18 +51,3 @@ __all__ = [
     "register_adapter", "register_mixer", "shard_inputs", "shift_hf_labels", "supported_model_types",
 ]
 
-
-_DEBUG_NAMES = ("TINY_ARCHS", "tiny_config", "tiny_model")
-
-
-def __getattr__(name: str):
-    """``vlmcp.hf.tiny_config`` and friends moved to :mod:`vlmcp.hf.debug.tiny` (kept for one release)."""
-    if name in _DEBUG_NAMES:
-        import warnings
-
-        from vlmcp.hf.debug import tiny
-
-        warnings.warn(f"vlmcp.hf.{name} moved to vlmcp.hf.debug.tiny.{name}; the old name goes away in the "
-                      "next release", DeprecationWarning, stacklevel=2)
-        return ("qwen2_vl", "qwen2_5_vl", "llava") if name == "TINY_ARCHS" else getattr(tiny, name)
-    raise AttributeError(f"module 'vlmcp.hf' has no attribute {name!r}")
