@@ -19,9 +19,9 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.comm.collectives as collectives
 from tests.gdn_cases import _counted, row
+from vlmcp.debug.float64 import float64_exact
+from vlmcp.debug.parity.hf import HFParityCase, hf_parity, reference_for
 from vlmcp.hf.attention import CPContext
-from vlmcp.hf.debug.float64 import float64_exact
-from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
 from vlmcp.hf.mixers import mamba2
 from vlmcp.mixers import segment_layout, ssd_exchange_bytes
 

@@ -326,7 +326,7 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
 
     from vlmcp.cli.train_hf import _resume_preflight, plan_data, preload_model_code
     from vlmcp.data.hf.export import export_shapes
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.hf.config import HFTrainConfig
     from vlmcp.train.hf.final_model import final_model_complete

@@ -23,10 +23,10 @@ import vlmcp.hf  # noqa: E402
 from tests import hf_more_cases  # noqa: E402
 from tests.hf_archs import ANYRES_ARCHS  # noqa: E402
 from tests.hf_more_cases import ROWS  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.grads import GradRule, grad_rule, restore_grad_tags  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")

@@ -25,11 +25,11 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import hf_cases  # noqa: E402
 from tests.hf_archs import TINY_ARCHS  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_config, tiny_model  # noqa: E402
 from vlmcp.hf import adapters  # noqa: E402
 from vlmcp.hf.adapters import HFAdapter, InputKind  # noqa: E402
 from vlmcp.hf.adapters.llava import LlavaAdapter  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_config, tiny_model  # noqa: E402
 from vlmcp.hf.mixers import audit as mixers  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

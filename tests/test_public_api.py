@@ -39,11 +39,11 @@ def _modules_after(statement: str) -> set[str]:
 
 def test_the_hf_runtime_imports_no_tooling():
     """``import vlmcp.hf`` (what training runs) loads none of the tiny configs, synthetic rows, float64
-    patches, parity harness or init-model writers (vlmcp.hf.debug), nor vlmcp.checks."""
+    patches, parity harness, meters or init-model writers (vlmcp.debug)."""
     pytest.importorskip("transformers")
     loaded = _modules_after("import vlmcp.hf")
     assert "vlmcp.hf.parallel" in loaded and "vlmcp.hf.inputs" in loaded
-    tooling = sorted(m for m in loaded if m.startswith(("vlmcp.hf.debug", "vlmcp.checks")))
+    tooling = sorted(m for m in loaded if m.startswith("vlmcp.debug"))
     assert tooling == []
 
 

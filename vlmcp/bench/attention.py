@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 import vlmcp
 from vlmcp.attention import cp_attention, varlen_attention
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.testing import run_on_ranks
 
 

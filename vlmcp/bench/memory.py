@@ -5,7 +5,7 @@ Run: ``vlmcp bench memory [--cp 2 4 --image-tokens 2048 --text-tokens 16384]``.
 A packed row of 8 samples, each one image (``image-tokens / 8`` patches) and
 ``text-tokens / 8`` text tokens, through the reference VLM (scaled-down widths:
 hidden 64, 2 layers, the ViT of ``vlmcp train``). The counter is exact
-(:class:`vlmcp.checks.saved_tensors.SavedTensorMeter`: distinct storages autograd saves, the
+(:class:`vlmcp.debug.meters.saved_tensors.SavedTensorMeter`: distinct storages autograd saves, the
 parameters left out), so the figures do not depend on machine noise. Each CP figure is the
 largest rank's. The ideal for replicated images is ``(I + T/P) / (I + T)`` on the
 LLM's tokens; the ViT's own activations are replicated under ``replicate`` and
@@ -21,8 +21,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from vlmcp.checks.saved_tensors import SavedTensorMeter
 from vlmcp.data import PackedRow, random_row
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.launch import spawn_ranks
 from vlmcp.models import VLM
 from vlmcp.train.reference.config import TrainConfig

@@ -165,7 +165,8 @@ class MemoryEstimate:
 
     @property
     def saved(self) -> int:
-        """Saved-for-backward bytes: what :class:`~vlmcp.checks.saved_tensors.SavedTensorMeter` counts."""
+        """Saved-for-backward bytes: what :class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter`
+        counts."""
         return sum(self.terms[k] for k in ("llm", "vit", "loss"))
 
     @property

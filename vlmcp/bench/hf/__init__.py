@@ -43,7 +43,7 @@ def bench_model(hidden: int = 512, layers: int = 4, vit_width: int = 256, vit_de
     value heads) and a ``vocab``-entry vocabulary, a ViT of ``vit_width`` and ``vit_depth`` blocks
     on ``patch``-px patches (Qwen3-VL: deepstack after its first block; Qwen3-VL and Qwen3.5:
     16x16 learned positions, interpolated)."""
-    from vlmcp.hf.debug.tiny import tiny_config, tiny_model
+    from vlmcp.debug.tiny import tiny_config, tiny_model
 
     if arch not in ARCHS:
         raise ValueError(f"--arch must be one of {ARCHS}, got {arch!r}")

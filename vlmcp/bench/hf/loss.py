@@ -8,11 +8,11 @@ logits (``model(...).logits`` and :func:`vlmcp.cp_cross_entropy`, ``vlmcp train 
 and once with :func:`vlmcp.hf.causal_lm_loss` (the default). Exact counters, no timer:
 
 * saved: the bytes autograd keeps for backward over the whole step
-  (:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter`, parameters left out), and the
+  (:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter`, parameters left out), and the
   head+loss's part of it: the same counter on the head and loss alone, fed the step's
   ``(N, hidden)`` last hidden states;
 * transient: the most bytes the head and loss alone hold at once beyond those saved, forward
-  and backward (:class:`~vlmcp.checks.allocations.AllocationMeter`; the chunked path's is
+  and backward (:class:`~vlmcp.debug.meters.allocations.AllocationMeter`; the chunked path's is
   :func:`vlmcp.loss.chunk_transient_bytes` for its chunk).
 """
 
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _head_alone(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int | None):
     """``(saved, transient)`` bytes of the head and loss alone on ``hidden``."""
     import vlmcp
-    from vlmcp.checks.allocations import AllocationMeter
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
+    from vlmcp.debug.meters.allocations import AllocationMeter
+    from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 
     h = hidden.detach().clone().requires_grad_()
     w = weight.detach().clone().requires_grad_()
@@ -57,7 +57,7 @@ def _step(model, batch, chunk: int | None) -> tuple[int, torch.Tensor | None]:
     """Saved bytes of one whole step; for the full-logits step also the head's input (the last
     hidden states; ``causal_lm_loss`` refuses a hooked head on the chunked path)."""
     import vlmcp.hf
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
+    from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 
     seen = {}
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if needs_transformers(NAME):
         return 0
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.debug.synthetic import synthetic_row
     from vlmcp.loss import chunk_transient_bytes
 
     if args.tokens < 200:

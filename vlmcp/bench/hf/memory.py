@@ -7,7 +7,7 @@ A scaled-down Qwen2-VL, Qwen3-VL or Qwen3.5 (``--arch``; :func:`vlmcp.bench.hf.b
 LLM hidden 512, 4 layers, Qwen3.5's three in four Gated DeltaNet; ViT width 256, 4 blocks,
 Qwen3-VL's deepstack after the first) trains one step on one row through ``vlmcp.hf.shard_inputs`` and
 ``cp_cross_entropy``, once per ``image_strategy:vision_mode`` pair; each rank counts the
-bytes autograd saves (:class:`vlmcp.checks.saved_tensors.SavedTensorMeter`, exact, parameters left out)
+bytes autograd saves (:class:`vlmcp.debug.meters.saved_tensors.SavedTensorMeter`, exact, parameters left out)
 and the table gives the largest rank's over the same step on one process (vlmcp at P=1,
 the same kernels). Rows (the issue's):
 
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.bench.hf import ARCHS, bench_model, needs_transformers
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-memory"
@@ -67,7 +67,7 @@ def _saved(model, inputs, labels, cu, group, strategy) -> tuple[int, str]:
 
 def _rank(group, samples, configs, sizes):
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.debug.synthetic import synthetic_row
 
     rank = dist.get_rank(group)
     base = bench_model(**sizes)

@@ -325,7 +325,7 @@ class HFAdapter:
     def synthetic_images(self, model: nn.Module, images: Sequence[tuple], generator: torch.Generator, *,
                          markers: bool = True) -> tuple[dict, list[list[int]]]:
         """Random per-image inputs of one sample's ``images``, as the processor gives them (tests and
-        ``vlmcp verify``; :func:`vlmcp.hf.debug.synthetic.synthetic_row`).
+        ``vlmcp verify``; :func:`vlmcp.debug.synthetic.synthetic_row`).
 
         The default is a LLaVA-style model: every image one fixed-size ``pixel_values`` row
         (``vision_config.image_size``), :func:`fixed_image_tokens` placeholders, no markers.

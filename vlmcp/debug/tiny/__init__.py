@@ -3,7 +3,7 @@
 For tests, ``vlmcp verify --model hf:ARCH`` and ``vlmcp init-model``: a couple of decoder layers,
 a small hidden size, GQA in the LLM (2 K/V heads for 6 query heads where the family allows) and a
 small ViT, so a float64 training step runs in milliseconds on a CPU. Each family file registers
-its model types (:func:`~vlmcp.hf.debug.tiny.registry.register_tiny`); :func:`tiny_config` builds
+its model types (:func:`~vlmcp.debug.tiny.registry.register_tiny`); :func:`tiny_config` builds
 one, :func:`tiny_model` a seeded model of it, :func:`tiny_archs` lists them::
 
     tiny_config("qwen2_vl")                  -> Qwen2VLConfig
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vlmcp.hf.debug.tiny import (  # noqa: F401  (registration)
+from vlmcp.debug.tiny import (  # noqa: F401  (registration)
     anyres,
     gemma3,
     gemma4,
@@ -35,7 +35,7 @@ from vlmcp.hf.debug.tiny import (  # noqa: F401  (registration)
     nemotron,
     qwen,
 )
-from vlmcp.hf.debug.tiny.registry import (
+from vlmcp.debug.tiny.registry import (
     DEFAULT_SAMPLES,
     VIDEO_ONLY_SAMPLES,
     VIDEO_SAMPLES,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmcp.hf.debug.tiny.common import IMAGE_TOKEN, text_config
-from vlmcp.hf.debug.tiny.registry import register_tiny
+from vlmcp.debug.tiny.common import IMAGE_TOKEN, text_config
+from vlmcp.debug.tiny.registry import register_tiny
 
 __all__: list[str] = []
 

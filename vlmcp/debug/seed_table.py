@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.attention import varlen_attention
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.layout import RankShard
 from vlmcp.models import VLM, VLMConfig

@@ -4,7 +4,7 @@
 width, the vocabulary kept so every special token id stays valid) and builds it seeded; :func:`long_tail`
 runs one CP-vs-one-process float64 parity on it through the adapter-less path (Note [vlmcp HF long tail:
 image tokens from the row]; M-RoPE models through their own rope index) and says what happened. The
-measurement over every type is ``python -m vlmcp.hf.debug.long_tail`` (docs/hf-models.md lists it).
+measurement over every type is ``python -m vlmcp.debug.long_tail`` (docs/hf-models.md lists it).
 """
 
 from __future__ import annotations
@@ -89,14 +89,14 @@ def long_tail(group: dist.ProcessGroup | None, model_types):
     Rows: :data:`PLACEHOLDER_SAMPLES`, Qwen grids for the M-RoPE path. Returns one
     ``{"model_type", "status", "detail"}`` per type, status ``"exact"`` (loss and every gradient within
     1e-9 of the unmodified model), ``"float32 islands"`` (within :data:`FLOAT32`: the type's float32
-    steps are not lifted in :data:`~vlmcp.hf.debug.float64.ISLANDS`, so its float64 check rounds as
+    steps are not lifted in :data:`~vlmcp.debug.float64.ISLANDS`, so its float64 check rounds as
     float32 does), ``"wrong"`` (beyond that: a defect), ``"refused"`` (parallelize or shard_inputs
     named why), or ``"not built"`` (the shrunk config or its synthetic row does not build).
     """
+    from vlmcp.debug.parity.hf import HFParityCase, hf_parity, reference_for
+    from vlmcp.debug.tiny import DEFAULT_SAMPLES
     from vlmcp.hf.adapters import adapter_for
     from vlmcp.hf.adapters.generic import MRopePlaceholderAdapter
-    from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
-    from vlmcp.hf.debug.tiny import DEFAULT_SAMPLES
 
     out = []
     for model_type in model_types:
@@ -130,10 +130,10 @@ def main() -> None:  # pragma: no cover  (the measurement's command line)
     import json
     import sys
 
-    from vlmcp.testing import run_on_ranks
+    from vlmcp.launch import spawn_ranks
 
     types = sys.argv[1:] or list(long_tail_types())
-    for row in run_on_ranks(long_tail, 2, types, timeout=1800)[0]:
+    for row in spawn_ranks(long_tail, 2, types, timeout=1800)[0]:
         print(json.dumps(row))
 
 

@@ -4,13 +4,13 @@ The tokenizer has SmolVLM's special tokens as single ids (``<|im_start|>``, ``<e
 ``<fake_token_around_image>``, ``<global-img>``, ``<image>``, ``<row_i_col_j>`` up to
 :data:`MAX_GRID`); the chat template is the hub's (``<|im_start|>User:<image>...<end_of_utterance>``,
 ``Assistant: ...``). The processor (``SmolVLMProcessor``, no video part) resizes each image so its
-longest edge is :data:`LONGEST_EDGE` and splits it into :data:`~vlmcp.hf.debug.tiny.anyres.SIDE`-pixel
+longest edge is :data:`LONGEST_EDGE` and splits it into :data:`~vlmcp.debug.tiny.anyres.SIDE`-pixel
 crops (up to :data:`MAX_GRID` x :data:`MAX_GRID`; small images are scaled up first, so every image
 is split) plus the image scaled to one crop (the global image). Each crop is
 :data:`IMAGE_SEQ_LEN` ``<image>`` tokens: ``<fake_token_around_image><row_i_col_j>`` + tokens per crop,
 ``"\\n"`` after each row, then ``"\\n<fake_token_around_image><global-img>"`` + tokens +
 ``<fake_token_around_image>`` (the newlines are text and merge with each other). The model is
-:func:`vlmcp.hf.debug.tiny.tiny_config`'s SmolVLM: 8x8 tiles of 2x2-pixel patches, pixel-shuffled 2x2.
+:func:`vlmcp.debug.tiny.tiny_config`'s SmolVLM: 8x8 tiles of 2x2-pixel patches, pixel-shuffled 2x2.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def processor(tok):
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
     from vlmcp.data.hf.processor import build_without_video
-    from vlmcp.hf.debug.tiny.anyres import SIDE
+    from vlmcp.debug.tiny.anyres import SIDE
 
     images = SmolVLMImageProcessorPil(size={"longest_edge": LONGEST_EDGE},
                                       max_image_size={"longest_edge": SIDE}, do_image_splitting=True)
@@ -70,8 +70,8 @@ def processor(tok):
 
 
 def config(tok, text: dict):
-    """:func:`vlmcp.hf.debug.tiny.tiny_config`'s SmolVLM with ``tok``'s ids."""
-    from vlmcp.hf.debug.tiny import tiny_config
+    """:func:`vlmcp.debug.tiny.tiny_config`'s SmolVLM with ``tok``'s ids."""
+    from vlmcp.debug.tiny import tiny_config
 
     text = {**text, "bos_token_id": tok.bos_token_id}
     return tiny_config("smolvlm", text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"))

@@ -77,8 +77,8 @@ def processor(tok):
 
 
 def config(tok, text: dict):
-    """:func:`vlmcp.hf.debug.tiny.tiny_config`'s GLM-4.1V with ``tok``'s ids, on 8-pixel patches."""
-    from vlmcp.hf.debug.tiny import tiny_config
+    """:func:`vlmcp.debug.tiny.tiny_config`'s GLM-4.1V with ``tok``'s ids, on 8-pixel patches."""
+    from vlmcp.debug.tiny import tiny_config
 
     ids = tok.convert_tokens_to_ids
     text = {**text, "bos_token_id": None, "eos_token_id": [tok.eos_token_id, ids("<|user|>")]}

@@ -1,6 +1,6 @@
 """Tiny any-resolution VLM configs: InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3, Mistral3.
 
-The shared small GQA language model (:func:`~vlmcp.hf.debug.tiny.common.text_config`), 8x8-pixel
+The shared small GQA language model (:func:`~vlmcp.debug.tiny.common.text_config`), 8x8-pixel
 image tiles in 2x2-pixel patches.
 What each image gives the language model depends on its metadata, as in the real models:
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vlmcp.hf.debug.tiny.common import IMAGE_TOKEN, text_config
-from vlmcp.hf.debug.tiny.registry import register_tiny
+from vlmcp.debug.tiny.common import IMAGE_TOKEN, text_config
+from vlmcp.debug.tiny.registry import register_tiny
 
 __all__ = ["ONEVISION_VIDEO_SAMPLES", "PINPOINTS", "SIDE"]
 
@@ -48,7 +48,7 @@ def _vit(**extra: Any) -> dict[str, Any]:
 def _anyres(arch: str, overrides: dict[str, Any]) -> Any:
     """The tiny config of ``arch``.
 
-    ``overrides`` as :func:`vlmcp.hf.debug.tiny.tiny_config` takes them (``text_config`` and
+    ``overrides`` as :func:`vlmcp.debug.tiny.tiny_config` takes them (``text_config`` and
     ``vision_config`` update field by field, other keys are top-level).
     """
     import transformers

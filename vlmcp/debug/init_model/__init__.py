@@ -4,6 +4,6 @@
 processors need beyond the common writer.
 """
 
-from vlmcp.hf.debug.init_model.writer import ARCHS, CHAT_TEMPLATES, build_processor, init_model
+from vlmcp.debug.init_model.writer import ARCHS, CHAT_TEMPLATES, build_processor, init_model
 
 __all__ = ["ARCHS", "CHAT_TEMPLATES", "build_processor", "init_model"]

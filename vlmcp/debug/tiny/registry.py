@@ -34,7 +34,7 @@ VIDEO_ONLY_SAMPLES = ((5, ("video", 3, 4, 4), 9), (12,), (3, ("video", 2, 4, 8),
 """The same for a model whose forward cannot take images and videos in one row (GLM-4.1V)."""
 
 ConfigBuilder = Callable[[dict[str, Any]], Any]
-"""``build(overrides) -> config``; ``overrides`` as :func:`vlmcp.hf.debug.tiny.tiny_config` takes them."""
+"""``build(overrides) -> config``; ``overrides`` as :func:`vlmcp.debug.tiny.tiny_config` takes them."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ processor (``Gemma3Processor``, no video part) resizes every image to
 ``full_image_sequence``: ``"\\n\\n<start_of_image>"``, :data:`IMAGE_TOKENS`
 ``<image_soft_token>``, ``"<end_of_image>\\n\\n"`` (the newlines are text, and merge with the
 text around them); ``token_type_ids`` is 1 at the soft tokens. The model is
-:func:`vlmcp.hf.debug.tiny.tiny_config`'s Gemma 3 on 8-pixel patches: a 4x4 patch grid pooled to
+:func:`vlmcp.debug.tiny.tiny_config`'s Gemma 3 on 8-pixel patches: a 4x4 patch grid pooled to
 2x2 = :data:`IMAGE_TOKENS` tokens per image.
 """
 
@@ -76,8 +76,8 @@ def processor(tok):
 
 
 def config(tok, text: dict):
-    """:func:`vlmcp.hf.debug.tiny.tiny_config`'s Gemma 3 with ``tok``'s ids, on 8-pixel patches."""
-    from vlmcp.hf.debug.tiny import tiny_config
+    """:func:`vlmcp.debug.tiny.tiny_config`'s Gemma 3 with ``tok``'s ids, on 8-pixel patches."""
+    from vlmcp.debug.tiny import tiny_config
 
     ids = tok.convert_tokens_to_ids
     text = {**text, "bos_token_id": tok.bos_token_id,

@@ -14,17 +14,17 @@ captions and the chat template's words, so a caption costs one token per word; t
 architecture's special tokens are single ids. Images are kept small: Qwen2-VL,
 Qwen2.5-VL and Qwen3-VL use 8-pixel patches merged 2x2 (a 32x32 image is 4 tokens, a
 48x48 one 9), LLaVA a 32x32 CLIP input with 8-pixel patches (16 tokens per image).
-Qwen3-VL has deepstack at ViT block 0 (:func:`vlmcp.hf.debug.tiny.tiny_config`); Qwen3.5 is
+Qwen3-VL has deepstack at ViT block 0 (:func:`vlmcp.debug.tiny.tiny_config`); Qwen3.5 is
 Qwen3-VL's processor and template on the hybrid model (three Gated DeltaNet layers, then
-one gated attention layer). InternVL and LLaVA-OneVision are :mod:`vlmcp.hf.debug.tiny.anyres`'s
+one gated attention layer). InternVL and LLaVA-OneVision are :mod:`vlmcp.debug.tiny.anyres`'s
 models on 8x8-pixel tiles: InternVL cuts an image into up to :data:`MAX_TILES` tiles (and
 a thumbnail when more than one), 4 tokens each between ``<img>`` and ``</img>``;
 LLaVA-OneVision gives a base tile (16 tokens) and the anyres grid, one newline per row.
 Without torchvision their processors are built without the video part
-(:mod:`vlmcp.data.hf.processor`). Gemma 3 (:mod:`vlmcp.hf.debug.init_model.gemma3`): 32x32 images of 4 tokens,
+(:mod:`vlmcp.data.hf.processor`). Gemma 3 (:mod:`vlmcp.debug.init_model.gemma3`): 32x32 images of 4 tokens,
 sliding-window and full layers, bidirectional images. GLM-4.1V
-(:mod:`vlmcp.hf.debug.init_model.glm4v`): 8-pixel patches merged 2x2, videos as frame groups of
-image placeholders. SmolVLM (:mod:`vlmcp.hf.debug.init_model.smolvlm`):
+(:mod:`vlmcp.debug.init_model.glm4v`): 8-pixel patches merged 2x2, videos as frame groups of
+image placeholders. SmolVLM (:mod:`vlmcp.debug.init_model.smolvlm`):
 images split into up to 3x3 8x8-pixel crops and a global image, 4 tokens each, framed by
 ``<fake_token_around_image>`` and ``<row_i_col_j>`` / ``<global-img>``.
 """
@@ -38,9 +38,9 @@ from typing import Literal, get_args
 import torch
 
 from vlmcp.data.hf.processor import save_processor
-from vlmcp.hf.debug.init_model import gemma3 as init_gemma3
-from vlmcp.hf.debug.init_model import glm4v as init_glm4v
-from vlmcp.hf.debug.init_model import smolvlm as init_smolvlm
+from vlmcp.debug.init_model import gemma3 as init_gemma3
+from vlmcp.debug.init_model import glm4v as init_glm4v
+from vlmcp.debug.init_model import smolvlm as init_smolvlm
 
 __all__ = ["ARCHS", "Arch", "CHAT_TEMPLATES", "build_processor", "init_model"]
 
@@ -251,12 +251,12 @@ def build_processor(arch: Arch):
 
 def _anyres_processor(arch: Arch, tokenizer):
     """InternVL (8x8-pixel tiles, up to :data:`MAX_TILES` and a thumbnail) or LLaVA-OneVision
-    (an 8x8 base tile and the anyres grid of :data:`vlmcp.hf.debug.tiny.anyres.PINPOINTS`)."""
+    (an 8x8 base tile and the anyres grid of :data:`vlmcp.debug.tiny.anyres.PINPOINTS`)."""
     import transformers
     from transformers.utils import is_torchvision_available
 
     from vlmcp.data.hf.processor import build_without_video
-    from vlmcp.hf.debug.tiny.anyres import PINPOINTS, SIDE
+    from vlmcp.debug.tiny.anyres import PINPOINTS, SIDE
 
     tile = {"height": SIDE, "width": SIDE}
     if arch == "internvl":
@@ -295,8 +295,8 @@ def _anyres_processor(arch: Arch, tokenizer):
 
 
 def _config(arch: Arch, tokenizer):
-    """:func:`vlmcp.hf.debug.tiny.tiny_config` with this tokenizer's ids and 8-pixel patches."""
-    from vlmcp.hf.debug.tiny import tiny_config
+    """:func:`vlmcp.debug.tiny.tiny_config` with this tokenizer's ids and 8-pixel patches."""
+    from vlmcp.debug.tiny import tiny_config
 
     ids = tokenizer.convert_tokens_to_ids
     text = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,

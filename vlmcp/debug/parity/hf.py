@@ -25,10 +25,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import vlmcp
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.tiny import DEFAULT_SAMPLES
 from vlmcp.grads import local_part
 from vlmcp.hf.adapters import adapter_for
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.tiny import DEFAULT_SAMPLES
 from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
 from vlmcp.hf.visuals import row_visuals
@@ -132,7 +132,7 @@ class HFParityCase:
     """One CP-vs-unmodified-model comparison."""
 
     model: str = "hf:qwen2_vl"
-    """``hf:ARCH`` (a tiny random model, :mod:`vlmcp.hf.debug.tiny`) or a local model directory."""
+    """``hf:ARCH`` (a tiny random model, :mod:`vlmcp.debug.tiny`) or a local model directory."""
     attention: str = "ring"
     vision_mode: str = "replicate"
     dtype: str = "float64"
@@ -148,9 +148,9 @@ class HFParityCase:
 
 
 def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:
-    """``hf:ARCH`` -> :func:`vlmcp.hf.debug.tiny.tiny_model`; a directory -> ``from_pretrained`` (offline)."""
+    """``hf:ARCH`` -> :func:`vlmcp.debug.tiny.tiny_model`; a directory -> ``from_pretrained`` (offline)."""
     if spec.startswith("hf:"):
-        from vlmcp.hf.debug.tiny import tiny_model
+        from vlmcp.debug.tiny import tiny_model
 
         return tiny_model(spec[3:], dtype, seed=seed)
     from transformers import AutoModelForImageTextToText
@@ -224,6 +224,6 @@ def hf_parity(group: dist.ProcessGroup | None, case: HFParityCase,
 
 
 def _row(model, case: HFParityCase):
-    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.debug.synthetic import synthetic_row
 
     return synthetic_row(model, case.samples, seed=case.seed, markers=case.markers)

@@ -3,7 +3,7 @@
 :class:`AllocationMeter` watches every op dispatched while it is active (a
 ``TorchDispatchMode``): the largest single output (elements and bytes) and the peak of the
 bytes of outputs still alive at once. It complements
-:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter`, which counts what autograd keeps for
+:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter`, which counts what autograd keeps for
 backward: this one also sees the transients freed within a step (a chunk's logits).
 
 Liveness follows the outputs' storages: a storage counts from the op that created it until
