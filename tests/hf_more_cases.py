@@ -2,7 +2,7 @@
 
 InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3 and Mistral3 (``tests/hf_archs.py``: ANYRES_ARCHS).
 Each architecture has its own rows, in its adapter's image tuples
-(:meth:`~vlmcp.hf.adapters.HFAdapter.synthetic_images`):
+(:mod:`vlmcp.debug.synthetic.anyres`):
 
 * ``packed`` (the tiny registry's verification row, ``vlmcp verify``'s): an
   image sample with text before and after, a text-only sample, and a sample with two

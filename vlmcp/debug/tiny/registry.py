@@ -3,8 +3,8 @@
 Like torchtitan's debug model configs, each family file (:mod:`.qwen`, :mod:`.llava`,
 :mod:`.anyres`, :mod:`.gemma3`, :mod:`.kimi_k25`, :mod:`.lfm2_vl`) registers the tiny config of
 each model type it knows with :func:`register_tiny`, together with the verification row of
-``vlmcp verify --model hf:ARCH`` in the architecture's image terms (the samples its adapter's
-``synthetic_images`` hook reads).
+``vlmcp verify --model hf:ARCH`` in the architecture's image terms (the samples its model type's
+synthetic images function reads, :mod:`vlmcp.debug.synthetic`).
 """
 
 from __future__ import annotations

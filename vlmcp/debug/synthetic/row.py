@@ -5,8 +5,8 @@ image in its adapter's terms (Qwen-VL: its patch grid ``(t, h, w)``; LLaVA: any 
 have a fixed size; InternVL ``(tiles,)``...), and ``("video", t, h, w)`` (or ``("video", t, h, w,
 seconds)``: Qwen2.5-VL's ``second_per_grid_ts``, default 1.0) is one video of ``t`` temporal
 patch groups. What an image or a video becomes (pixels, placeholders, markers, timestamps) is the
-adapter's to say: :meth:`~vlmcp.hf.adapters.HFAdapter.synthetic_images` and
-:meth:`~vlmcp.hf.adapters.HFAdapter.synthetic_video`, as the model's processor writes them.
+family's to say, as the model's processor writes them: the functions registered for its model type
+(:mod:`vlmcp.debug.synthetic.registry`).
 :func:`synthetic_row` returns what a processor would, for the samples packed into one row, plus
 HF-convention labels and ``cu_seqlens``::
 
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from vlmcp.debug.synthetic.registry import synthetic_images, synthetic_video
 from vlmcp.hf.adapters import HFAdapter, adapter_for
 
 __all__ = ["synthetic_row"]
@@ -52,7 +53,7 @@ def _put_sample(row: _Row, adapter: HFAdapter, model, sample: Sequence[Segment],
     images = [s for s in sample if not isinstance(s, int) and not isinstance(s[0], str)]
     image_ids: list[list[int]] = []
     if images:
-        pixels, image_ids = adapter.synthetic_images(model, images, generator, markers=markers)
+        pixels, image_ids = synthetic_images(adapter, model, images, generator, markers=markers)
         row.images.append(pixels)
     image_id = adapter.image_token_id(model.config)
     for seg in sample:
@@ -62,7 +63,7 @@ def _put_sample(row: _Row, adapter: HFAdapter, model, sample: Sequence[Segment],
             if seg[0] != "video" or not adapter.takes_videos:
                 raise ValueError(f"synthetic_row: segment {seg!r}: ('video', t, h, w) needs a model that "
                                  f"takes videos, got {adapter.name}")
-            pixels, runs = adapter.synthetic_video(model, seg[1:], generator, text)
+            pixels, runs = synthetic_video(adapter, model, seg[1:], generator, text)
             row.videos.append(pixels)
             for tokens, kind in runs:
                 row.put(tokens, kind)
