@@ -9,8 +9,9 @@ side is the two-call integration (:func:`vlmcp.hf.parallelize`,
 :func:`hf_parity` on every rank of a spawned group.
 
 Gradient error of a parameter: ``|g_cp - g| / max(|g|, 1e-3 * max_q |g_q|)`` (Frobenius
-norms), so a parameter whose true gradient is about 0 (a key bias, which softmax
-ignores) is judged against the model's gradient scale, not its own rounding noise.
+norms, :func:`~vlmcp.debug.parity.compare.gradient_errors`), so a parameter whose true gradient
+is about 0 (a key bias, which softmax ignores) is judged against the model's gradient scale, not
+its own rounding noise.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from torch.nn import functional as F
 
 import vlmcp
 from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.compare import worst_gradient
 from vlmcp.debug.tiny import DEFAULT_SAMPLES
-from vlmcp.grads import local_part
 from vlmcp.hf.adapters import adapter_for
 from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
@@ -38,6 +39,8 @@ __all__ = ["HFParityCase", "Reference", "compare_gradients", "cp_step", "hf_pari
            "reference_for", "reference_step"]
 
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
+GRADIENT_FLOOR = 1e-3
+"""A gradient norm under this share of the model's largest is judged against that share."""
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 def _sample_inputs(model, inputs: dict, cu: torch.Tensor) -> list[dict]:
@@ -101,30 +104,9 @@ def _cp_step(model, inputs, labels, cu_seqlens, group, loss_scale=1.0, reduce=Tr
     return mean, batch
 
 
-def _full(g: torch.Tensor) -> torch.Tensor:
-    return g.full_tensor() if hasattr(g, "full_tensor") else g
-
-
 def compare_gradients(model: nn.Module, ref: nn.Module, group: dist.ProcessGroup | None) -> tuple[float, str]:
     """Worst gradient error over parameters and ranks (see the module docstring) and its parameter."""
-    ref_params = dict(ref.named_parameters())
-    names, diffs, norms = [], [], []
-    for n, p in model.named_parameters():
-        name = n.replace("_checkpoint_wrapped_module.", "")
-        r = ref_params[name].grad
-        r = torch.zeros_like(ref_params[name]) if r is None else r
-        g = torch.zeros_like(r) if p.grad is None else _full(p.grad)
-        r = local_part(p, r) if g.shape != r.shape else r
-        names.append(name)
-        diffs.append(float((g.double() - r.double()).norm()))
-        norms.append(float(r.double().norm()))
-    scale = 1e-3 * max(norms)
-    err = torch.tensor([d / max(nm, scale, 1e-300) for d, nm in zip(diffs, norms, strict=True)],
-                       dtype=torch.float64)
-    if group is not None:
-        dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)
-    i = int(err.argmax())
-    return float(err[i]), names[i]
+    return worst_gradient(model, ref, group, floor=GRADIENT_FLOOR)
 
 
 @dataclass(frozen=True)

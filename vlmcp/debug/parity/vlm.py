@@ -5,7 +5,8 @@ spawned CP group. Each rank builds the reference VLM twice from the same seed:
 once as a single-process model (plan with ``cp_size=1``, ``group=None``), once
 placed on the CP group; both take one step on the same packed row. After
 :func:`vlmcp.reduce_gradients` every CP gradient must equal the single-process one
-(``hidden_shard``'s partitioned projector slice against the matching columns).
+(``hidden_shard``'s partitioned projector slice against the matching columns), each
+parameter's relative error against its own norm (:func:`~vlmcp.debug.parity.compare.gradient_errors`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
-from vlmcp.grads import grad_norms, local_part, reduce_gradients
+from vlmcp.debug.parity.compare import gradient_errors
+from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.options import TORCH_DTYPES
 from vlmcp.train.reference.step import forward_backward
@@ -56,12 +58,6 @@ class ParityCase:
     seed: int = 0
     ulysses_size: int | None = None
     """``attention="usp"`` only: the Ulysses group size U."""
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    ref = b.norm()
-    return float((a - b).norm() / ref) if ref > 0 else float((a - b).norm())
 
 
 def _single_process(model: VLM, row: PackedRow, case: ParityCase):
@@ -104,12 +100,7 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
                            image_attention=case.image_attention, ulysses_size=case.ulysses_size)
     reduce_gradients(model, group)
 
-    truth_params = dict(truth.named_parameters())
-    names = [n for n, _ in model.named_parameters()]
-    errors = torch.tensor([_rel(p.grad if p.grad is not None else torch.zeros_like(p),
-                                local_part(p, truth_params[n].grad))
-                           for n, p in model.named_parameters()], dtype=torch.float64)
-    dist.all_reduce(errors, op=dist.ReduceOp.MAX, group=group)  # worst rank, per parameter
+    names, errors = gradient_errors(model, truth, group)  # per parameter, the worst rank's
     norms = grad_norms({"vision": list(model.vision.parameters()),
                         "projector": list(model.vision.projector.parameters())}, group)
     ref_vision = grad_norms({"vision": list(truth.vision.parameters())}, None)["vision"]
@@ -130,9 +121,7 @@ def parity_case(group: dist.ProcessGroup, case: ParityCase, row: PackedRow | Non
         # bfloat16, per parameter: CP within twice the bf16 single process's error against
         # float64 (flash-attention's rule), plus a floor of half a bf16 rounding step (2^-9)
         # for parameters it gets (nearly) exactly: a CP gradient sums P bf16-computed shares
-        ref_params = dict(ref.named_parameters())
-        single = torch.tensor([_rel(ref_params[n].grad, truth_params[n].grad) for n in names],
-                              dtype=torch.float64)
+        _, single = gradient_errors(ref, truth, None)
         result["single_process_rel_grad_error"] = float(single.max())
         result["tolerance"] = "2 x the bf16 single process's error per parameter, + 2^-9"
         bad = errors > 2 * single + 2.0 ** -9
