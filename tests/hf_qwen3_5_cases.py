@@ -21,7 +21,7 @@ from vlmcp.debug.parity.hf import (
 )
 from vlmcp.debug.synthetic import synthetic_row
 from vlmcp.debug.tiny import tiny_config, tiny_model
-from vlmcp.hf.mixers import gdn
+from vlmcp.hf.layers import gdn
 
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.

@@ -70,7 +70,8 @@ def vit_units(group: dist.ProcessGroup) -> dict:
 
 def benches(group: dist.ProcessGroup) -> dict:
     """``vlmcp bench hf-memory`` and ``hf-vision``'s rank functions on tiny sizes (no extra spawn)."""
-    from vlmcp.bench.hf import memory, vision
+    from vlmcp.bench.hf import saved_bytes as memory
+    from vlmcp.bench.hf import vision
 
     tiny = dict(hidden=64, layers=1, vit_width=16, vit_depth=1)
     pairs = [("replicate", "replicate"), ("shard", "scatter"), ("auto", "scatter")]

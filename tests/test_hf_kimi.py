@@ -20,7 +20,7 @@ from tests.hf_cases import PACKED, parity_grid  # noqa: E402
 from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
 from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
 from vlmcp.debug.tiny import tiny_model  # noqa: E402
-from vlmcp.hf.mixers.audit import audit_token_mixers  # noqa: E402
+from vlmcp.hf.layers.audit import audit_token_mixers  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 

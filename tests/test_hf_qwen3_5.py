@@ -25,7 +25,7 @@ from tests.test_gdn_cp import TINY as TINY_CONV  # noqa: E402
 from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
 from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
 from vlmcp.debug.tiny import tiny_model  # noqa: E402
-from vlmcp.hf.mixers import gdn  # noqa: E402
+from vlmcp.hf.layers import gdn  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def test_parity(groups, P):
 
 @pytest.mark.parametrize("P", [2, 3])
 def test_lfm2_short_conv_matches_transformers(groups, P):
-    """LFM2's ``Lfm2ShortConv`` under CP (vlmcp.hf.mixers.short_conv: the conv halo, no state) against
+    """LFM2's ``Lfm2ShortConv`` under CP (vlmcp.hf.layers.short_conv: the conv halo, no state) against
     transformers'
     module on each sample alone: outputs, and the gradients of its input and every parameter summed over
     ranks, on packed rows with replicated images, chunks shorter than the halo, auto and shard layouts."""

@@ -59,9 +59,9 @@ def test_the_five_vision_modes_are_written_once():
     assert all(call in engine for call in ("broadcast(", "all_gather(", "dist.all_reduce("))
     callers = [vlmcp.vision.placement]
     if importlib_find("transformers"):
-        import vlmcp.hf.vision
+        import vlmcp.hf.vision_placement
 
-        callers.append(vlmcp.hf.vision)
+        callers.append(vlmcp.hf.vision_placement)
     for module in callers:
         source = _inspect.getsource(module)
         assert "placed_features(" in source, module.__name__

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from vlmcp.estimate.memory import VISION_MODES
+from vlmcp.estimate.peak import VISION_MODES
 
 # The layout view's flags (vlmcp plan without --model); given with --model they are refused.
 LAYOUT_ONLY = ("prompt_tokens", "image_tokens", "text_tokens", "image_attention", "sample_placement", "width",
@@ -86,7 +86,7 @@ def load_config(path: str):
 
 def run(args: argparse.Namespace) -> int:
     from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states
-    from vlmcp.estimate.memory import DTYPE_BYTES
+    from vlmcp.estimate.peak import DTYPE_BYTES
     from vlmcp.estimate.text import text_blocks
     from vlmcp.estimate.towers import tower_for
 

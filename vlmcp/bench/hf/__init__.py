@@ -1,6 +1,6 @@
 """Hugging Face VLMs under vlmcp (``vlmcp bench hf-memory``, ``hf-vision``, ``hf-loss``, ``hf-step``).
 
-* :mod:`vlmcp.bench.hf.memory`: busiest rank's saved-for-backward bytes of one training
+* :mod:`vlmcp.bench.hf.saved_bytes`: busiest rank's saved-for-backward bytes of one training
   step over one process, per ``image_strategy`` and vision mode, on a long-video row and
   on a packed image row;
 * :mod:`vlmcp.bench.hf.vision`: ViT time per rank for one long video, ``replicate``

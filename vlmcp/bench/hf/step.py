@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.bench.hf import bench_model, needs_transformers
-from vlmcp.estimate.memory import VISION_MODES
+from vlmcp.estimate.peak import VISION_MODES
 from vlmcp.launch import spawn_ranks
 
 NAME = "hf-step"

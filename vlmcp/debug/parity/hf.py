@@ -32,7 +32,7 @@ from vlmcp.debug.tiny import DEFAULT_SAMPLES
 from vlmcp.hf.adapters import adapter_for
 from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
 from vlmcp.hf.parallel import parallelize
-from vlmcp.hf.visuals import row_visuals
+from vlmcp.hf.visual_tokens import row_visuals
 from vlmcp.layout.validate import check_cu_seqlens
 
 __all__ = ["HFParityCase", "Reference", "compare_gradients", "cp_step", "hf_parity", "load_model",

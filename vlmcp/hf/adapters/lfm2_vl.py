@@ -1,7 +1,7 @@
 """LFM2-VL: a SigLIP2 NaFlex ViT (``model.vision_tower``), pixel unshuffle, ``model.multi_modal_projector``.
 
 The language model (``model.language_model``) mixes LFM2's short convolutions, run under CP
-by :mod:`vlmcp.hf.mixers.short_conv`, with attention. Inputs are per image, each image at its own
+by :mod:`vlmcp.hf.layers.short_conv`, with attention. Inputs are per image, each image at its own
 size in patches, padded to the row's largest:
 
 * ``pixel_values (N, max_patches, channels * patch**2)``: the patchified pixels;

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from vlmcp.hf.adapters.base import HFAdapter, fixed_size_images, select_rows
-from vlmcp.hf.mixers.llama4 import check_chunks
+from vlmcp.hf.layers.llama4 import check_chunks
 
 __all__ = ["LLAMA4", "Llama4Adapter", "fix_forward"]
 

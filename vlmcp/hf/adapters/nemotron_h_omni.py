@@ -5,7 +5,7 @@ The top-level model owns everything (``base_model`` is the model itself): ``visi
 when the language model has MTP layers, ``num_nextn_predict_layers > 0``),
 ``multi_modal_projector`` (RMSNorm, ``linear_1``, ReLU², ``linear_2``, the projector's last Linear)
 and ``language_model``, a ``NemotronHForCausalLM`` whose blocks are Mamba-2 mixers (run under CP
-by :mod:`vlmcp.hf.mixers.mamba2`), attention without rotary embeddings, MoE and MLP layers. Its
+by :mod:`vlmcp.hf.layers.mamba2`), attention without rotary embeddings, MoE and MLP layers. Its
 ``lm_head`` is the LM head; its forward casts the logits to float32, which the float32 loss of
 :func:`vlmcp.hf.causal_lm_loss` passes through unchanged.
 

@@ -27,7 +27,7 @@ The local kernel is :func:`prepare`'s ``kernel`` (default ``"auto"``: fla's Trit
 on CUDA when flash-linear-attention is installed, the torch kernel otherwise; Note [vlmcp
 gated delta rule: the kernel choice]).
 
-:func:`register` declares the classes to :mod:`vlmcp.hf.mixers.audit`, so ``parallelize``
+:func:`register` declares the classes to :mod:`vlmcp.hf.layers.audit`, so ``parallelize``
 prepares every instance (it calls :func:`register` before its token-mixer audit).
 """
 
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from vlmcp.hf.mixers.install import cp_context, install_forward, register_classes
+from vlmcp.hf.layers.install import cp_context, install_forward, register_classes
 from vlmcp.mixers import causal_conv1d_cp, gated_delta_rule_cp, gated_deltanet_ulysses
 from vlmcp.mixers.delta_rule import KERNELS, accumulator_dtype
 
@@ -111,7 +111,7 @@ CLASSES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNe
 
 
 def register() -> None:
-    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.mixers.audit`).
+    """Declare the Gated DeltaNet classes to the token-mixer registry (:mod:`vlmcp.hf.layers.audit`).
 
     Only classes whose transformers module is loaded already (a model of that class can
     exist only then), so registering imports nothing; ``parallelize`` calls it before its audit.

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from vlmcp.hf import attention as hf_attention
-from vlmcp.hf.mixers.install import cp_context, install_forward, register_classes
+from vlmcp.hf.layers.install import cp_context, install_forward, register_classes
 
 __all__ = ["CLASSES", "check_chunks", "cp_forward", "prepare", "register"]
 

@@ -28,7 +28,7 @@ the scan's output through the gated norm, cast to the model dtype before ``out_p
 local scan is the torch kernel (:func:`vlmcp.mixers.chunk_ssd`); ``mamba_ssm``'s fused
 kernels are not used under CP.
 
-:func:`register` declares the class to :mod:`vlmcp.hf.mixers.audit` (``parallelize`` calls it
+:func:`register` declares the class to :mod:`vlmcp.hf.layers.audit` (``parallelize`` calls it
 before its token-mixer audit); other Mamba classes stay refused by name.
 """
 
@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vlmcp.attention.merge import accumulator_dtype
-from vlmcp.hf.mixers.install import cp_context, install_forward, register_classes
+from vlmcp.hf.layers.install import cp_context, install_forward, register_classes
 from vlmcp.mixers import causal_conv1d_cp, mamba2_ulysses, ssd_cp
 from vlmcp.mixers.ssd_ulysses import takes_ulysses
 
@@ -99,7 +99,7 @@ CLASSES = (("transformers.models.nemotron_h.modeling_nemotron_h", "NemotronHMamb
 
 
 def register() -> None:
-    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.mixers.audit`).
+    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.layers.audit`).
 
     Only classes whose transformers module is loaded already, so registering imports nothing;
     a class registered already keeps its registration.

@@ -18,7 +18,7 @@ from torch import nn
 
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.hub_kernels import keep_instance_forward
-from vlmcp.hf.mixers import audit
+from vlmcp.hf.layers import audit
 
 __all__ = ["cp_context", "install_forward", "register_classes"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vlmcp.hf.mixers.install import cp_context, install_forward, register_classes
+from vlmcp.hf.layers.install import cp_context, install_forward, register_classes
 from vlmcp.mixers import causal_conv1d_cp
 
 __all__ = ["CLASSES", "cp_forward", "prepare", "register"]
@@ -42,7 +42,7 @@ CLASSES = (("transformers.models.lfm2.modeling_lfm2", "Lfm2ShortConv"),)
 
 
 def register() -> None:
-    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.mixers.audit`).
+    """Declare :data:`CLASSES` to the token-mixer registry (:mod:`vlmcp.hf.layers.audit`).
 
     Only classes whose transformers module is loaded already, so registering imports nothing;
     a class registered already keeps its registration.
