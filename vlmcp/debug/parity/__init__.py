@@ -7,8 +7,9 @@ Two model kinds, one module each, and the comparison they share:
 * :mod:`.hf` — :func:`~vlmcp.debug.parity.hf.hf_parity`: a Hugging Face VLM through
   ``parallelize`` / ``shard_inputs`` against the unmodified model run one sample at a time
   (``vlmcp verify --model``).
-* :mod:`.compare` — :func:`~vlmcp.debug.parity.compare.gradient_errors`: every parameter's relative
-  gradient error against the single process, the worst over ranks.
+* :mod:`.compare` — what both share: :class:`~vlmcp.debug.parity.compare.StepCase`, how the CP step
+  runs, and :func:`~vlmcp.debug.parity.compare.gradient_errors`, every parameter's relative gradient
+  error against the single process, the worst over ranks.
 
 The package imports neither model kind (the reference VLM's check runs without transformers).
 """

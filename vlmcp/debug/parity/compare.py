@@ -1,4 +1,8 @@
-"""The one comparison both parity checks make: every gradient under CP against one process's.
+"""What both parity checks share: the case's step settings, and every gradient under CP against one
+process's.
+
+:class:`StepCase` holds how the CP step runs (attention, vision mode, dtype, the layout's
+strategies, the seed); each check's case adds its own model and row.
 
 Gradient error of a parameter: ``|g_cp - g| / max(|g|, floor * max_q |g_q|)`` (Frobenius norms, in
 float64), or ``|g_cp - g|`` where that denominator is 0. The reference VLM's check compares each
@@ -11,15 +15,32 @@ gradient whole; a missing gradient counts as zeros.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from vlmcp.grads import local_part
 
-__all__ = ["gradient_errors", "worst_gradient"]
+__all__ = ["StepCase", "gradient_errors", "worst_gradient"]
 
 _WRAPPED = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper, absent from the reference
+
+
+@dataclass(frozen=True)
+class StepCase:
+    """How one CP step of a parity check runs (the CP side; the single process runs the same model)."""
+
+    attention: str = "ring"
+    """``"ring"``, ``"ulysses"`` (or the reference VLM's ``"usp"``)."""
+    vision_mode: str = "replicate"
+    dtype: str = "float64"
+    image_strategy: str = "replicate"
+    """The plan's ``image_strategy``: ``"replicate"``, ``"shard"`` or ``"auto"``."""
+    sample_placement: str = "split"
+    """The plan's ``sample_placement``: ``"split"``, ``"whole"`` or ``"auto"``."""
+    seed: int = 0
 
 
 def _full(g: torch.Tensor) -> torch.Tensor:

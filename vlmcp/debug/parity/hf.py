@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 import vlmcp
 from vlmcp.debug.float64 import float64_exact, float64_norms
-from vlmcp.debug.parity.compare import worst_gradient
+from vlmcp.debug.parity.compare import StepCase, worst_gradient
 from vlmcp.debug.tiny import DEFAULT_SAMPLES
 from vlmcp.hf.adapters import adapter_for
 from vlmcp.hf.inputs import shard_inputs, shift_hf_labels
@@ -110,23 +110,15 @@ def compare_gradients(model: nn.Module, ref: nn.Module, group: dist.ProcessGroup
 
 
 @dataclass(frozen=True)
-class HFParityCase:
+class HFParityCase(StepCase):
     """One CP-vs-unmodified-model comparison."""
 
     model: str = "hf:qwen2_vl"
     """``hf:ARCH`` (a tiny random model, :mod:`vlmcp.debug.tiny`) or a local model directory."""
-    attention: str = "ring"
-    vision_mode: str = "replicate"
-    dtype: str = "float64"
     gradient_checkpointing: bool = False
-    seed: int = 0
     samples: tuple = field(default=DEFAULT_SAMPLES)
     markers: bool = True
     """Qwen-VL: wrap images in vision start/end tokens (text before every image)."""
-    sample_placement: str = "split"
-    """``shard_inputs``' ``sample_placement``: ``"split"``, ``"whole"`` or ``"auto"``."""
-    image_strategy: str = "replicate"
-    """``shard_inputs``' ``image_strategy``: ``"replicate"``, ``"shard"`` or ``"auto"``."""
 
 
 def load_model(spec: str, dtype: torch.dtype, seed: int = 0) -> nn.Module:

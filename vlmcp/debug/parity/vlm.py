@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from vlmcp.data import VOCAB_SIZE, PackedRow, random_row
-from vlmcp.debug.parity.compare import gradient_errors
+from vlmcp.debug.parity.compare import StepCase, gradient_errors
 from vlmcp.grads import grad_norms, reduce_gradients
 from vlmcp.models import VLM, LLMConfig, VLMConfig
 from vlmcp.train.options import TORCH_DTYPES
@@ -46,16 +46,11 @@ def builtin_row(seed: int = 0, patch_size: int = 8) -> PackedRow:
 
 
 @dataclass(frozen=True)
-class ParityCase:
-    """One CP-vs-single-process comparison."""
+class ParityCase(StepCase):
+    """One CP-vs-single-process comparison of the reference VLM."""
 
-    vision_mode: str = "replicate"
-    attention: str = "ring"
     dtype: str = "float32"
-    image_strategy: str = "replicate"
     image_attention: str = "causal"
-    sample_placement: str = "split"
-    seed: int = 0
     ulysses_size: int | None = None
     """``attention="usp"`` only: the Ulysses group size U."""
 
