@@ -20,11 +20,11 @@ dtype, for the duration only::
 
 :data:`ISLANDS` is the one table: (transformers module, attribute path, replacement). An entry
 applies when its module is loaded (a model of it exists); a replacement named by a string is
-built by :func:`in_dtype` (the original function with its ``torch.float32`` read as float64, and
-its ``.float()`` calls as ``.to(float64)``: Nemotron-H's SSD scan, its logits, RADIO's position
-interpolation). Entries apply in table order, each built after the ones above it are in place,
-so an ``in_dtype`` copy of a function calls the lifted versions of the module's functions above
-it (Nemotron-H's mixer forward calls the lifted ``mamba2_chunk_scan``).
+built by :func:`~vlmcp.debug.float64.rewrite.in_dtype` (the original function with its
+``torch.float32`` read as float64, and its ``.float()`` calls as ``.to(float64)``: Nemotron-H's SSD
+scan, its logits, RADIO's position interpolation). Entries apply in table order, each built after
+the ones above it are in place, so an ``in_dtype`` copy of a function calls the lifted versions of
+the module's functions above it (Nemotron-H's mixer forward calls the lifted ``mamba2_chunk_scan``).
 :func:`float64_norms` makes one model's RMSNorm instances compute in their input dtype.
 A router's expert choice is a top-k of its scores, as in float32; the tiny test models are
 far from ties.
@@ -32,12 +32,8 @@ far from ties.
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
-import inspect
 import sys
-import textwrap
 import types
 from collections.abc import Callable, Iterator
 
@@ -45,84 +41,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vlmcp.debug.float64.rewrite import in_dtype
 from vlmcp.deps import at_least
 from vlmcp.hf.hub_kernels import keep_instance_forward
 
-__all__ = ["ISLANDS", "float64_exact", "float64_norms", "in_dtype"]
-
-
-class _TorchWithFloat32As(types.ModuleType):
-    def __init__(self, dtype: torch.dtype):
-        super().__init__("torch")
-        self.float32 = dtype
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-class _FloatCallsAsFloat32(ast.NodeTransformer):
-    """``x.float()`` -> ``x.to(torch.float32)`` (which :func:`in_dtype` then reads as its dtype)."""
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr == "float" and not node.args and not node.keywords:
-            float32 = ast.Attribute(value=ast.Name(id="torch", ctx=ast.Load()), attr="float32",
-                                    ctx=ast.Load())
-            return ast.copy_location(ast.Call(func=ast.Attribute(value=func.value, attr="to", ctx=ast.Load()),
-                                              args=[float32], keywords=[]), node)
-        return node
-
-
-def _names(code: types.CodeType) -> set[str]:
-    """The names ``code`` and the code nested in it load (attributes included)."""
-    return set(code.co_names).union(*(_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
-
-
-@functools.cache
-def _without_float_calls(raw: Callable) -> types.CodeType:
-    """``raw``'s code, its ``.float()`` calls rewritten (:class:`_FloatCallsAsFloat32`), from its source."""
-    if raw.__code__.co_freevars:
-        raise NotImplementedError(f"in_dtype: {raw.__qualname__} has free variables "
-                                  f"{raw.__code__.co_freevars}; its .float() calls cannot be rewritten")
-    tree = ast.parse(textwrap.dedent(inspect.getsource(raw)))
-    tree.body[0].decorator_list = []
-    tree = ast.fix_missing_locations(_FloatCallsAsFloat32().visit(tree))
-    ast.increment_lineno(tree, raw.__code__.co_firstlineno - 1)
-    module = compile(tree, raw.__code__.co_filename, "exec")
-    return next(c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == raw.__name__)
-
-
-def plain_function(fn: Callable) -> Callable:
-    """The Python function behind ``fn``: its decorators unwrapped, and a hub-kernel ``Func`` opened.
-
-    From transformers 5.25, functions that a hub kernel may replace (Qwen3.5's
-    ``torch_chunk_gated_delta_rule``, Nemotron-H's ``mamba2_chunk_scan``, ...) are ``nn.Module``
-    instances of the ``kernels`` package's ``Func``, whose ``forward`` calls the decorated function
-    it closes over (``func``); transformers 5.24 left them plain functions.
-    """
-    if isinstance(fn, torch.nn.Module):
-        forward = type(fn).forward
-        free = forward.__code__.co_freevars
-        if "func" not in free:
-            raise NotImplementedError(f"{type(fn).__qualname__}: a module whose forward does not close over "
-                                      f"the function it runs (free variables {free})")
-        fn = forward.__closure__[free.index("func")].cell_contents
-    return inspect.unwrap(fn)
-
-
-def in_dtype(fn: Callable, dtype: torch.dtype) -> Callable:
-    """``fn`` (:func:`plain_function`) with every ``torch.float32`` it names read as ``dtype``, and every
-    ``x.float()`` it calls as ``x.to(dtype)``."""
-    raw = plain_function(fn)
-    namespace = dict(raw.__globals__)
-    namespace["torch"] = _TorchWithFloat32As(dtype)
-    code = raw.__code__
-    if "float" in _names(code):
-        code = _without_float_calls(raw)
-    out = types.FunctionType(code, namespace, raw.__name__, raw.__defaults__, raw.__closure__)
-    out.__kwdefaults__ = raw.__kwdefaults__
-    return out
+__all__ = ["ISLANDS", "float64_exact", "float64_norms"]
 
 
 def _rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
