@@ -27,7 +27,7 @@ CP group::
   attention mixing tokens is refused, named); :func:`register_mixer` declares a CP
   implementation of a mixer class.
 * The tooling (tiny configs, synthetic rows, float64 parity, ``init-model``) is
-  :mod:`vlmcp.debug`, which this package does not import.
+  :mod:`vlmcp.debug`, a package above this one: it imports ``vlmcp.hf``, never the reverse.
 """
 
 from vlmcp.hf.adapters import (
