@@ -137,7 +137,7 @@ def bench_worker(path: str, repeats: int, dtype_name: str) -> None:
     Without CUDA it runs on gloo and the CPU (a dry run of this script's own logic)."""
     import vlmcp
     from vlmcp.attention import cp_attention, varlen_attention
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
+    from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 
     local, cuda = int(os.environ["LOCAL_RANK"]), torch.cuda.is_available()
     if cuda:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from vlmcp.hf.adapters import adapter_for, submodule
-from vlmcp.hf.debug.float64 import float64_exact
-from vlmcp.hf.debug.parity import (
+from vlmcp.debug.float64 import float64_exact
+from vlmcp.debug.parity.hf import (
     DTYPES,
     HFParityCase,
     _cp_step,
@@ -23,6 +22,7 @@ from vlmcp.hf.debug.parity import (
     load_model,
     reference_for,
 )
+from vlmcp.hf.adapters import adapter_for, submodule
 from vlmcp.hf.freeze import freeze
 from vlmcp.hf.parallel import parallelize
 from vlmcp.hf.peft import unwrap_peft

@@ -165,7 +165,7 @@ def _compare_short_conv(group, case: dict) -> dict:
     import copy
 
     from vlmcp.hf.attention import CPContext
-    from vlmcp.hf.mixers.short_conv import prepare
+    from vlmcp.hf.layers.short_conv import prepare
 
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     dtype = getattr(torch, case["dtype"])

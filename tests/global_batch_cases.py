@@ -16,7 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from vlmcp.hf.debug.float64 import float64_exact
+from vlmcp.debug.float64 import float64_exact
 
 
 def _saved(out: str) -> dict[str, torch.Tensor]:

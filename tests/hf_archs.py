@@ -1,4 +1,4 @@
-"""The architectures each HF test file covers (model types of :mod:`vlmcp.hf.debug.tiny`'s registry)."""
+"""The architectures each HF test file covers (model types of :mod:`vlmcp.debug.tiny`'s registry)."""
 
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "llava")
 """The generic HF tests (``tests/test_hf.py``)."""

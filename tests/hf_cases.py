@@ -13,9 +13,8 @@ import torch.distributed as dist
 
 import vlmcp
 import vlmcp.hf
-from vlmcp.grads import finish_ddp_gradients
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.parity import (
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.hf import (
     HFParityCase,
     compare_gradients,
     cp_step,
@@ -23,8 +22,9 @@ from vlmcp.hf.debug.parity import (
     reference_for,
     reference_step,
 )
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_model
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_model
+from vlmcp.grads import finish_ddp_gradients
 from vlmcp.train.groups import dp_cp_groups
 
 # The rows: prompt text before the image; two images in one sample with text

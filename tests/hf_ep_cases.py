@@ -18,11 +18,12 @@ from torch.nn import functional as F
 
 import vlmcp
 import vlmcp.hf
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.float64.islands import _load_balancing
+from vlmcp.debug.parity.hf import _sample_inputs, compare_gradients
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_arch, tiny_config, tiny_model
 from vlmcp.grads import finish_ddp_gradients, grad_norms, reduce_gradients
-from vlmcp.hf.debug.float64 import _load_balancing, float64_exact, float64_norms
-from vlmcp.hf.debug.parity import _sample_inputs, compare_gradients
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model
 from vlmcp.hf.inputs import shift_hf_labels
 from vlmcp.hf.moe import expert_groups, expert_load, expert_shards, fully_shard_experts, gather_experts
 from vlmcp.layout.validate import check_cu_seqlens

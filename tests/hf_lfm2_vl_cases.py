@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
+from vlmcp.debug.parity.hf import HFParityCase, hf_parity, reference_for
 
 
 def parity_grid(group: dist.ProcessGroup, cases: list[HFParityCase]) -> list[dict]:

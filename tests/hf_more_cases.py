@@ -2,7 +2,7 @@
 
 InternVL, LLaVA-OneVision/NeXT, SmolVLM/Idefics3 and Mistral3 (``tests/hf_archs.py``: ANYRES_ARCHS).
 Each architecture has its own rows, in its adapter's image tuples
-(:meth:`~vlmcp.hf.adapters.HFAdapter.synthetic_images`):
+(:mod:`vlmcp.debug.synthetic.anyres`):
 
 * ``packed`` (the tiny registry's verification row, ``vlmcp verify``'s): an
   image sample with text before and after, a text-only sample, and a sample with two
@@ -26,10 +26,10 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.hf
 from tests.hf_cases import parity_grid
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_arch, tiny_model
 from vlmcp.grads import grad_rule
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_model
 
 MIXED = {
     "internvl": ((3, (1,), 5), (4, (2,), 3), (6,), (2, (1,), 6), (40, (2,), 80)),
@@ -52,7 +52,7 @@ def dummy_vision(group: dist.ProcessGroup, cases: list[tuple[str, str]]) -> list
     """Per ``(arch, mode)``, a text-only row with ``dummy_vision``: the loss against no dummy pass, the
     vision parameters (ViT, projector, image_newline) a real image step trains that got no gradient,
     and those whose gradient is not an exact zero."""
-    from vlmcp.hf.debug.parity import reference_step
+    from vlmcp.debug.parity.hf import reference_step
 
     out = []
     for arch, mode in cases:
@@ -84,7 +84,7 @@ def newline(group: dist.ProcessGroup, modes: list[str]) -> list[dict]:
     ref = tiny_model("llava_onevision", torch.float64)
     float64_norms(ref)
     inputs, labels, cu = synthetic_row(ref, ROWS["llava_onevision"]["packed"])
-    from vlmcp.hf.debug.parity import reference_step
+    from vlmcp.debug.parity.hf import reference_step
 
     with float64_exact(torch.float64):
         reference_step(ref, inputs, labels, cu)

@@ -15,10 +15,10 @@ from torch.nn import functional as F
 import vlmcp
 import vlmcp.hf
 from tests.hf_cases import parity_grid
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.parity import compare_gradients
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.hf import compare_gradients
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_arch, tiny_config, tiny_model
 
 MOE_AUX = {arch: {"text_config": {"output_router_logits": True, "router_aux_loss_coef": 0.5}}
            for arch in ("glm4v_moe", "minimax_m3_vl")}
@@ -63,7 +63,7 @@ RELABELLED = {"llava": ((5, (1,), 9), (12,), (3, (1,), 4, (1,), 7)), "qwen2_vl":
 def relabelled(group: dist.ProcessGroup | None, archs) -> list[dict]:
     """Per arch, the tiny model with ``config.model_type = "my_" + arch`` (no adapter) against the
     unmodified model: the adapter vlmcp picked and the parity (replicate, ring) on a packed row."""
-    from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
+    from vlmcp.debug.parity.hf import HFParityCase, hf_parity, reference_for
 
     out = []
     for arch in archs:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.parity import (
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.hf import (
     DTYPES,
     HFParityCase,
     Reference,
@@ -19,9 +19,9 @@ from vlmcp.hf.debug.parity import (
     reference_for,
     reference_step,
 )
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_config, tiny_model
-from vlmcp.hf.mixers import gdn
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_config, tiny_model
+from vlmcp.hf.layers import gdn
 
 # Two images with text between them, a text-only sample, a sample opening with a prompt and an image:
 # 820 tokens, every sample longer than several 64-token kernel chunks.
@@ -45,7 +45,7 @@ LFM2_TEXT = ((30,), (57,), (3,), (120,))
 
 
 def tiny_lfm2_vl():
-    """A float64 LFM2-VL (:func:`vlmcp.hf.debug.tiny.tiny_config`): short convolutions in layers 0 and 2,
+    """A float64 LFM2-VL (:func:`vlmcp.debug.tiny.tiny_config`): short convolutions in layers 0 and 2,
     attention
     (4 heads) in 1 and 3."""
     return tiny_model("lfm2_vl", torch.float64)

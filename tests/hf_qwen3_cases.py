@@ -16,8 +16,8 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.hf
 import vlmcp.vision.modes as vision_modes
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.parity import (
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.hf import (
     DTYPES,
     HFParityCase,
     Reference,
@@ -25,8 +25,8 @@ from vlmcp.hf.debug.parity import (
     hf_parity,
     reference_step,
 )
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_config, tiny_model
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_config, tiny_model
 
 
 def _model(arch: str, dtype: torch.dtype, seed: int = 0, levels: tuple[int, ...] | None = None):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
-from vlmcp.hf.debug.tiny.anyres import ONEVISION_VIDEO_SAMPLES
+from vlmcp.debug.parity.hf import HFParityCase, hf_parity, reference_for
+from vlmcp.debug.tiny.anyres import ONEVISION_VIDEO_SAMPLES
 
 # A packed row with a video sample, a text-only sample and a sample mixing an image, a video
 # (Qwen2.5-VL: 0.5 s per temporal patch group) and another image, text between; Qwen-VL grids.
@@ -45,8 +45,8 @@ def vit_units(group: dist.ProcessGroup) -> dict:
     import torch
 
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
-    from vlmcp.hf.debug.tiny import tiny_model
+    from vlmcp.debug.synthetic import synthetic_row
+    from vlmcp.debug.tiny import tiny_model
 
     out = {}
     for name, samples in (("long_video", LONG_VIDEO), ("two_images", ((3, (1, 4, 8), 4, (1, 4, 4), 7),))):
@@ -70,7 +70,8 @@ def vit_units(group: dist.ProcessGroup) -> dict:
 
 def benches(group: dist.ProcessGroup) -> dict:
     """``vlmcp bench hf-memory`` and ``hf-vision``'s rank functions on tiny sizes (no extra spawn)."""
-    from vlmcp.bench.hf import memory, vision
+    from vlmcp.bench.hf import saved_bytes as memory
+    from vlmcp.bench.hf import vision
 
     tiny = dict(hidden=64, layers=1, vit_width=16, vit_depth=1)
     pairs = [("replicate", "replicate"), ("shard", "scatter"), ("auto", "scatter")]

@@ -15,10 +15,10 @@ from torch.nn import functional as F
 
 import vlmcp
 import vlmcp.hf
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.parity import _sample_inputs, compare_gradients
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_model
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.hf import _sample_inputs, compare_gradients
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_model
 from vlmcp.hf.inputs import shift_hf_labels
 
 # Two preference pairs packed in one row: (chosen, rejected) with an image prompt, then two

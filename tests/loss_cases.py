@@ -13,10 +13,10 @@ from torch.nn import functional as F
 
 import vlmcp
 import vlmcp.hf
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-from vlmcp.hf.debug.parity import compare_gradients, reference_step
-from vlmcp.hf.debug.synthetic import synthetic_row
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model
+from vlmcp.debug.float64 import float64_exact, float64_norms
+from vlmcp.debug.parity.hf import compare_gradients, reference_step
+from vlmcp.debug.synthetic import synthetic_row
+from vlmcp.debug.tiny import tiny_arch, tiny_config, tiny_model
 from vlmcp.train.groups import dp_cp_groups
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "qwen3_5", "lfm2_vl", "gemma3",

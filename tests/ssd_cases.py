@@ -19,10 +19,10 @@ import torch.distributed as dist
 import vlmcp
 import vlmcp.comm.collectives as collectives
 from tests.gdn_cases import _counted, row
+from vlmcp.debug.float64 import float64_exact
+from vlmcp.debug.parity.hf import HFParityCase, hf_parity, reference_for
 from vlmcp.hf.attention import CPContext
-from vlmcp.hf.debug.float64 import float64_exact
-from vlmcp.hf.debug.parity import HFParityCase, hf_parity, reference_for
-from vlmcp.hf.mixers import mamba2
+from vlmcp.hf.layers import mamba2
 from vlmcp.mixers import segment_layout, ssd_exchange_bytes
 
 HIDDEN = 16
@@ -180,7 +180,7 @@ def shard_local_error(group: dist.ProcessGroup, case: HFParityCase) -> dict:
     shard alone, from a zero state): ``hf_parity`` of that, to show the error vlmcp's mixer removes."""
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
 
-    from vlmcp.hf.mixers import audit
+    from vlmcp.hf.layers import audit
 
     mamba2.register()
     saved = audit._REGISTERED[NemotronHMamba2Mixer]

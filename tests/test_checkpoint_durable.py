@@ -166,7 +166,7 @@ def test_temporary_files_are_exclusive_and_never_written_through_a_link(tmp_path
 
 def test_a_full_disk_in_safetensors_and_in_a_dcp_save_is_one_line(tmp_path):
     pytest.importorskip("transformers")
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
     from vlmcp.train.specs.hf.config import HFTrainConfig
 
     # safetensors' writer is Rust: no OSError in the chain, the errno only in its message

@@ -12,7 +12,7 @@ from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.data.hf.reader import read_conversations  # noqa: E402
 from vlmcp.data.hf.rows import RowLoader, build_index, build_row, pack_first_fit, row_at  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.data.hf.reader import read_conversations  # noqa: E402
 from vlmcp.data.hf.show import view_conversation  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

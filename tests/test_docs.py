@@ -5,6 +5,7 @@ the docs with what the code holds now, so a renamed module, a new Note, a moved 
 a broken link fails here, naming what to fix.
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -184,15 +185,46 @@ def test_the_architecture_table_lists_every_adapter_and_real_tests():
         assert (ROOT / "vlmcp" / "hf" / "adapters" / name).exists(), f"no adapter file hf/adapters/{name}"
 
 
-def test_the_changelog_names_every_moved_path():
-    from vlmcp._moved import MOVED
+def _module_file(path: str) -> Path | None:
+    """The file of module ``path`` (``vlmcp.a.b``) in the tree, or None."""
+    base = ROOT.joinpath(*path.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
 
+
+def _exists(path: str) -> bool:
+    """``path`` is a module of the tree, or a name that a module of the tree defines or imports."""
+    if _module_file(path) is not None:
+        return True
+    module, _, name = path.rpartition(".")
+    source = _module_file(module)
+    if source is None:
+        return False
+    names = set()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.ImportFrom):
+            names.update(a.asname or a.name for a in node.names)
+    return name in names
+
+
+def test_the_changelog_moved_paths_are_gone_and_the_new_ones_exist():
+    """Every row of the unreleased "Moved import paths" table: no old path is left in the tree (no
+    alias either), and the first path of its new column is there."""
     text = (ROOT / "CHANGELOG.md").read_text()
     heads = re.findall(r"^## (.+)$", text, re.M)
     assert heads and "unreleased" in heads[0], f"CHANGELOG.md opens with {heads[:1]}, not the unreleased one"
     unreleased = _section(text, f"## {heads[0]}")
     assert re.search(r"^### Added$", unreleased, re.M), "the unreleased section has no '### Added' list"
-    lines = unreleased.splitlines()
-    missing = [f"{old} -> {new}" for old, new in MOVED.items()
-               if not any(f"`{old}`" in line and new in line for line in lines)]
-    assert not missing, f"moved paths CHANGELOG.md does not name with their new path: {missing}"
+    rows = [line.split("|")[1:3] for line in _section(unreleased, "### Moved import paths").splitlines()
+            if line.startswith("| `vlmcp")]
+    assert len(rows) >= 28, f"the moved-paths table has {len(rows)} rows"
+    left = [p for old, _ in rows for p in re.findall(r"`(vlmcp[\w.]*)`", old) if _exists(p)]
+    assert not left, f"CHANGELOG.md says these paths moved, but the tree still has them: {left}"
+    missing = [new for _, new in rows if not _exists(re.findall(r"`(vlmcp[\w.]*)`", new)[0])]
+    assert not missing, f"CHANGELOG.md names new paths the tree does not have: {missing}"

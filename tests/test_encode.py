@@ -21,7 +21,7 @@ from vlmcp.data.hf.planned import DataIndex  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.data.hf.rows import HFRow, build_index, build_row  # noqa: E402
 from vlmcp.data.hf.schema import Conversation, Media, Message  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

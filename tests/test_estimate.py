@@ -1,7 +1,7 @@
 """``vlmcp plan --model``'s memory estimate (``vlmcp.estimate``): held to the exact saved-bytes counter.
 
 The validation runs tiny models through a real step (``vlmcp.bench.hf.estimate.measure``: the
-busiest rank's :class:`~vlmcp.checks.saved_tensors.SavedTensorMeter` bytes) at P=1 in-process
+busiest rank's :class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter` bytes) at P=1 in-process
 and at P=2 in one spawned group, over architectures x checkpointing x vision mode x
 ``image_strategy`` (float32, and bfloat16 at P=1), and asks the estimate for the same config and
 row: within 10% each.
@@ -18,10 +18,10 @@ pytest.importorskip("transformers")
 
 from vlmcp.bench.hf import estimate as bench  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
+from vlmcp.debug.tiny import tiny_archs, tiny_config  # noqa: E402
 from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states  # noqa: E402
 from vlmcp.estimate.text import text_blocks  # noqa: E402
 from vlmcp.estimate.towers import REFUSED, TOWERS  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_archs, tiny_config  # noqa: E402
 from vlmcp.loss import chunk_transient_bytes  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 

@@ -327,7 +327,7 @@ def test_the_final_model_survives_a_sigterm_in_the_last_step_and_a_lost_save(tmp
     from tests.train_cases import hf_rank
     from vlmcp.cli.train import resume_preflight
     from vlmcp.data.hf.export import export_shapes
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
     from vlmcp.launch import spawn_ranks
     from vlmcp.train.specs.hf.config import HFTrainConfig
     from vlmcp.train.specs.hf.final_model import final_model_complete

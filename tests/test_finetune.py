@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from tests import finetune_cases  # noqa: E402
 from tests.finetune_cases import FinetuneCase  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")

@@ -1,7 +1,7 @@
 """Gated DeltaNet under CP (vlmcp.mixers): the chunked kernel, the segments, the CP ops and their bytes.
 
 The kernel is checked against transformers' own ``torch_chunk_gated_delta_rule`` and
-``torch_recurrent_gated_delta_rule`` (run in float64 by :func:`vlmcp.hf.debug.float64.in_dtype`);
+``torch_recurrent_gated_delta_rule`` (run in float64 by :func:`vlmcp.debug.float64.in_dtype`);
 the CP ops on gloo ranks against the single-process ops on the global row (one spawned
 group per P runs the grid of tests/gdn_cases.py).
 """
@@ -103,7 +103,7 @@ def _inputs(T, hk=2, hv=4, k=8, v=6, seed=0):
 def _hf_kernels(dtype):
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from vlmcp.hf.debug.float64 import in_dtype
+    from vlmcp.debug.float64 import in_dtype
 
     kernels = (m.torch_chunk_gated_delta_rule, m.torch_recurrent_gated_delta_rule)
     return tuple(in_dtype(f, dtype) for f in kernels)

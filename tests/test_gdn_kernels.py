@@ -116,7 +116,7 @@ def test_fla_wrapper_with_a_stand_in_kernel(monkeypatch):
 
 
 def test_hf_prepare_validates_and_records_the_kernel():
-    from vlmcp.hf.mixers import gdn
+    from vlmcp.hf.layers import gdn
 
     m = torch.nn.Module()
     with pytest.raises(ValueError, match="one of"):

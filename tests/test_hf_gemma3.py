@@ -1,6 +1,6 @@
 """Gemma 3 under vlmcp: sliding-window and full layers interleaved, images bidirectional, exact at P=2 and 3.
 
-A tiny random Gemma 3 built in code (:func:`vlmcp.hf.debug.tiny.tiny_config`: SigLIP 8x8 px images of
+A tiny random Gemma 3 built in code (:func:`vlmcp.debug.tiny.tiny_config`: SigLIP 8x8 px images of
 4 tokens each, 4 LLM layers alternating ``sliding_attention`` (window 4) and ``full_attention``).
 One spawned P=2 group runs the whole grid (ring and Ulysses; every vision mode the projector
 allows; replicated and sharded image tokens; whole placement) on a packed row of an image sample,
@@ -18,10 +18,10 @@ pytest.importorskip("transformers")
 import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests.hf_cases import parity_grid  # noqa: E402
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase, reference_step  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_arch, tiny_config, tiny_model  # noqa: E402
+from vlmcp.debug.float64 import float64_exact, float64_norms  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase, reference_step  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_arch, tiny_config, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 PACKED = tiny_arch("gemma3").samples

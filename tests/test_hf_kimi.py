@@ -1,6 +1,6 @@
 """Kimi-K2.5 under vlmcp: DeepSeek-V3 MLA (V of its own head dim) and MoE, exact at P=2 and 3.
 
-A tiny random Kimi-K2.5 built in code (:func:`vlmcp.hf.debug.tiny.tiny_config`: MoonViT on 2x2 px
+A tiny random Kimi-K2.5 built in code (:func:`vlmcp.debug.tiny.tiny_config`: MoonViT on 2x2 px
 patches merged 2x2 per LLM token; 2 LLM layers, the second MoE, MLA with q/k of 12 and V of 6
 per head). One spawned P=2 group runs the grid (ring and Ulysses; replicate, scatter and
 hidden_shard; replicated and sharded image tokens) on a packed row of an image sample, a
@@ -17,10 +17,10 @@ pytest.importorskip("transformers")
 
 import vlmcp.hf  # noqa: E402
 from tests.hf_cases import PACKED, parity_grid  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
-from vlmcp.hf.mixers.audit import audit_token_mixers  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
+from vlmcp.hf.layers.audit import audit_token_mixers  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 

@@ -1,10 +1,10 @@
 """LFM2-VL with images under vlmcp, exact against the unmodified model.
 
-A tiny random LFM2-VL (:func:`vlmcp.hf.debug.tiny.tiny_config`: short convolutions in layers 0 and 2,
+A tiny random LFM2-VL (:func:`vlmcp.debug.tiny.tiny_config`: short convolutions in layers 0 and 2,
 attention in 1 and 3; a SigLIP2 NaFlex ViT, its images at their own patch grids) on a packed row
 of two images with text between, a text-only sample and a sample with one image. Loss and every
 parameter gradient in float64 (SigLIP2's float32 position resize kept in float64 by
-:func:`vlmcp.hf.debug.parity.float64_exact`), one spawned group per P.
+:func:`vlmcp.debug.parity.hf.float64_exact`), one spawned group per P.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ pytest.importorskip("transformers")
 
 import vlmcp.hf  # noqa: E402
 from tests import hf_lfm2_vl_cases  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 # images as (h, w) patch grids: 6, 16 and 4 tokens; 275 tokens in all

@@ -20,8 +20,8 @@ import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import loss_cases  # noqa: E402
 from tests.loss_cases import ARCHS  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_config, tiny_model  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_config, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 
@@ -128,8 +128,8 @@ def test_autocast_bf16_matches_one_process(suite):
 def _step_measured(chunk_size, offload=False, checkpointing=False, vocab=128, row=((5, (1, 4, 4), 9), (12,))):
     """One float32 step of a tiny Qwen2-VL under the allocation hook and the saved-tensor counter
     (the counter runs the offloading policy)."""
-    from vlmcp.checks.allocations import AllocationMeter
-    from vlmcp.checks.saved_tensors import SavedTensorMeter
+    from vlmcp.debug.meters.allocations import AllocationMeter
+    from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 
     model = tiny_model(tiny_config("qwen2_vl", text_config={"vocab_size": vocab}), torch.float32)
     if checkpointing:

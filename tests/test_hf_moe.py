@@ -134,7 +134,7 @@ def test_refusals_name_what_they_refuse(world2):
 def test_check_ep_refuses_in_one_line():
     from transformers import Qwen2MoeConfig
 
-    from vlmcp.hf.debug.tiny import tiny_config
+    from vlmcp.debug.tiny import tiny_config
     from vlmcp.hf.moe import check_ep
 
     moe = tiny_config("qwen3_vl_moe")

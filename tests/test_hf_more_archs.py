@@ -23,10 +23,10 @@ import vlmcp.hf  # noqa: E402
 from tests import hf_more_cases  # noqa: E402
 from tests.hf_archs import ANYRES_ARCHS  # noqa: E402
 from tests.hf_more_cases import ROWS  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_images, synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.grads import GradRule, grad_rule, restore_grad_tags  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
@@ -141,7 +141,7 @@ def test_anyres_token_counts_match_the_model(arch):
     shrunk = unpadded = 0
     for h, w in itertools.product((3, 8, 13, 16, 21, 30), (2, 8, 11, 17, 24, 37)):
         for images in ([(h, w)], [(h, w), (w, h)]) if adapter.onevision else ([(h, w)],):
-            pixels, ids = adapter.synthetic_images(model, images, g)
+            pixels, ids = synthetic_images(adapter, model, images, g)
             with torch.no_grad():
                 got = [f.shape[0] for f in model.model.get_image_features(**pixels).pooler_output]
             units = adapter.image_tokens(model, pixels)

@@ -5,7 +5,7 @@ passing, or the Ulysses road) against the same module on each sample alone, in f
 float32 islands lifted (Note [vlmcp float64 parity: float32 islands]): outputs, and the gradients of
 the input and of every parameter summed over ranks, at P = 1, 2, 3 and 4, on packed rows with
 replicated image runs, odd lengths (padding), chunks shorter than the conv halo, whole/auto placement
-and sharded images. The whole tiny Nemotron-H-Omni (:mod:`vlmcp.hf.debug.tiny.nemotron`: Mamba-2, MoE,
+and sharded images. The whole tiny Nemotron-H-Omni (:mod:`vlmcp.debug.tiny.nemotron`: Mamba-2, MoE,
 attention, Mamba-2, MLP; RADIO ViT) with images: loss and every gradient against the unmodified model at
 P = 2 and 3, ring in every vision mode, Ulysses, whole placement. One spawned group per P runs its grid
 (tests/ssd_cases.py). The kernel itself is checked against transformers' ``mamba2_chunk_scan``.
@@ -22,9 +22,9 @@ import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import ssd_cases  # noqa: E402
 from tests.test_gdn_cp import BYTE_ROWS  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.mixers import chunk_ssd, ssd_segment_maps  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
@@ -150,7 +150,7 @@ def test_ssd_kernel_matches_transformers_float64(chunk):
     transformers' ``mamba2_chunk_scan``, in float64; grouped B and C, length not a multiple of the chunk."""
     from transformers.models.nemotron_h import modeling_nemotron_h as m
 
-    from vlmcp.hf.debug.float64 import in_dtype
+    from vlmcp.debug.float64 import in_dtype
 
     T = 70
     x, dt_raw, A, B, C = _ssd_inputs(T)

@@ -19,9 +19,9 @@ pytest.importorskip("transformers")
 import vlmcp.hf  # noqa: E402
 from tests import hf_new_cases  # noqa: E402
 from tests.hf_archs import NEW_ARCHS  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import VIDEO_ONLY_SAMPLES, tiny_arch, tiny_config, tiny_model  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import VIDEO_ONLY_SAMPLES, tiny_arch, tiny_config, tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
@@ -115,8 +115,8 @@ def test_adapters_are_registered():
 
 
 def _loss(model, row) -> float:
-    from vlmcp.hf.debug.float64 import float64_exact, float64_norms
-    from vlmcp.hf.debug.parity import reference_step
+    from vlmcp.debug.float64 import float64_exact, float64_norms
+    from vlmcp.debug.parity.hf import reference_step
 
     float64_norms(model)
     with float64_exact(torch.float64):
@@ -203,7 +203,7 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
     ours = vlmcp.hf.parallelize(tiny_model(causal_cfg(), torch.float64), None)
     assert [getattr(x.self_attn, IMAGE_ATTENTION_ATTR, None) for x in ours.model.language_model.layers] == \
         ["causal"] * 4
-    from vlmcp.hf.debug.float64 import float64_exact, float64_norms
+    from vlmcp.debug.float64 import float64_exact, float64_norms
 
     float64_norms(ours)
     batch = vlmcp.hf.shard_inputs(ours, inputs, None, labels=labels, cu_seqlens=cu)
@@ -219,7 +219,7 @@ def test_gemma4_images_bidirectional_on_sliding_layers_only():
 
 
 LONG_TAIL_EXACT = ("ovis2", "qianfan_ocr")
-"""transformers' image-text-to-text types with no vlmcp adapter that ``python -m vlmcp.hf.debug.long_tail``
+"""transformers' image-text-to-text types with no vlmcp adapter that ``python -m vlmcp.debug.long_tail``
 measured exact (docs/hf-models.md lists every type and its outcome)."""
 
 
@@ -228,7 +228,7 @@ measured exact (docs/hf-models.md lists every type and its outcome)."""
 def test_long_tail_coverage_verify_on_tiny_configs():
     """The long tail's coverage: every type without an adapter or a refusal is in the measured list, and
     those measured exact stay exact at P=2 (their default configs shrunk, the adapter-less path)."""
-    from vlmcp.hf.debug import long_tail
+    from vlmcp.debug import long_tail
 
     assert set(LONG_TAIL_EXACT) <= set(long_tail.long_tail_types())
     results = run_on_ranks(long_tail.long_tail, 2, list(LONG_TAIL_EXACT), timeout=560)[0]

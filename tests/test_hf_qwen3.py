@@ -3,7 +3,7 @@
 Tiny random models built in code (``tests/hf_archs.py``: MROPE_ARCHS). One spawned group
 per world size runs a whole grid (tests/hf_qwen3_cases.py); the tests below read its
 results. Float64 parity runs with HF's float32 islands (ViT rotary, GLM-4.1V's position
-interpolation, the MoE router) in float64, as :func:`vlmcp.hf.debug.parity.float64_exact` does.
+interpolation, the MoE router) in float64, as :func:`vlmcp.debug.parity.hf.float64_exact` does.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import vlmcp  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import hf_cases, hf_qwen3_cases  # noqa: E402
 from tests.hf_archs import MROPE_ARCHS  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 MODES = ("replicate", "allreduce_hook", "broadcast", "scatter", "hidden_shard")
@@ -204,7 +204,7 @@ def test_init_model_qwen3_vl_trains_at_cp2(tmp_path, monkeypatch):
     """``vlmcp init-model --arch qwen3_vl`` + ``train --model`` at CP=2 (hidden_shard: deepstack mergers cut,
     whole samples): the loss falls, and the saved model reloads with the logits it trained to."""
     from tests.test_train_hf import _check_trained, _config, _probe, _run, export_shapes
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = init_model("qwen3_vl", tmp_path / "qwen3_vl")

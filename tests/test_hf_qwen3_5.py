@@ -1,7 +1,7 @@
 """Hybrid language models under vlmcp, exact against the unmodified model: Qwen3.5 (Gated DeltaNet + gated
 attention, Qwen3-VL's ViT) and LFM2-VL's short convolutions.
 
-A tiny random Qwen3.5 (:func:`vlmcp.hf.debug.tiny.tiny_model`: three Gated DeltaNet layers, then one
+A tiny random Qwen3.5 (:func:`vlmcp.debug.tiny.tiny_model`: three Gated DeltaNet layers, then one
 gated attention layer) on a packed row of 820 tokens (two images with text between, a text-only
 sample, a prompt and an image). One spawned group per P (2, 3, 4) runs the grid of
 tests/hf_qwen3_5_cases.py; loss and every parameter gradient in float64 against the model as HF ships
@@ -22,10 +22,10 @@ from tests import hf_qwen3_5_cases  # noqa: E402
 from tests.hf_qwen3_5_cases import PACKED  # noqa: E402
 from tests.test_gdn_cp import PACKED as PACKED_CONV  # noqa: E402
 from tests.test_gdn_cp import TINY as TINY_CONV  # noqa: E402
-from vlmcp.hf.debug.parity import HFParityCase  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_model  # noqa: E402
-from vlmcp.hf.mixers import gdn  # noqa: E402
+from vlmcp.debug.parity.hf import HFParityCase  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_model  # noqa: E402
+from vlmcp.hf.layers import gdn  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def test_parity(groups, P):
 
 @pytest.mark.parametrize("P", [2, 3])
 def test_lfm2_short_conv_matches_transformers(groups, P):
-    """LFM2's ``Lfm2ShortConv`` under CP (vlmcp.hf.mixers.short_conv: the conv halo, no state) against
+    """LFM2's ``Lfm2ShortConv`` under CP (vlmcp.hf.layers.short_conv: the conv halo, no state) against
     transformers'
     module on each sample alone: outputs, and the gradients of its input and every parameter summed over
     ranks, on packed rows with replicated images, chunks shorter than the halo, auto and shard layouts."""

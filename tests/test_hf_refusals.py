@@ -25,12 +25,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 import vlmcp.hf  # noqa: E402
 from tests import hf_cases  # noqa: E402
 from tests.hf_archs import TINY_ARCHS  # noqa: E402
+from vlmcp.debug.synthetic import synthetic_row  # noqa: E402
+from vlmcp.debug.tiny import tiny_config, tiny_model  # noqa: E402
 from vlmcp.hf import adapters  # noqa: E402
 from vlmcp.hf.adapters import HFAdapter, InputKind  # noqa: E402
 from vlmcp.hf.adapters.llava import LlavaAdapter  # noqa: E402
-from vlmcp.hf.debug.synthetic import synthetic_row  # noqa: E402
-from vlmcp.hf.debug.tiny import tiny_config, tiny_model  # noqa: E402
-from vlmcp.hf.mixers import audit as mixers  # noqa: E402
+from vlmcp.hf.layers import audit as mixers  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,10 +88,10 @@ def _untouched(model: nn.Module) -> None:
 
 
 def test_qwen3_5_gated_deltanet_runs_under_cp_through_the_registry():
-    """vlmcp.hf.mixers.gdn registers Qwen3.5's Gated DeltaNet: all six layers prepared, the two attention
+    """vlmcp.hf.layers.gdn registers Qwen3.5's Gated DeltaNet: all six layers prepared, the two attention
     layers
     marked (parity: tests/test_hf_qwen3_5.py)."""
-    from vlmcp.hf.mixers import gdn
+    from vlmcp.hf.layers import gdn
 
     model = tiny_qwen3_5()
     vlmcp.hf.parallelize(model, None)
@@ -196,8 +196,8 @@ def test_lfm2_vl_image_inputs_its_adapter_does_not_know_are_refused_by_name():
 
 
 def test_lfm2_vl_short_convolutions_run_under_cp_through_the_registry():
-    """vlmcp.hf.mixers.short_conv registers LFM2's short convolution (parity: tests/test_hf_qwen3_5.py)."""
-    from vlmcp.hf.mixers import short_conv
+    """vlmcp.hf.layers.short_conv registers LFM2's short convolution (parity: tests/test_hf_qwen3_5.py)."""
+    from vlmcp.hf.layers import short_conv
 
     model = tiny_lfm2_vl()
     vlmcp.hf.parallelize(model, None)

@@ -17,9 +17,9 @@ import torch
 
 pytest.importorskip("transformers")
 
+from vlmcp.debug.float64 import float64_norms  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 from vlmcp.deps import at_least  # noqa: E402
-from vlmcp.hf.debug.float64 import float64_norms  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
 
 KERNELS = importlib.util.find_spec("kernels") is not None
 

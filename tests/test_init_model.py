@@ -13,7 +13,7 @@ from transformers.utils import is_torchvision_available  # noqa: E402
 
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
-from vlmcp.hf.debug.init_model import ARCHS  # noqa: E402
+from vlmcp.debug.init_model import ARCHS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

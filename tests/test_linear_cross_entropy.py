@@ -12,8 +12,8 @@ from torch.nn import functional as F
 
 import vlmcp
 from tests import loss_cases
-from vlmcp.checks.allocations import AllocationMeter
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.allocations import AllocationMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.loss import chunk_transient_bytes
 
 

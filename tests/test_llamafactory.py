@@ -267,7 +267,7 @@ def _lf_workdir(root):
     """LLaMA-Factory's layout for the assets: tiny-qwen2-vl/ and data/ with dataset_info.json (mllm_demo)."""
     pytest.importorskip("transformers")
     from vlmcp.data.hf.export import export_shapes
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
 
     init_model("qwen2_vl", root / "tiny-qwen2-vl")
     export_shapes(root / "data", 16)

@@ -39,38 +39,12 @@ def _modules_after(statement: str) -> set[str]:
 
 def test_the_hf_runtime_imports_no_tooling():
     """``import vlmcp.hf`` (what training runs) loads none of the tiny configs, synthetic rows, float64
-    patches, parity harness or init-model writers (vlmcp.hf.debug), nor vlmcp.checks."""
+    patches, parity harness, meters or init-model writers (vlmcp.debug)."""
     pytest.importorskip("transformers")
     loaded = _modules_after("import vlmcp.hf")
     assert "vlmcp.hf.parallel" in loaded and "vlmcp.hf.inputs" in loaded
-    tooling = sorted(m for m in loaded if m.startswith(("vlmcp.hf.debug", "vlmcp.checks")))
+    tooling = sorted(m for m in loaded if m.startswith("vlmcp.debug"))
     assert tooling == []
-
-
-def test_moved_modules_keep_their_old_path_for_one_release():
-    """Every old path of the 0.2 restructure imports the new module, with a DeprecationWarning naming it."""
-    import importlib
-    import warnings
-
-    from vlmcp._moved import MOVED
-
-    for old, new in MOVED.items():
-        if old.startswith("vlmcp.hf.") and importlib.util.find_spec("transformers") is None:
-            continue
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-        sys.modules.pop(old, None)
-    for name in ("tiny_config", "tiny_model"):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import vlmcp.hf
-            from vlmcp.hf.debug import tiny
-            assert getattr(vlmcp.hf, name) is getattr(tiny, name)
-        assert any("vlmcp.hf.debug.tiny" in str(w.message) for w in caught)
 
 
 def test_the_five_vision_modes_are_written_once():
@@ -85,9 +59,9 @@ def test_the_five_vision_modes_are_written_once():
     assert all(call in engine for call in ("broadcast(", "all_gather(", "dist.all_reduce("))
     callers = [vlmcp.vision.placement]
     if importlib_find("transformers"):
-        import vlmcp.hf.vision
+        import vlmcp.hf.vision_placement
 
-        callers.append(vlmcp.hf.vision)
+        callers.append(vlmcp.hf.vision_placement)
     for module in callers:
         source = _inspect.getsource(module)
         assert "placed_features(" in source, module.__name__

@@ -24,7 +24,7 @@ from tests.train_cases import hf_rank  # noqa: E402
 from vlmcp.cli import main  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
 from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402
@@ -243,7 +243,7 @@ def test_the_run_names_what_it_trains(files):
 def test_gradient_norms_are_logged_by_the_adapters_parts():
     """Idefics3 (SmolVLM) names its tower vision_model and its projector connector: the logged
     vision/projector/llm norms follow the adapter, not parameter-name guesses."""
-    from vlmcp.hf.debug.tiny import tiny_model
+    from vlmcp.debug.tiny import tiny_model
     from vlmcp.hf.freeze import part_names
     from vlmcp.train.optim import PARTS, squared_norms
     from vlmcp.train.specs.hf.model import hf_parts

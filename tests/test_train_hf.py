@@ -21,7 +21,7 @@ from vlmcp.cli import main  # noqa: E402
 from vlmcp.data.hf.encode import encode_conversation  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.data.hf.rows import build_row  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
 from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402

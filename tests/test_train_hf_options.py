@@ -231,7 +231,7 @@ def test_eval_every_without_eval_data_is_refused():
 def llava(tmp_path_factory):
     pytest.importorskip("transformers")
     from vlmcp.data.hf.export import export_shapes
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
 
     root = tmp_path_factory.mktemp("opts")
     return init_model("llava", root / "llava"), export_shapes(root / "shapes", 4)

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from tests.test_train_hf import STEPS, _check_trained, _config, _probe, _run, needs_hf_cp  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,7 +23,7 @@ from tests import trainer_cases  # noqa: E402
 from vlmcp.data.hf.export import export_shapes  # noqa: E402
 from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.data.hf.rows import build_row  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 from vlmcp.hf.row_guard import row_digest  # noqa: E402
 from vlmcp.integrations.conversations import ConversationCollator, ConversationDataset  # noqa: E402
 from vlmcp.testing import run_on_ranks  # noqa: E402

@@ -107,7 +107,7 @@ def test_a_crafted_dcp_checkpoint_is_refused_on_every_rank_and_runs_nothing(tmp_
     assert str(info.value) == metadata_line
     if importlib.util.find_spec("transformers") is not None:  # what the user sees: exit 2, that line
         from vlmcp.data.hf.export import export_shapes
-        from vlmcp.hf.debug.init_model import init_model
+        from vlmcp.debug.init_model import init_model
 
         model, data = init_model("llava", tmp_path / "llava"), export_shapes(tmp_path / "shapes", 4)
         assert main(["train", "--model", str(model), "--data", str(data), "--output-dir",

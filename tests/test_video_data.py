@@ -34,7 +34,7 @@ from vlmcp.data.hf.video import (  # noqa: E402
     sample_indices,
 )
 from vlmcp.data.hf.video_processor import video_pixels  # noqa: E402
-from vlmcp.hf.debug.init_model import CHAT_TEMPLATES, build_processor, init_model  # noqa: E402
+from vlmcp.debug.init_model import CHAT_TEMPLATES, build_processor, init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

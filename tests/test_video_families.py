@@ -24,7 +24,7 @@ from vlmcp.data.hf.processor import load_processor  # noqa: E402
 from vlmcp.data.hf.schema import Conversation, Media, Message  # noqa: E402
 from vlmcp.data.hf.template import render  # noqa: E402
 from vlmcp.data.hf.video import VideoSampling, read_header  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ pytest.importorskip("av")
 from tests.train_cases import hf_rank  # noqa: E402
 from tests.video_train_cases import check_probe_is_transformers, probe_row0, train_then_resume  # noqa: E402
 from vlmcp.data.hf.export import export_shapes, write_video  # noqa: E402
-from vlmcp.hf.debug.init_model import init_model  # noqa: E402
+from vlmcp.debug.init_model import init_model  # noqa: E402
 from vlmcp.launch import spawn_ranks  # noqa: E402
 from vlmcp.train.specs.hf.config import HFTrainConfig  # noqa: E402
 from vlmcp.train.specs.hf.launch import plan_data, preload_model_code  # noqa: E402

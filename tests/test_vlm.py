@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests import vlm_cases
-from vlmcp.checks.parity import builtin_row, verify_model_config
 from vlmcp.cli import main
+from vlmcp.debug.parity.vlm import builtin_row, verify_model_config
 from vlmcp.models import VLMConfig, merge_embeddings
 from vlmcp.testing import run_on_ranks
 from vlmcp.vision import assign_images

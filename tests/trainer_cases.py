@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from vlmcp.debug.float64 import float64_exact, float64_norms
 from vlmcp.grads import local_part
-from vlmcp.hf.debug.float64 import float64_exact, float64_norms
 
 STEPS = 2
 TRAIN = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=STEPS,
@@ -240,8 +240,8 @@ def cp_case(group: dist.ProcessGroup, case: dict, reference: dict) -> dict:
 def row_guard_messages(group: dist.ProcessGroup) -> dict:
     """shard_inputs on rows that differ by rank: refused (the message), unless the guard is off."""
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
-    from vlmcp.hf.debug.tiny import tiny_model
+    from vlmcp.debug.synthetic import synthetic_row
+    from vlmcp.debug.tiny import tiny_model
 
     out = {}
     for check_at_parallelize in (True, False):

@@ -15,7 +15,7 @@ from tests.attention_cases import CommLog, make_row, parity_grid, run_case
 from vlmcp.attention import cp_attention, usp_groups
 from vlmcp.attention.exchange import exchange_of
 from vlmcp.attention.usp import _leading
-from vlmcp.checks.parity import ParityCase, parity_case
+from vlmcp.debug.parity.vlm import ParityCase, parity_case
 from vlmcp.train.groups import dp_cp_groups
 
 HEAD_DIM = 8
@@ -95,7 +95,7 @@ def dp_cp_usp(group, samples):
 
 def usp_grid(group, parity_cases, message_cases, dp_cp_samples=None, vlm_cases=()):
     """Everything one world size runs (one spawn): see the module docstring. ``vlm_cases``:
-    :class:`~vlmcp.checks.parity.ParityCase` keyword dicts, one VLM training step each."""
+    :class:`~vlmcp.debug.parity.vlm.ParityCase` keyword dicts, one VLM training step each."""
     out = {"parity": parity_grid(group, parity_cases),
            "vlm": [parity_case(group, ParityCase(**case)) for case in vlm_cases],
            "messages": [usp_messages(group, *case) for case in message_cases],

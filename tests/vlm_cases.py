@@ -1,6 +1,6 @@
 """Rank functions for the end-to-end VLM tests (module level: they are pickled by name)."""
 
-from vlmcp.checks.parity import ParityCase, parity_case
+from vlmcp.debug.parity.vlm import ParityCase, parity_case
 
 
 def parity_grid(group, cases):
@@ -14,7 +14,7 @@ def double_count_trap(group):
     import torch
     import torch.distributed as dist
 
-    from vlmcp.checks.parity import builtin_row, verify_model_config
+    from vlmcp.debug.parity.vlm import builtin_row, verify_model_config
     from vlmcp.grads import reduce_gradients
     from vlmcp.models import VLM
     from vlmcp.train.specs.reference.step import forward_backward
@@ -53,7 +53,7 @@ def bad_image_count(group):
     import torch
     import torch.distributed as dist
 
-    from vlmcp.checks.parity import builtin_row, verify_model_config
+    from vlmcp.debug.parity.vlm import builtin_row, verify_model_config
     from vlmcp.models import VLM
     from vlmcp.train.specs.reference.step import forward_backward
     from vlmcp.vision import place_vision
@@ -88,7 +88,7 @@ def real_ddp_convention(group, modes):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from vlmcp.checks.parity import builtin_row, verify_model_config
+    from vlmcp.debug.parity.vlm import builtin_row, verify_model_config
     from vlmcp.grads import ddp_ignored_params, finish_ddp_gradients, local_part
     from vlmcp.models import VLM
     from vlmcp.train.specs.reference.step import forward_backward
@@ -127,7 +127,7 @@ def copied_model_state(group):
     import torch
     import torch.distributed as dist
 
-    from vlmcp.checks.parity import verify_model_config
+    from vlmcp.debug.parity.vlm import verify_model_config
     from vlmcp.models import VLM
     from vlmcp.train.checkpoint.state import full_state, load_full_state
     from vlmcp.vision import place_vision
@@ -164,7 +164,7 @@ def interleaved_rows():
 
 def interleaved_parity(group, modes):
     """Every vision mode on the interleaved rows, against one process."""
-    from vlmcp.checks.parity import ParityCase, parity_case
+    from vlmcp.debug.parity.vlm import ParityCase, parity_case
 
     chat, single = interleaved_rows()
     assert len(chat.images) == 5 and chat.image_ids.max() == 4
@@ -187,8 +187,8 @@ def placement_parity(group, modes):
     """Whole-sample and auto placement (issue 12) in every vision mode, against one process."""
     import torch
 
-    from vlmcp.checks.parity import ParityCase, parity_case
     from vlmcp.data import random_row
+    from vlmcp.debug.parity.vlm import ParityCase, parity_case
 
     samples = [[3, (16, 16), 30, (8, 8), 40], [5, (8, 8), 4], [6], [2, (8, 16), 3], [7], [4, (8, 8), 2]]
     row = random_row(samples, 8, torch.Generator().manual_seed(5))

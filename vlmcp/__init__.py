@@ -33,8 +33,6 @@ The data flow, one entry point per step:
 
 import importlib
 
-from vlmcp import _moved
-
 _LAZY = {name: module for module, names in (
     ("vlmcp.attention", ("cp_attention", "reference_attention", "varlen_attention")),
     ("vlmcp.grads", ("GradRule", "ddp_ignored_params", "finish_ddp_gradients", "reduce_gradients")),
@@ -50,8 +48,6 @@ _LAZY = {name: module for module, names in (
 vlmcp`` and ``vlmcp --help`` do not pay for torch."""
 
 __version__ = "0.2.0"
-
-_moved.install()  # old import paths of moved modules, for one release (CHANGELOG.md)
 
 __all__ = [
     "IGNORE_INDEX", "VLM", "CPLoss", "CPPlan", "CostModel", "GradRule", "RankShard", "TokenKind",

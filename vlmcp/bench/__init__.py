@@ -6,7 +6,7 @@ One module per benchmark, each with ``add_arguments(parser)`` and ``run(args) ->
   on a long packed row (``vlmcp bench plan``, ``make bench-plan``);
 * :mod:`vlmcp.bench.attention`: CP attention time and saved-for-backward bytes per
   rank against one process on the whole row, ring and Ulysses (``vlmcp bench attention``);
-* :mod:`vlmcp.bench.memory`: saved-for-backward bytes per rank of one VLM training
+* :mod:`vlmcp.bench.saved_bytes`: saved-for-backward bytes per rank of one VLM training
   step against one process (``vlmcp bench memory``);
 * :mod:`vlmcp.bench.vision`: ViT time per rank, ``replicate`` against ``scatter``
   (``vlmcp bench vision``);
@@ -31,9 +31,18 @@ from vlmcp.ranks import run_command
 
 __all__ = ["BENCHMARKS", "bench_ranks"]
 
-# The names ``vlmcp bench`` accepts, in the order ``vlmcp bench all`` runs them.
-BENCHMARKS = ("plan", "attention", "memory", "vision", "hf-memory", "hf-vision", "hf-loss", "hf-step",
-              "hf-estimate")
+BENCHMARKS = {
+    "plan": "vlmcp.bench.plan",
+    "attention": "vlmcp.bench.attention",
+    "memory": "vlmcp.bench.saved_bytes",
+    "vision": "vlmcp.bench.vision",
+    "hf-memory": "vlmcp.bench.hf.saved_bytes",
+    "hf-vision": "vlmcp.bench.hf.vision",
+    "hf-loss": "vlmcp.bench.hf.loss",
+    "hf-step": "vlmcp.bench.hf.step",
+    "hf-estimate": "vlmcp.bench.hf.estimate",
+}
+"""The names ``vlmcp bench`` accepts -> the module of each, in the order ``vlmcp bench all`` runs them."""
 
 
 def bench_ranks(fn: Callable[..., Any], world: int, *args: Any, name: str, timeout: float) -> list[Any]:

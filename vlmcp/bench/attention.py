@@ -33,7 +33,7 @@ import torch.distributed as dist
 import vlmcp
 from vlmcp.attention import cp_attention, varlen_attention
 from vlmcp.bench import bench_ranks
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 
 
 def _row(args):

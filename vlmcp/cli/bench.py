@@ -17,8 +17,7 @@ from vlmcp.cli import command_help
 from vlmcp.cli.config_file import add_config_arguments, set_config_help
 from vlmcp.ranks import failures_reported
 
-# "hf-memory" is vlmcp.bench.hf.memory
-_MODULES = {name: importlib.import_module(f"vlmcp.bench.{name.replace('-', '.')}") for name in BENCHMARKS}
+_MODULES = {name: importlib.import_module(module) for name, module in BENCHMARKS.items()}
 _HELP = {
     "plan": "time plan_cp and every rank's for_rank on a long packed row",
     "attention": "CP attention time and saved bytes per rank against one process, ring and ulysses",

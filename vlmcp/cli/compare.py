@@ -26,8 +26,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlmcp.checks.seed_table import compare_rank, markdown_table
     from vlmcp.data import ShapesDataset, pack_row
+    from vlmcp.debug.seed_table import compare_rank, markdown_table
     from vlmcp.train.specs.reference.config import ReferenceTrainConfig as TrainConfig
     from vlmcp.train.specs.reference.spec import dataset_config, model_config
 

@@ -15,7 +15,7 @@ from vlmcp.cli.paths import check_writable_dir
 
 
 def add_parser(sub) -> None:
-    from vlmcp.hf.debug.init_model import ARCHS
+    from vlmcp.debug.init_model import ARCHS
 
     p = sub.add_parser("init-model", help=command_help("init-model"),
                        description=__doc__)
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the hub
     from pathlib import Path
 
-    from vlmcp.hf.debug.init_model import init_model
+    from vlmcp.debug.init_model import init_model
 
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()) and not args.force:

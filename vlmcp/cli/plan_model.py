@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from vlmcp.estimate import EstimateSetup, estimate_memory, max_seq_len, model_states
-from vlmcp.estimate.memory import DTYPE_BYTES, VISION_MODES
+from vlmcp.estimate.peak import DTYPE_BYTES, VISION_MODES
 from vlmcp.estimate.text import text_blocks
 from vlmcp.estimate.towers import tower_for
 

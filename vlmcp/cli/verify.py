@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a hang fails the check")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    from vlmcp.hf.debug.tiny import tiny_archs  # the registry; builders import transformers lazily
+    from vlmcp.debug.tiny import tiny_archs  # the registry; builders import transformers lazily
 
     p.add_argument("--model", default=None, metavar="hf:ARCH|DIR",
                    help="check a Hugging Face VLM instead (vlmcp[hf]): "
@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vlmcp.checks.parity import ParityCase, parity_case, verify_model_config
+    from vlmcp.debug.parity.vlm import ParityCase, parity_case, verify_model_config
 
     if args.cp < 1:
         raise ValueError(f"--cp must be >= 1, got {args.cp}")
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_hf(args: argparse.Namespace) -> int:
-    """``--model``: :func:`vlmcp.hf.debug.parity.hf_parity` on P spawned ranks."""
+    """``--model``: :func:`vlmcp.debug.parity.hf.hf_parity` on P spawned ranks."""
     if args.dtype not in ("float64", "float32"):
         raise ValueError(f"--model checks float64 or float32, got --dtype {args.dtype}")
     if args.attention == "usp":
@@ -107,9 +107,8 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.image_attention != "causal":
         raise ValueError("--model keeps the model's own causal attention (--image-attention causal)")
     try:
-        from vlmcp.hf.adapters import adapter_for
-        from vlmcp.hf.debug.parity import HFParityCase, hf_parity
-        from vlmcp.hf.debug.tiny import (
+        from vlmcp.debug.parity.hf import HFParityCase, hf_parity
+        from vlmcp.debug.tiny import (
             DEFAULT_SAMPLES,
             VIDEO_ONLY_SAMPLES,
             VIDEO_SAMPLES,
@@ -117,6 +116,7 @@ def _run_hf(args: argparse.Namespace) -> int:
             tiny_archs,
             tiny_config,
         )
+        from vlmcp.hf.adapters import adapter_for
     except ImportError as err:
         raise ValueError(f"--model needs transformers: pip install 'vlmcp[hf]' ({err})") from err
     if args.model.startswith("hf:"):

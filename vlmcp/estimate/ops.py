@@ -7,7 +7,7 @@ Megatron-LM's theoretical memory report (``megatron/training/theoretical_memory_
 activations as ``seq x hidden x (bytes per token per layer) x layers``, plus the embedding's
 input and the output layer and loss, and its weights as a byte count per parameter. vlmcp keeps
 that shape but counts what *these* kernels save, tensor by tensor, as
-:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter` sees it (each storage once; ``b`` the
+:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter` sees it (each storage once; ``b`` the
 dtype's bytes, ``h`` the width, ``nh``/``kv`` query and K/V heads of ``d``, ``f`` the MLP width)::
 
     RMSNorm + the linear after it   4h (fp32 copy of x) + 4 (rsqrt) + b*h (x*rsqrt in b)

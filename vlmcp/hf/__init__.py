@@ -12,11 +12,11 @@ CP group::
     vlmcp.reduce_gradients(model, cp_group)
 
 * :func:`parallelize` (:mod:`vlmcp.hf.parallel`): vlmcp's attention for the language
-  model only (:mod:`vlmcp.hf.attention`), the vision mode (:mod:`vlmcp.hf.vision`).
+  model only (:mod:`vlmcp.hf.attention`), the vision mode (:mod:`vlmcp.hf.vision_placement`).
 * :func:`shard_inputs` (:mod:`vlmcp.hf.inputs`): labels and positions on the global row,
-  then this rank's slots; images and videos (:mod:`vlmcp.hf.visuals`: which tokens are
+  then this rank's slots; images and videos (:mod:`vlmcp.hf.visual_tokens`: which tokens are
   which image, video and frame group) replicated or sharded with the text.
-* :func:`causal_lm_loss` (:mod:`vlmcp.hf.loss`): the model's forward with the LM head computed
+* :func:`causal_lm_loss` (:mod:`vlmcp.hf.lm_loss`): the model's forward with the LM head computed
   by :func:`vlmcp.cp_linear_cross_entropy`, a chunk of tokens at a time, FSDP2-safe; MoE
   auxiliary losses as the model adds them (:mod:`vlmcp.hf.moe_aux`).
 * :func:`offload_activations` (:mod:`vlmcp.hf.offload`): the forward's saved tensors (checkpointed
@@ -25,11 +25,11 @@ CP group::
   its groups, FSDP2 units, full-expert checkpoints and per-expert token counts.
 * :mod:`vlmcp.hf.adapters`: what each architecture needs (:class:`InputKind`: what each
   input key is); :func:`register_adapter` adds one.
-* :mod:`vlmcp.hf.mixers.audit`: the token-mixer audit ``parallelize`` runs (anything but softmax
+* :mod:`vlmcp.hf.layers.audit`: the token-mixer audit ``parallelize`` runs (anything but softmax
   attention mixing tokens is refused, named); :func:`register_mixer` declares a CP
   implementation of a mixer class.
 * The tooling (tiny configs, synthetic rows, float64 parity, ``init-model``) is
-  :mod:`vlmcp.hf.debug`, which this package does not import.
+  :mod:`vlmcp.debug`, a package above this one: it imports ``vlmcp.hf``, never the reverse.
 """
 
 from vlmcp.hf.adapters import (
@@ -42,8 +42,8 @@ from vlmcp.hf.adapters import (
 )
 from vlmcp.hf.attention import CPContext
 from vlmcp.hf.inputs import HFBatch, shard_inputs, shift_hf_labels
-from vlmcp.hf.loss import causal_lm_loss
-from vlmcp.hf.mixers.audit import register_mixer
+from vlmcp.hf.layers.audit import register_mixer
+from vlmcp.hf.lm_loss import causal_lm_loss
 from vlmcp.hf.offload import offload_activations
 from vlmcp.hf.parallel import HFParallel, parallel_state, parallelize
 
@@ -53,18 +53,3 @@ __all__ = [
     "register_adapter", "register_mixer", "shard_inputs", "shift_hf_labels", "supported_model_types",
 ]
 
-
-_DEBUG_NAMES = ("TINY_ARCHS", "tiny_config", "tiny_model")
-
-
-def __getattr__(name: str):
-    """``vlmcp.hf.tiny_config`` and friends moved to :mod:`vlmcp.hf.debug.tiny` (kept for one release)."""
-    if name in _DEBUG_NAMES:
-        import warnings
-
-        from vlmcp.hf.debug import tiny
-
-        warnings.warn(f"vlmcp.hf.{name} moved to vlmcp.hf.debug.tiny.{name}; the old name goes away in the "
-                      "next release", DeprecationWarning, stacklevel=2)
-        return ("qwen2_vl", "qwen2_5_vl", "llava") if name == "TINY_ARCHS" else getattr(tiny, name)
-    raise AttributeError(f"module 'vlmcp.hf' has no attribute {name!r}")

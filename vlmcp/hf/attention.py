@@ -27,7 +27,7 @@ raises. The vision adapters strip the key before the ViT runs.
 :func:`mark` also guards the other direction at run time: a marked module whose forward
 returns without having called :func:`vlmcp_attention_forward` (it computed attention some
 other way, on this rank's shard only) raises, so the structural audit of
-:mod:`vlmcp.hf.mixers.audit` (Note [vlmcp HF token mixers]) cannot be fooled silently.
+:mod:`vlmcp.hf.layers.audit` (Note [vlmcp HF token mixers]) cannot be fooled silently.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def vlmcp_attention_forward(
         scaling: softmax scale (HF passes ``module.scaling``).
         sliding_window: the layer's window W (Gemma 3's ``sliding_attention`` layers): a query sees a
             key fewer than W positions before it, as transformers' sliding mask; None: no window.
-            Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.mixers.audit` audited).
+            Must be the calling module's ``sliding_window`` (what :mod:`vlmcp.hf.layers.audit` audited).
         **kwargs: must hold ``vlmcp_cp``, the :class:`CPContext`; a ``softcap`` (Gemma 2's attention
             logit soft-capping) is refused; the rest is ignored. The images'
             attention is the context's, unless the module sets :data:`IMAGE_ATTENTION_ATTR`.

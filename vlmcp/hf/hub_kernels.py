@@ -2,9 +2,9 @@
 
 Note [vlmcp instance forwards and hub kernels]
 ----------------------------------------------
-vlmcp replaces ``forward`` on some module instances: the CP token mixers (:mod:`vlmcp.hf.mixers`:
+vlmcp replaces ``forward`` on some module instances: the CP token mixers (:mod:`vlmcp.hf.layers`:
 Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2, LFM2's short conv, Llama 4's chunked attention) and,
-for float64 parity, the RMSNorms (:func:`vlmcp.hf.debug.float64.float64_norms`). transformers
+for float64 parity, the RMSNorms (:func:`vlmcp.debug.float64.float64_norms`). transformers
 marks many classes with ``use_kernel_forward_from_hub`` (every RMSNorm, ``Qwen3_5GatedDeltaNet``,
 the activations, ...), and the ``kernels`` package's ``kernelize`` rewrites each instance of such a
 class: a hub kernel's ``forward``, or, where none applies (no kernel for the device: the CPU, no

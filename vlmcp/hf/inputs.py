@@ -19,7 +19,7 @@ sharded (PITFALLS, Hugging Face section):
   video merges the feature rows of those tokens, in order (Note [vlmcp HF vision
   placement]); padding slots get the pad token, never a placeholder. Non-replicated
   slots' targets stay on their owner and count once;
-* videos (Note [vlmcp HF videos: frame groups are visual units] in :mod:`vlmcp.hf.visuals`):
+* videos (Note [vlmcp HF videos: frame groups are visual units] in :mod:`vlmcp.hf.visual_tokens`):
   the unit of visual identity is an image or one temporal patch group (frame group) of a
   video, numbered in row order and passed to the plan as ``image_ids``; each sample's
   videos (and Qwen2.5-VL's ``second_per_grid_ts``) go to its rope index, so Qwen3-VL's and
@@ -48,7 +48,7 @@ from vlmcp.hf.adapters import HFAdapter, InputKind
 from vlmcp.hf.attention import CONTEXT_KEY, CPContext
 from vlmcp.hf.parallel import parallel_state
 from vlmcp.hf.peft import unwrap_peft
-from vlmcp.hf.visuals import RowVisuals, row_visuals
+from vlmcp.hf.visual_tokens import RowVisuals, row_visuals
 from vlmcp.layout import IGNORE_INDEX, RankShard, plan_cp
 from vlmcp.layout.plan import ImageStrategy
 from vlmcp.layout.sample_placement import SamplePlacement

@@ -10,7 +10,7 @@ the copy back in backward non-blocking from pinned memory.
 
 On a CPU-only machine there is nothing to free: the saved tensors are copied once into
 new host buffers and the originals freed, so the path runs (tests) at the cost of a copy.
-:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter` counts what stays in place
+:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter` counts what stays in place
 (``SavedTensorMeter(params, hooks=offload_activations())``: ``kept_bytes``).
 """
 

@@ -6,8 +6,8 @@ registered for the LLM, shard passed with the inputs]), installs the vision mode
 :func:`vlmcp.hf.shard_inputs`. Every check runs before anything is changed and
 before any communication, the token-mixer audit included (Note [vlmcp HF token
 mixers]): a language model with anything mixing tokens but softmax attention and the
-mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.mixers.gdn`; LFM2's short
-convolutions, :mod:`vlmcp.hf.mixers.short_conv`; Nemotron-H's Mamba-2, :mod:`vlmcp.hf.mixers.mamba2`;
+mixers vlmcp runs under CP (Qwen3.5's Gated DeltaNet, :mod:`vlmcp.hf.layers.gdn`; LFM2's short
+convolutions, :mod:`vlmcp.hf.layers.short_conv`; Nemotron-H's Mamba-2, :mod:`vlmcp.hf.layers.mamba2`;
 sliding-window attention whose module carries its ``sliding_window``, Gemma 3) is refused, module
 by module (other Mamba classes, chunked attention...). With ``ep_group`` the MoE layers' routed
 experts are sharded over it (:mod:`vlmcp.hf.moe`: Note [vlmcp expert parallel: dispatch and combine]),
@@ -25,14 +25,14 @@ from torch import nn
 from vlmcp.deps import check_versions
 from vlmcp.hf import attention as hf_attention
 from vlmcp.hf.adapters import HFAdapter, adapter_for, submodule
-from vlmcp.hf.mixers import gdn as hf_gdn
-from vlmcp.hf.mixers import llama4 as hf_llama4
-from vlmcp.hf.mixers import mamba2 as hf_mamba2
-from vlmcp.hf.mixers import short_conv as hf_short_conv
-from vlmcp.hf.mixers.audit import audit_token_mixers
+from vlmcp.hf.layers import gdn as hf_gdn
+from vlmcp.hf.layers import llama4 as hf_llama4
+from vlmcp.hf.layers import mamba2 as hf_mamba2
+from vlmcp.hf.layers import short_conv as hf_short_conv
+from vlmcp.hf.layers.audit import audit_token_mixers
 from vlmcp.hf.moe.shard import apply_expert_parallel, plan_expert_parallel
 from vlmcp.hf.peft import check_hidden_shard_layers, unwrap_peft
-from vlmcp.hf.vision import place_hf_vision
+from vlmcp.hf.vision_placement import place_hf_vision
 from vlmcp.vision.placement import VisionMode
 
 __all__ = ["HFParallel", "parallelize", "parallel_state"]

@@ -109,19 +109,3 @@ class ProgressBar:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-_METRICS_NAMES = ("METRIC_FIELDS", "MetricsWriter", "read_metrics")
-
-
-def __getattr__(name: str):
-    """The metrics file moved to :mod:`vlmcp.report.metrics` (these old names kept for one release)."""
-    if name in _METRICS_NAMES:
-        import warnings
-
-        from vlmcp.report import metrics
-
-        warnings.warn(f"vlmcp.train.progress.{name} moved to vlmcp.report.metrics.{name}; the old name goes "
-                      "away in the next release", DeprecationWarning, stacklevel=2)
-        return getattr(metrics, name)
-    raise AttributeError(f"module 'vlmcp.train.progress' has no attribute {name!r}")

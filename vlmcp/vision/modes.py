@@ -4,7 +4,7 @@ Note [vlmcp vision placement modes]
 -----------------------------------
 A vision mode fixes how a CP group computes the complete visual features of one call
 (the reference :class:`~vlmcp.vision.tower.VisionEncoder` through :func:`vlmcp.place_vision`,
-a Hugging Face ViT through :mod:`vlmcp.hf.vision`); afterwards every rank holds the
+a Hugging Face ViT through :mod:`vlmcp.hf.vision_placement`); afterwards every rank holds the
 features of every *unit*, in unit order. A unit is what the ViT attends over: an image, or
 one frame group of a video. :func:`placed_features` is the one implementation; its caller
 says how to run the encoder on all units or on a subset, and how to make an empty tensor of

@@ -1,6 +1,6 @@
 """Hugging Face VLMs under vlmcp (``vlmcp bench hf-memory``, ``hf-vision``, ``hf-loss``, ``hf-step``).
 
-* :mod:`vlmcp.bench.hf.memory`: busiest rank's saved-for-backward bytes of one training
+* :mod:`vlmcp.bench.hf.saved_bytes`: busiest rank's saved-for-backward bytes of one training
   step over one process, per ``image_strategy`` and vision mode, on a long-video row and
   on a packed image row;
 * :mod:`vlmcp.bench.hf.vision`: ViT time per rank for one long video, ``replicate``
@@ -43,7 +43,7 @@ def bench_model(hidden: int = 512, layers: int = 4, vit_width: int = 256, vit_de
     value heads) and a ``vocab``-entry vocabulary, a ViT of ``vit_width`` and ``vit_depth`` blocks
     on ``patch``-px patches (Qwen3-VL: deepstack after its first block; Qwen3-VL and Qwen3.5:
     16x16 learned positions, interpolated)."""
-    from vlmcp.hf.debug.tiny import tiny_config, tiny_model
+    from vlmcp.debug.tiny import tiny_config, tiny_model
 
     if arch not in ARCHS:
         raise ValueError(f"--arch must be one of {ARCHS}, got {arch!r}")

@@ -3,11 +3,11 @@
 Run: ``vlmcp bench hf-estimate [--cp 1 2 --archs qwen2_vl qwen2_5_vl qwen3_vl llava]``.
 
 For each architecture the estimate knows (:data:`vlmcp.estimate.towers.TOWERS`), a tiny random
-model (:func:`vlmcp.hf.debug.tiny.tiny_model`, float32) trains one step on one packed row of 4
+model (:func:`vlmcp.debug.tiny.tiny_model`, float32) trains one step on one packed row of 4
 samples, each ``[prompt, image, answer]`` (``--text-tokens`` text per sample), under each
 configuration of checkpointing x vision mode x ``image_strategy``: ``vlmcp.hf.shard_inputs``,
 :func:`vlmcp.hf.causal_lm_loss`, ``backward``. Each rank counts what autograd saves
-(:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter`, parameters left out); the table gives the
+(:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter`, parameters left out); the table gives the
 busiest rank's bytes against :func:`vlmcp.estimate.estimate_memory`'s ``saved`` for the same
 config (read back from the model's config, as ``vlmcp plan --model DIR`` reads config.json) and
 row. The goal: within 10%.
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import needs_transformers
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.estimate import EstimateSetup, estimate_memory
 
 NAME = "hf-estimate"
@@ -62,8 +62,8 @@ def measure(group, archs, configs, text_tokens: int, dtype: str = "float32") -> 
     """Every rank: per (arch, config), this rank's saved bytes and the estimate's inputs (``dtype``: the
     parameters' and pixels')."""
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
-    from vlmcp.hf.debug.tiny import tiny_config, tiny_model
+    from vlmcp.debug.synthetic import synthetic_row
+    from vlmcp.debug.tiny import tiny_config, tiny_model
 
     out = []
     for arch in archs:

@@ -8,11 +8,11 @@ logits (``model(...).logits`` and :func:`vlmcp.cp_cross_entropy`, ``vlmcp train 
 and once with :func:`vlmcp.hf.causal_lm_loss` (the default). Exact counters, no timer:
 
 * saved: the bytes autograd keeps for backward over the whole step
-  (:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter`, parameters left out), and the
+  (:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter`, parameters left out), and the
   head+loss's part of it: the same counter on the head and loss alone, fed the step's
   ``(N, hidden)`` last hidden states;
 * transient: the most bytes the head and loss alone hold at once beyond those saved, forward
-  and backward (:class:`~vlmcp.checks.allocations.AllocationMeter`; the chunked path's is
+  and backward (:class:`~vlmcp.debug.meters.allocations.AllocationMeter`; the chunked path's is
   :func:`vlmcp.loss.chunk_transient_bytes` for its chunk).
 """
 
@@ -25,8 +25,8 @@ from torch.nn import functional as F
 
 import vlmcp
 from vlmcp.bench.hf import bench_model, needs_transformers
-from vlmcp.checks.allocations import AllocationMeter
-from vlmcp.checks.saved_tensors import SavedTensorMeter
+from vlmcp.debug.meters.allocations import AllocationMeter
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
 from vlmcp.loss import chunk_transient_bytes
 
 NAME = "hf-loss"
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if needs_transformers(NAME):
         return 0
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.debug.synthetic import synthetic_row
 
     if args.tokens < 200:
         raise ValueError(f"--tokens must be >= 200 (an image of 64 tokens and text), got {args.tokens}")

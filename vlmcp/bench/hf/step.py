@@ -21,10 +21,10 @@ over the busiest rank's), since ranks that share cores stretch each other's wall
 Memory (exact counters): of the busiest rank (the most saved bytes),
 
 * saved: what autograd keeps for backward over the whole step
-  (:class:`~vlmcp.checks.saved_tensors.SavedTensorMeter`, parameters left out), and the head+loss's
+  (:class:`~vlmcp.debug.meters.saved_tensors.SavedTensorMeter`, parameters left out), and the head+loss's
   part of it: the same counter on the head and loss alone, fed this rank's last hidden states;
 * transient: the most the head and loss alone hold at once beyond that
-  (:class:`~vlmcp.checks.allocations.AllocationMeter`, as ``vlmcp bench hf-loss``);
+  (:class:`~vlmcp.debug.meters.allocations.AllocationMeter`, as ``vlmcp bench hf-loss``);
 * states: parameters, gradients and AdamW's two moments (same dtype as the parameters), each
   rank holding all of them (CP replicates the model; ``vlmcp plan --model`` shards them for FSDP);
 * peak = saved + transient + states.
@@ -46,8 +46,8 @@ import torch.distributed as dist
 from vlmcp.bench import bench_ranks
 from vlmcp.bench.hf import bench_model, needs_transformers
 from vlmcp.bench.hf.loss import head_alone
-from vlmcp.checks.saved_tensors import SavedTensorMeter
-from vlmcp.estimate.memory import VISION_MODES
+from vlmcp.debug.meters.saved_tensors import SavedTensorMeter
+from vlmcp.estimate.peak import VISION_MODES
 
 NAME = "hf-step"
 STRATEGIES = ("replicate", "shard", "auto")
@@ -145,7 +145,7 @@ def _memory(model, batch, saved: int, chunk) -> dict:
 
 def _rank(group, samples, sizes, strategies, losses, chunk_size, vision_mode, repeats):
     import vlmcp.hf
-    from vlmcp.hf.debug.synthetic import synthetic_row
+    from vlmcp.debug.synthetic import synthetic_row
 
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     base = bench_model(**sizes)

@@ -37,8 +37,8 @@ NAME = "hf-vision"
 
 
 def _rank(group, groups, side, repeats, sizes):
+    from vlmcp.debug.synthetic import synthetic_row
     from vlmcp.hf.adapters import adapter_for
-    from vlmcp.hf.debug.synthetic import synthetic_row
 
     P, r = dist.get_world_size(group), dist.get_rank(group)
     model = bench_model(**sizes)

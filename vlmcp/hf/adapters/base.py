@@ -33,7 +33,7 @@ HF token mixers]).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -322,49 +322,6 @@ class HFAdapter:
         """Per-image inputs of one small blank image (for the dummy ViT pass of text-only rows)."""
         raise NotImplementedError(f"the {self.name} adapter has no dummy image")
 
-    def synthetic_images(self, model: nn.Module, images: Sequence[tuple], generator: torch.Generator, *,
-                         markers: bool = True) -> tuple[dict, list[list[int]]]:
-        """Random per-image inputs of one sample's ``images``, as the processor gives them (tests and
-        ``vlmcp verify``; :func:`vlmcp.hf.debug.synthetic.synthetic_row`).
-
-        The default is a LLaVA-style model: every image one fixed-size ``pixel_values`` row
-        (``vision_config.image_size``), :func:`fixed_image_tokens` placeholders, no markers.
-
-        Args:
-            model: the top-level model (its config gives the shapes).
-            images: one tuple per image; what it holds is the adapter's to say (tiles, a size...).
-            generator: for the random pixels.
-            markers: write the markers the chat template puts around an image where the model
-                has them optional (Qwen-VL's vision start / end); others ignore it.
-
-        Returns:
-            ``(pixels, ids)``: the sample's per-image inputs (floating tensors in float64) and, per
-            image, the token ids the processor writes for it: its placeholders and the markers
-            around or between them (none of them a target).
-        """
-        vc = model.config.vision_config
-        pv = torch.randn(len(images), vc.num_channels, vc.image_size, vc.image_size, generator=generator,
-                         dtype=torch.float64)
-        ids = [self.image_token_id(model.config)] * fixed_image_tokens(model.config)
-        return {"pixel_values": pv}, [list(ids) for _ in images]
-
-    def synthetic_video(self, model: nn.Module, video: tuple, generator: torch.Generator,
-                        text: Callable[[int], list[int]]) -> tuple[dict, list[tuple[list[int], int]]]:
-        """Random per-video inputs of one video and the tokens its processor writes (synthetic rows).
-
-        Args:
-            model: the top-level model.
-            video: ``(t, h, w)`` or ``(t, h, w, seconds)``: ``t`` temporal patch groups of ``h x w``
-                patches (``seconds`` per group, where the model reads it).
-            generator: for the random pixels.
-            text: ``text(n)``, n random text token ids (timestamps the processor writes as text).
-
-        Returns:
-            ``(pixels, runs)``: the video's inputs (``video_keys``; pixels in float64) and its tokens
-            as ``(ids, kind)`` runs in row order, kind 0 text or marker, 2 video placeholder.
-        """
-        raise NotImplementedError(f"the {self.name} adapter takes no videos")
-
     def concat_images(self, parts: Sequence[Mapping[str, torch.Tensor]]) -> dict:
         """The per-image inputs of several samples packed into one row, in sample order (what
         :meth:`select_images` takes apart again): by default every key concatenated on dim 0."""
@@ -474,17 +431,3 @@ class PlaceholderAdapter(HFAdapter):
         """Rows ``index`` of every per-image input (one row per image, as :meth:`row_image_tokens` found)."""
         take = torch.as_tensor(index, dtype=torch.long)
         return {k: v[take.to(v.device)] for k, v in pixels.items()}
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Random ``vision_config.image_size`` images; each one run of as many placeholders as the model's
-        own ``get_image_features`` gives it features (probed once, without gradient)."""
-        vc = model.config.vision_config
-        side = vc.image_size if isinstance(vc.image_size, int) else vc.image_size[0]
-        pv = torch.randn(len(images), getattr(vc, "num_channels", 3), side, side, generator=generator,
-                         dtype=torch.float64)
-        with torch.no_grad():
-            dtype = next(model.parameters()).dtype
-            feats = model.model.get_image_features(pixel_values=pv[:1].to(dtype))
-        feats = getattr(feats, "pooler_output", feats)
-        n = (feats[0] if isinstance(feats, (tuple, list)) else feats).reshape(-1, feats[0].shape[-1]).shape[0]
-        return {"pixel_values": pv}, [[self.image_token_id(model.config)] * n for _ in images]

@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 from vlmcp.hf.adapters.base import HFAdapter, blank_image, fixed_size_images, select_rows
 
 __all__ = ["GEMMA3", "Gemma3Adapter"]
@@ -58,15 +56,5 @@ class Gemma3Adapter(HFAdapter):
         side = model.config.vision_config.image_size
         weight = model.model.multi_modal_projector.mm_input_projection_weight
         return blank_image(model.config, weight, side, side)
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``()`` (any tuple: the size is fixed): random pixels; tokens
-        ``<start_of_image>``, ``mm_tokens_per_image`` image tokens, ``<end_of_image>``."""
-        config, vc = model.config, model.config.vision_config
-        pv = torch.randn(len(images), vc.num_channels, vc.image_size, vc.image_size, generator=generator,
-                         dtype=torch.float64)
-        run = [int(config.boi_token_index)] + [self.image_token_id(config)] * int(config.mm_tokens_per_image)
-        return {"pixel_values": pv}, [run + [int(config.eoi_token_index)] for _ in images]
-
 
 GEMMA3 = Gemma3Adapter(name="gemma3", model_types=("gemma3",))

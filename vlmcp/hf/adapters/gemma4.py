@@ -107,15 +107,15 @@ class Gemma4Adapter(HFAdapter):
                     p["image_position_ids"], (0, 0, 0, max(q["image_position_ids"].shape[1] for q in parts)
                                               - p["image_position_ids"].shape[1]), value=-1) for p in parts])}
 
-    def _patches(self, config, sizes, generator, dtype=torch.float64, zeros=False):
+    def blank_patches(self, config, sizes, dtype: torch.dtype) -> dict:
+        """The per-image inputs of images of ``sizes`` (``(h, w)`` patches each) with zero pixels: patch
+        rows padded to the largest image, their ``(x, y)`` positions, ``-1`` at the padding."""
         vc = config.vision_config
         width = 3 * int(vc.patch_size) ** 2
         most = max(h * w for h, w in sizes)
         pv = torch.zeros(len(sizes), most, width, dtype=dtype)
         pos = torch.full((len(sizes), most, 2), -1, dtype=torch.long)
         for i, (h, w) in enumerate(sizes):
-            if not zeros:
-                pv[i, :h * w] = torch.rand(h * w, width, generator=generator, dtype=dtype)
             ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
             pos[i, :h * w] = torch.stack([xs.flatten(), ys.flatten()], -1)
         return {"pixel_values": pv, "image_position_ids": pos}
@@ -123,19 +123,7 @@ class Gemma4Adapter(HFAdapter):
     def dummy_images(self, model):
         k = int(model.config.vision_config.pooling_kernel_size)
         w = model.model.embed_vision.embedding_projection.weight
-        out = self._patches(model.config, [(k, k)], None, dtype=w.dtype, zeros=True)
+        out = self.blank_patches(model.config, [(k, k)], w.dtype)
         return {key: v.to(w.device) for key, v in out.items()}
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(h, w)`` in patches (multiples of the pooling kernel): random pixels padded to the
-        sample's largest image; tokens ``<boi>``, ``h * w / k**2`` image tokens, ``<eoi>``."""
-        config = model.config
-        sizes = [(int(h), int(w)) for h, w in images]
-        pixels = self._patches(config, sizes, generator)
-        tid = self.image_token_id(config)
-        ids = [[int(config.boi_token_id)] + [tid] * n + [int(config.eoi_token_id)]
-               for n in self.image_tokens(model, pixels)]
-        return pixels, ids
-
 
 GEMMA4 = Gemma4Adapter(name="gemma4", model_types=("gemma4",), logit_softcap="final_logit_softcapping")

@@ -48,13 +48,6 @@ class MRopePlaceholderAdapter(QwenVLAdapter, PlaceholderAdapter):
     def select_images(self, pixels, index):
         return QwenVLAdapter.select_images(self, pixels, index)
 
-    def _patch_rows(self, model, grid, generator) -> torch.Tensor:
-        vc = model.config.vision_config
-        channels = getattr(vc, "in_channels", None) or getattr(vc, "num_channels", 3)
-        t, h, w = grid
-        width = channels * getattr(vc, "temporal_patch_size", 1) * vc.patch_size ** 2
-        return torch.randn(t * h * w, width, generator=generator, dtype=torch.float64)
-
     def position_ids(self, model, input_ids, token_type, pixels, videos=None):
         grid = pixels.get("image_grid_thw")
         given = {"mm_token_type_ids": token_type.unsqueeze(0),

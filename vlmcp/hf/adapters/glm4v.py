@@ -39,19 +39,6 @@ class Glm4vAdapter(QwenVLAdapter):
     def video_token_id(self, config) -> int:
         return self.image_token_id(config)  # frames are written with the image placeholder
 
-    def synthetic_video(self, model, video, generator, text):
-        """``(t, h, w)``: random patch rows; video start, then per frame group image start, ``h*w /
-        merge**2`` *image* placeholders (video tokens all the same), image end and a timestamp (1 random
-        text token here), then video end (GLM-4.1V's processor)."""
-        pixels, _ = super().synthetic_video(model, video, generator, text)
-        t, h, w = (int(x) for x in video[:3])
-        config = model.config
-        start, end = self._markers(config)
-        k = h * w // self._merge(model) ** 2
-        frames = [run for _ in range(t)
-                  for run in [(start, 0), ([self.image_token_id(config)] * k, 2), (end, 0), (text(1), 0)]]
-        return pixels, [([config.video_start_token_id], 0), *frames, ([config.video_end_token_id], 0)]
-
     def token_types(self, config, input_ids, mm_token_type_ids, videos):
         placeholder = input_ids == self.image_token_id(config)
         if mm_token_type_ids is None:

@@ -21,8 +21,6 @@ from vlmcp.hf.adapters.base import HFAdapter, padded_cat
 
 __all__ = ["IDEFICS3", "SMOLVLM", "Idefics3Adapter"]
 
-_FAKE, _GLOBAL = 121, 122  # synthetic rows: <fake_token_around_image>, <global-img>
-
 
 @dataclass(frozen=True, kw_only=True)
 class Idefics3Adapter(HFAdapter):
@@ -85,33 +83,6 @@ class Idefics3Adapter(HFAdapter):
         # ones, not zeros: an all-zero tile is batch padding, which Idefics3 drops
         return {"pixel_values": torch.ones(1, 1, vc.num_channels, s, s, dtype=w.dtype, device=w.device),
                 "pixel_attention_mask": torch.ones(1, 1, s, s, dtype=torch.bool, device=w.device)}
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(rows, cols)``: rows x cols random crops and the global image (only the global
-        image for ``(1, 1)``), whose real pixels keep the aspect ratio (the rest padding, masked).
-        Tokens: ``<fake_token_around_image>`` (121) before each tile, ``<global-img>`` (122) before
-        the global one, 121 after the image."""
-        config, vc = model.config, model.config.vision_config
-        s, patch = int(vc.image_size), int(vc.patch_size)
-        per = self.image_tokens(model, {"pixel_values": torch.ones(1, 1, 1, s, s)})[0]
-        image_id = self.image_token_id(config)
-        tiles, masks, ids = [], [], []
-        for rows, cols in ((int(r), int(c)) for r, c in images):
-            n = rows * cols if rows * cols > 1 else 0
-            mask = torch.ones(n + 1, s, s, dtype=torch.bool)
-            h, w = s * min(rows, cols) // max(rows, cols) // patch * patch or patch, s
-            if rows > cols:
-                h, w = w, h
-            mask[n] = False
-            mask[n, :h, :w] = True
-            tiles.append(torch.randn(n + 1, vc.num_channels, s, s, generator=generator, dtype=torch.float64)
-                         * mask[:, None])
-            masks.append(mask)
-            one = [t for _ in range(n) for t in [_FAKE] + [image_id] * per]
-            ids.append(one + [_FAKE, _GLOBAL] + [image_id] * per + [_FAKE])
-        pixels = {"pixel_values": torch.cat(tiles)[None], "pixel_attention_mask": torch.cat(masks)[None]}
-        return pixels, ids
-
 
 IDEFICS3 = Idefics3Adapter(name="idefics3", model_types=("idefics3",))
 SMOLVLM = Idefics3Adapter(name="smolvlm", model_types=("smolvlm",), keeps_one_blank=True)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from vlmcp.hf.adapters.base import HFAdapter, blank_image, image_batch, select_rows
 
 __all__ = ["INTERNVL", "InternVLAdapter"]
@@ -58,17 +56,5 @@ class InternVLAdapter(HFAdapter):
     def dummy_images(self, model):
         weight = model.model.multi_modal_projector.linear_1.weight
         return blank_image(model.config, weight, *_pair(model.config.vision_config.image_size))
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(tiles,)``: that many random tiles of the configured size, ``<img>`` 121 and
-        ``</img>`` 122 around the image's placeholder run."""
-        vc = model.config.vision_config
-        h, w = _pair(vc.image_size)
-        per = self._tile_tokens(model.config, h, w)
-        tiles = [int(seg[0]) for seg in images]
-        pv = torch.randn(sum(tiles), vc.num_channels, h, w, generator=generator, dtype=torch.float64)
-        ids = [[121] + [self.image_token_id(model.config)] * (per * n) + [122] for n in tiles]
-        return {"pixel_values": pv}, ids
-
 
 INTERNVL = InternVLAdapter(name="internvl", model_types=("internvl",))

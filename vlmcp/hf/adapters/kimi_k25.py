@@ -56,18 +56,6 @@ class KimiK25Adapter(QwenVLAdapter):
         return {"pixel_values": torch.zeros(kh * kw, 3, p, p, dtype=dtype, device=model.device),
                 "image_grid_thw": torch.tensor([[1, kh, kw]], device=model.device)}
 
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(t, h, w)``, its patch grid: random patches; tokens ``vision_start``,
-        ``h*w / (kh*kw)`` image tokens, ``vision_end`` (``<|media_begin|>``/``<|media_end|>``)."""
-        config = model.config
-        p = int(config.vision_config.patch_size)
-        grid = torch.tensor([[int(x) for x in image] for image in images], dtype=torch.long)
-        pv = torch.randn(int(grid.prod(-1).sum()), 3, p, p, generator=generator, dtype=torch.float64)
-        pixels = {"pixel_values": pv, "image_grid_thw": grid}
-        run = [[int(config.vision_start_token_id)] + [self.image_token_id(config)] * k
-               + [int(config.vision_end_token_id)] for k in self.image_tokens(model, pixels)]
-        return pixels, run
-
     def position_ids(self, model, input_ids, token_type, pixels, videos=None):
         return torch.arange(input_ids.numel(), device=input_ids.device).unsqueeze(0)
 

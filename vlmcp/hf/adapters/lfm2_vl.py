@@ -1,7 +1,7 @@
 """LFM2-VL: a SigLIP2 NaFlex ViT (``model.vision_tower``), pixel unshuffle, ``model.multi_modal_projector``.
 
 The language model (``model.language_model``) mixes LFM2's short convolutions, run under CP
-by :mod:`vlmcp.hf.mixers.short_conv`, with attention. Inputs are per image, each image at its own
+by :mod:`vlmcp.hf.layers.short_conv`, with attention. Inputs are per image, each image at its own
 size in patches, padded to the row's largest:
 
 * ``pixel_values (N, max_patches, channels * patch**2)``: the patchified pixels;
@@ -25,8 +25,6 @@ import torch.nn.functional as F
 from vlmcp.hf.adapters.base import HFAdapter
 
 __all__ = ["LFM2_VL", "Lfm2VlAdapter"]
-
-_START, _END = 121, 122  # synthetic rows: <|image_start|>, <|image_end|>
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,24 +73,5 @@ class Lfm2VlAdapter(HFAdapter):
         return {"pixel_values": torch.ones(1, f * f, width, dtype=w.dtype, device=w.device),
                 "pixel_attention_mask": torch.ones(1, f * f, dtype=torch.int32, device=w.device),
                 "spatial_shapes": torch.tensor([[f, f]], dtype=torch.long, device=w.device)}
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(h, w)``: its patch grid (multiples of ``downsample_factor``), random patches padded
-        to the sample's largest image. Tokens: ``<|image_start|>`` (121), the placeholders,
-        ``<|image_end|>`` (122)."""
-        config, vc = model.config, model.config.vision_config
-        f = int(config.downsample_factor)
-        width = int(vc.num_channels) * int(vc.patch_size) ** 2
-        shapes = torch.tensor([[int(h), int(w)] for h, w in images], dtype=torch.long)
-        if bool((shapes % f).any()) or bool((shapes <= 0).any()):
-            raise ValueError(f"{self.name} synthetic images are (h, w) patch grids in positive multiples of "
-                             f"downsample_factor {f}, got {[tuple(s) for s in shapes.tolist()]}")
-        n = int(shapes.prod(-1).max())
-        real = torch.arange(n)[None] < shapes.prod(-1)[:, None]
-        pv = torch.randn(len(images), n, width, generator=generator, dtype=torch.float64) * real[..., None]
-        ids = [[_START] + [self.image_token_id(config)] * k + [_END]
-               for k in self.image_tokens(model, {"spatial_shapes": shapes})]
-        return {"pixel_values": pv, "pixel_attention_mask": real.int(), "spatial_shapes": shapes}, ids
-
 
 LFM2_VL = Lfm2VlAdapter(name="lfm2_vl", model_types=("lfm2_vl",))

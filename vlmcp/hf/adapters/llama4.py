@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from vlmcp.hf.adapters.base import HFAdapter, fixed_size_images, select_rows
-from vlmcp.hf.mixers.llama4 import check_chunks
+from vlmcp.hf.layers.llama4 import check_chunks
 
 __all__ = ["LLAMA4", "Llama4Adapter", "fix_forward"]
 
@@ -103,23 +103,6 @@ class Llama4Adapter(HFAdapter):
 
     def select_images(self, pixels, index):
         return select_rows(pixels, index)
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(tiles,)``: that many random tiles, each a run of its placeholders; with
-        ``markers``, ``<|image_start|>`` (``boi_token_index``) before and ``<|image_end|>`` after the image,
-        and one separator token (121) after every tile but the last."""
-        config, vc = model.config, model.config.vision_config
-        counts = [int(image[0]) if image else 1 for image in images]
-        pv = torch.randn(sum(counts), vc.num_channels, vc.image_size, vc.image_size, generator=generator,
-                         dtype=torch.float64)
-        tile = [self.image_token_id(config)] * self._per_tile(config)
-        ids = []
-        for n in counts:  # each tile is one vlmcp image (one run of placeholders)
-            run = [int(config.boi_token_index)] if markers else []
-            for t in range(n):
-                run += tile + ([121] if t < n - 1 else [])
-            ids.append(run + ([int(config.eoi_token_index)] if markers else []))
-        return {"pixel_values": pv}, ids
 
     def prepare_model(self, model):
         fix_forward(model)

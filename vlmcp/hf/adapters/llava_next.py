@@ -187,16 +187,6 @@ class LlavaNextAdapter(HFAdapter):
     def select_frames(self, videos, units):
         return self.select_videos(videos, [v for v, _ in units])
 
-    def synthetic_video(self, model, video, generator, text):
-        """``(frames, ...)``: random frames of the tile size; ``frames * ceil(side / 2)^2 + 1`` video
-        tokens."""
-        vc = model.config.vision_config
-        frames = int(video[0])
-        pv = torch.randn(1, frames, vc.num_channels, vc.image_size, vc.image_size, generator=generator,
-                         dtype=torch.float64)
-        tokens = frames * self._video_frame_tokens(model.config) + 1
-        return {"pixel_values_videos": pv}, [([self.video_token_id(model.config)] * tokens, 2)]
-
     def concat_images(self, parts):
         parts = [p for p in parts if p]
         if not parts:
@@ -219,29 +209,6 @@ class LlavaNextAdapter(HFAdapter):
         images = len(pixels["image_sizes"])
         pixels["pixel_values"] = torch.zeros(images, n, vc.num_channels, s, s, dtype=w.dtype, device=w.device)
         return pixels
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(height, width)``: its original size in eighths of a tile (pixels for an
-        8-pixel tile); random tiles, as many as the model takes. A OneVision sample with several
-        images sends them untiled (``batch_num_images``)."""
-        config, vc = model.config, model.config.vision_config
-        eighth = vc.image_size / 8
-        sizes = torch.tensor([[max(1, round(int(x) * eighth)) for x in seg] for seg in images],
-                             dtype=torch.long)
-        pixels = {"image_sizes": sizes}
-        if self.onevision:
-            pixels["batch_num_images"] = torch.tensor([len(images)], dtype=torch.long)
-        tiled = self._tiled(pixels)
-        n = [self.tiles(config, s, t) for s, t in zip(sizes, tiled, strict=True)]
-        tile = (vc.num_channels, vc.image_size, vc.image_size)
-        pv = torch.zeros(len(images), max(n), *tile, dtype=torch.float64)
-        for i, k in enumerate(n):
-            pv[i, :k] = torch.randn(k, *tile, generator=generator, dtype=torch.float64)
-        pixels["pixel_values"] = pv
-        image_id = self.image_token_id(config)
-        ids = [[image_id] * self.tokens_of(config, s, t) for s, t in zip(sizes, tiled, strict=True)]
-        return pixels, ids
-
 
 LLAVA_NEXT = LlavaNextAdapter(name="llava_next", model_types=("llava_next",))
 LLAVA_ONEVISION = LlavaNextAdapter(name="llava_onevision", model_types=("llava_onevision",), onevision=True,

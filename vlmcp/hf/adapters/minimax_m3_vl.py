@@ -44,19 +44,6 @@ class MiniMaxM3VLAdapter(QwenVLAdapter):
         vc = model.config.vision_config
         return int(vc.num_channels * vc.temporal_patch_size * vc.patch_size ** 2)
 
-    def _patch_rows(self, model, grid, generator) -> torch.Tensor:
-        t, h, w = grid
-        return torch.randn(t * h * w, self._row_width(model), generator=generator, dtype=torch.float64)
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(t, h, w)``, its patch grid: random patch rows; ``t*h*w / merge**2`` image tokens
-        (no markers: the tiny models have none)."""
-        grids = [tuple(int(x) for x in image) for image in images]
-        pv = torch.cat([self._patch_rows(model, g, generator) for g in grids])
-        tid = self.image_token_id(model.config)
-        ids = [[tid] * (t * h * w // self._merge(model) ** 2) for t, h, w in grids]
-        return {"pixel_values": pv, "image_grid_thw": torch.tensor(grids, dtype=torch.long)}, ids
-
     def dummy_images(self, model):
         m = self._merge(model)
         w = model.model.multi_modal_projector.linear_1.weight

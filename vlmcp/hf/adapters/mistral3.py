@@ -23,8 +23,6 @@ from vlmcp.hf.adapters.base import HFAdapter, padded_cat
 
 __all__ = ["MISTRAL3", "Mistral3Adapter"]
 
-_BREAK, _END = 121, 122  # synthetic rows: [IMG_BREAK], [IMG_END]
-
 
 @dataclass(frozen=True, kw_only=True)
 class Mistral3Adapter(HFAdapter):
@@ -73,24 +71,5 @@ class Mistral3Adapter(HFAdapter):
         # two tokens, not one: Mistral3Model.get_image_features squeezes a lone token's row away
         return {"pixel_values": torch.zeros(1, vc.num_channels, u, 2 * u, dtype=w.dtype, device=w.device),
                 "image_sizes": torch.tensor([[u, 2 * u]], device=w.device)}
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(rows, cols)`` in LLM tokens (``rows * patch * merge`` pixels high): random
-        pixels, padded to the sample's largest; tokens row by row, ``[IMG_BREAK]`` (121) after each
-        row but the last, ``[IMG_END]`` (122) after it."""
-        config, vc = model.config, model.config.vision_config
-        u = self._unit(config)
-        sizes = torch.tensor([[int(r) * u, int(c) * u] for r, c in images], dtype=torch.long)
-        pv = torch.zeros(len(images), vc.num_channels, int(sizes[:, 0].max()), int(sizes[:, 1].max()),
-                         dtype=torch.float64)
-        image_id = self.image_token_id(config)
-        ids = []
-        for i, (h, w) in enumerate(sizes.tolist()):
-            pv[i, :, :h, :w] = torch.randn(vc.num_channels, h, w, generator=generator, dtype=torch.float64)
-            rows = [[image_id] * (w // u) + [_BREAK] for _ in range(h // u)]
-            rows[-1][-1] = _END
-            ids.append([t for row in rows for t in row])
-        return {"pixel_values": pv, "image_sizes": sizes}, ids
-
 
 MISTRAL3 = Mistral3Adapter(name="mistral3", model_types=("mistral3",))

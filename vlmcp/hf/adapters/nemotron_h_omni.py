@@ -5,7 +5,7 @@ The top-level model owns everything (``base_model`` is the model itself): ``visi
 when the language model has MTP layers, ``num_nextn_predict_layers > 0``),
 ``multi_modal_projector`` (RMSNorm, ``linear_1``, ReLU², ``linear_2``, the projector's last Linear)
 and ``language_model``, a ``NemotronHForCausalLM`` whose blocks are Mamba-2 mixers (run under CP
-by :mod:`vlmcp.hf.mixers.mamba2`), attention without rotary embeddings, MoE and MLP layers. Its
+by :mod:`vlmcp.hf.layers.mamba2`), attention without rotary embeddings, MoE and MLP layers. Its
 ``lm_head`` is the LM head; its forward casts the logits to float32, which the float32 loss of
 :func:`vlmcp.hf.causal_lm_loss` passes through unchanged.
 
@@ -32,7 +32,6 @@ from vlmcp.hf.adapters.base import HFAdapter
 
 __all__ = ["NEMOTRON_H_OMNI", "NemotronHOmniAdapter"]
 
-_START, _END = 121, 122  # synthetic rows: <img>, </img>
 _MERGE = 2  # pixel shuffle of downsample_ratio 0.5: 2x2 patches per LLM token
 
 
@@ -92,17 +91,5 @@ class NemotronHOmniAdapter(HFAdapter):
         width = int(vc.num_channels) * int(vc.patch_size) ** 2
         return {"pixel_values": torch.zeros(_MERGE ** 2, width, dtype=w.dtype, device=w.device),
                 "image_grid_hw": torch.tensor([[_MERGE, _MERGE]], device=w.device)}
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(h, w)``: its patch grid (even sides), random patches; tokens ``<img>`` (121),
-        ``h*w / 4`` placeholders, ``</img>`` (122)."""
-        vc = model.config.vision_config
-        width = int(vc.num_channels) * int(vc.patch_size) ** 2
-        grid = torch.tensor([[int(h), int(w)] for h, w in images], dtype=torch.long)
-        pv = torch.randn(int(grid.prod(-1).sum()), width, generator=generator, dtype=torch.float64)
-        pixels = {"pixel_values": pv, "image_grid_hw": grid}
-        image_id = self.image_token_id(model.config)
-        return pixels, [[_START] + [image_id] * n + [_END] for n in self.image_tokens(model, pixels)]
-
 
 NEMOTRON_H_OMNI = NemotronHOmniAdapter(name="nemotron_h_omni", model_types=("nemotron_h_omni",))

@@ -109,41 +109,6 @@ class QwenVLAdapter(HFAdapter):
         one[:, 0] = 1
         return {"pixel_values_videos": _take(videos["pixel_values_videos"], spans), "video_grid_thw": one}
 
-    def _markers(self, config) -> tuple[list[int], list[int]]:
-        """The tokens the processor writes around a visual run (GLM-4.1V names them image start / end)."""
-        start = getattr(config, "vision_start_token_id", None)
-        end = getattr(config, "vision_end_token_id", None)
-        return ([config.image_start_token_id if start is None else start],
-                [config.image_end_token_id if end is None else end])
-
-    def _patch_rows(self, model, grid, generator) -> torch.Tensor:
-        vc = model.config.vision_config
-        t, h, w = grid
-        width = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
-        return torch.randn(t * h * w, width, generator=generator, dtype=torch.float64)
-
-    def synthetic_images(self, model, images, generator, *, markers=True):
-        """Each image ``(t, h, w)``, its patch grid: random patch rows; ``t*h*w / merge**2`` image
-        tokens, wrapped in vision start / end with ``markers`` (as the chat template writes them)."""
-        grids = [tuple(int(x) for x in image) for image in images]
-        pv = torch.cat([self._patch_rows(model, g, generator) for g in grids])
-        start, end = self._markers(model.config) if markers else ([], [])
-        tid = self.image_token_id(model.config)
-        ids = [start + [tid] * (t * h * w // self._merge(model) ** 2) + end for t, h, w in grids]
-        return {"pixel_values": pv, "image_grid_thw": torch.tensor(grids, dtype=torch.long)}, ids
-
-    def synthetic_video(self, model, video, generator, text):
-        """``(t, h, w[, seconds])``: random patch rows; one run of ``t*h*w / merge**2`` video tokens
-        between vision start and end (Qwen2-VL's and Qwen2.5-VL's processor)."""
-        t, h, w = (int(x) for x in video[:3])
-        pixels = {"pixel_values_videos": self._patch_rows(model, (t, h, w), generator),
-                  "video_grid_thw": torch.tensor([[t, h, w]], dtype=torch.long)}
-        if "second_per_grid_ts" in self.video_keys:
-            pixels["second_per_grid_ts"] = torch.tensor([float(video[3]) if len(video) > 3 else 1.0])
-        start, end = self._markers(model.config)
-        k = h * w // self._merge(model) ** 2
-        return pixels, [(start, 0), ([self.video_token_id(model.config)] * (t * k), 2), (end, 0)]
-
     def dummy_images(self, model):
         vc = model.config.vision_config
         m = self._merge(model)

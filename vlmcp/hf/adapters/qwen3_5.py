@@ -13,7 +13,7 @@ frame groups are ``scatter``'s ViT units (Note [vlmcp HF videos: frame groups ar
 The language model interleaves Gated DeltaNet layers (three in four) with gated softmax
 attention: the attention goes through vlmcp attention like any other (its output gate and
 partial rotary are per-token steps HF does around the call), the Gated DeltaNet through
-:mod:`vlmcp.hf.mixers.gdn`. Qwen3.5-MoE's decoder MLPs are sparse MoE blocks (a softmax
+:mod:`vlmcp.hf.layers.gdn`. Qwen3.5-MoE's decoder MLPs are sparse MoE blocks (a softmax
 top-k router, experts, a gated shared expert): per token, nothing to parallelize.
 """
 

@@ -41,16 +41,6 @@ class Qwen3VLAdapter(QwenVLAdapter):
     projector_last: str | None = "model.visual.merger.linear_fc2"
     deepstack_output: str | None = "deepstack_features"
 
-    def synthetic_video(self, model, video, generator, text):
-        """``(t, h, w)``: random patch rows; per frame group a ``<x.x seconds>`` timestamp (3 random text
-        tokens here), vision start, ``h*w / merge**2`` video tokens, vision end (Qwen3-VL's processor)."""
-        pixels, runs = super().synthetic_video(model, video, generator, text)
-        t, h, w = (int(x) for x in video[:3])
-        start, end = self._markers(model.config)
-        k = h * w // self._merge(model) ** 2
-        group = [([self.video_token_id(model.config)] * k, 2)]
-        return pixels, [run for _ in range(t) for run in [(text(3), 0), (start, 0), *group, (end, 0)]]
-
     def deepstack_projectors(self, model):
         levels = len(model.config.vision_config.deepstack_visual_indexes)
         return tuple(f"model.visual.deepstack_merger_list.{i}.linear_fc2" for i in range(levels))
